@@ -1,0 +1,24 @@
+"""Django app configuration."""
+
+from __future__ import annotations
+
+from django.apps import AppConfig
+from django.db.models.signals import post_migrate
+
+
+class QueuetyConfig(AppConfig):
+    """Queuety: durable workflows run by Celery workers."""
+
+    name = "queuety"
+    verbose_name = "Queuety workflows"
+    default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        post_migrate.connect(_schedule_sweeper, sender=self)
+
+
+def _schedule_sweeper(using: str = "default", **kwargs) -> None:
+    """Create or update the django-celery-beat entry that runs the sweeper."""
+    from queuety.schedule import ensure_sweeper_schedule
+
+    ensure_sweeper_schedule(using=using)

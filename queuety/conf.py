@@ -1,0 +1,97 @@
+"""Queuety's settings: one ``QUEUETY = {...}`` dict in the Django settings, with defaults.
+
+Read through :data:`settings` (``from queuety.conf import settings``); values are looked up on
+first use and re-read when tests change ``QUEUETY`` with ``override_settings``.
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any
+
+from django.conf import settings as django_settings
+from django.core.exceptions import ImproperlyConfigured
+from django.core.signals import setting_changed
+
+from queuety.core.retry import NO_RETRY, RetryPolicy
+
+DEFAULTS: dict[str, Any] = {
+    # Celery queue for step messages; None uses Celery's default queue (task_default_queue).
+    "QUEUE": None,
+    # Whole seconds between sweeper runs (the django-celery-beat interval, set on migrate).
+    "SWEEP_INTERVAL": 5,
+    # A processing step whose heartbeat is older than this is treated as lost and re-run.
+    "STALE_AFTER": 60.0,
+    # How often a running step's heartbeat is refreshed (well under STALE_AFTER).
+    "HEARTBEAT_INTERVAL": 10.0,
+    # A due pending step whose message has not been consumed after this long is re-published.
+    "REDELIVER_AFTER": 60.0,
+    # Back-offs up to this many seconds ride on the broker (countdown); longer ones wait in the
+    # database and are published by the sweeper, so hours-long waits never sit in a broker.
+    "MAX_ETA": 60.0,
+    # Policy for steps whose step and workflow set none (a RetryPolicy or its keyword dict).
+    "DEFAULT_RETRY": NO_RETRY,
+    # Seconds past a step's timeout before its worker process is killed (hard limit).
+    "HARD_TIMEOUT_GRACE": 1.0,
+}
+
+
+class QueuetySettings:
+    """Attribute access to ``QUEUETY`` with defaults, validation and reload."""
+
+    def __init__(self) -> None:
+        self._cache: dict[str, Any] | None = None
+
+    def _load(self) -> dict[str, Any]:
+        user = getattr(django_settings, "QUEUETY", {}) or {}
+        unknown = [key for key in user if key not in DEFAULTS]
+        if unknown:
+            key = unknown[0]
+            close = difflib.get_close_matches(key, DEFAULTS, n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise ImproperlyConfigured(f"Unknown QUEUETY setting {key!r}.{hint}")
+        values = {**DEFAULTS, **user}
+        retry = values["DEFAULT_RETRY"]
+        if isinstance(retry, dict):
+            values["DEFAULT_RETRY"] = RetryPolicy(**retry)
+        elif not isinstance(retry, RetryPolicy):
+            raise ImproperlyConfigured(
+                "QUEUETY['DEFAULT_RETRY'] must be a queuety.RetryPolicy or a dict of its options."
+            )
+        if not isinstance(values["SWEEP_INTERVAL"], int) or values["SWEEP_INTERVAL"] < 1:
+            raise ImproperlyConfigured("QUEUETY['SWEEP_INTERVAL'] must be a whole number of "
+                                       "seconds, at least 1.")
+        for key in ("STALE_AFTER", "HEARTBEAT_INTERVAL", "REDELIVER_AFTER"):
+            if not values[key] > 0:
+                raise ImproperlyConfigured(f"QUEUETY[{key!r}] must be a positive number.")
+        if values["HEARTBEAT_INTERVAL"] >= values["STALE_AFTER"]:
+            raise ImproperlyConfigured(
+                "QUEUETY['HEARTBEAT_INTERVAL'] must be shorter than QUEUETY['STALE_AFTER'], "
+                "or live steps would be taken for lost ones."
+            )
+        return values
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        if self._cache is None:
+            self._cache = self._load()
+        try:
+            return self._cache[name]
+        except KeyError:
+            raise AttributeError(f"Unknown QUEUETY setting {name!r}.") from None
+
+    def reload(self) -> None:
+        """Forget cached values (called when ``QUEUETY`` changes)."""
+        self._cache = None
+
+
+settings = QueuetySettings()
+
+
+def _reload(*, setting: str, **kwargs: Any) -> None:
+    if setting == "QUEUETY":
+        settings.reload()
+
+
+setting_changed.connect(_reload)

@@ -1,0 +1,141 @@
+"""Workflow definitions: immutable specs, their canonical JSON and ``definition_hash``.
+
+A definition is what the builder produces and what the database stores. Handlers are kept as
+dotted import paths, so any worker that can import the project can run any step.
+
+The hash is the sha256 of the canonical JSON: keys sorted, no whitespace, ASCII only, floats
+written by ``repr`` (shortest round-trip form, identical on every CPython >= 3.1). It is therefore
+the same across processes, machines and Python versions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from queuety import exceptions
+from queuety.core.retry import RetryPolicy
+
+#: Bumped when the JSON shape of a definition changes incompatibly.
+DEFINITION_FORMAT = 1
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepSpec:
+    """One step of a workflow: a handler and how to run it."""
+
+    name: str
+    """Unique within the workflow; ``_next_step`` jumps resolve by it."""
+    handler: str
+    """Dotted import path of a :class:`~queuety.Step` subclass or a function."""
+    kind: str = "task"
+    """``task`` for a plain step; later constructs add their own kinds."""
+    retry: RetryPolicy | None = None
+    """The step's own policy; ``None`` falls back to the workflow's, then the global default."""
+    timeout: float | None = None
+    """Seconds an attempt may run before it is interrupted with :class:`~queuety.StepTimeout`."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the JSON form."""
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "handler": self.handler,
+            "retry": None if self.retry is None else self.retry.to_dict(),
+            "timeout": self.timeout,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> StepSpec:
+        """Rebuild a step from :meth:`to_dict` output."""
+        retry = data.get("retry")
+        return cls(
+            name=data["name"],
+            handler=data["handler"],
+            kind=data.get("kind", "task"),
+            retry=None if retry is None else RetryPolicy.from_dict(retry),
+            timeout=data.get("timeout"),
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkflowSpec:
+    """A whole workflow definition, as built and as stored."""
+
+    name: str
+    steps: tuple[StepSpec, ...]
+    retry: RetryPolicy | None = None
+    """Default policy for steps that set none."""
+    _index: dict[str, int] = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.name or not self.name.strip():
+            raise exceptions.WorkflowDefinitionError("A workflow needs a non-blank name.")
+        if not self.steps:
+            raise exceptions.WorkflowDefinitionError(
+                f"Workflow {self.name!r} has no steps; add one with .then(step)."
+            )
+        for position, step in enumerate(self.steps):
+            if step.name in self._index:
+                raise exceptions.WorkflowDefinitionError(
+                    f"Workflow {self.name!r} has two steps named {step.name!r} "
+                    f"(positions {self._index[step.name]} and {position}); "
+                    "step names must be unique: pass name='...' to tell them apart."
+                )
+            self._index[step.name] = position
+
+    def index_of(self, name: str) -> int:
+        """Return the position of the step called ``name``.
+
+        Raises:
+            UnknownStep: no step has that name; the message lists the known names.
+        """
+        try:
+            return self._index[name]
+        except KeyError:
+            known = ", ".join(repr(s.name) for s in self.steps)
+            raise exceptions.UnknownStep(
+                f"Workflow {self.name!r} has no step named {name!r}; its steps are {known}.",
+                name=name,
+            ) from None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the JSON form (the input of :func:`canonical_json`)."""
+        return {
+            "format": DEFINITION_FORMAT,
+            "name": self.name,
+            "retry": None if self.retry is None else self.retry.to_dict(),
+            "steps": [step.to_dict() for step in self.steps],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> WorkflowSpec:
+        """Rebuild a definition from :meth:`to_dict` output."""
+        if data.get("format") != DEFINITION_FORMAT:
+            raise exceptions.WorkflowDefinitionError(
+                f"Workflow definition format {data.get('format')!r} is not supported "
+                f"(this version reads format {DEFINITION_FORMAT})."
+            )
+        retry = data.get("retry")
+        return cls(
+            name=data["name"],
+            steps=tuple(StepSpec.from_dict(s) for s in data["steps"]),
+            retry=None if retry is None else RetryPolicy.from_dict(retry),
+        )
+
+    def canonical_json(self) -> str:
+        """Return the canonical JSON text that :attr:`definition_hash` digests."""
+        return canonical_json(self.to_dict())
+
+    @property
+    def definition_hash(self) -> str:
+        """Return the sha256 hex digest of :meth:`canonical_json`."""
+        return hashlib.sha256(self.canonical_json().encode("ascii")).hexdigest()
+
+
+def canonical_json(value: Any) -> str:
+    """Serialise ``value`` deterministically: sorted keys, no whitespace, ASCII, no NaN."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True,
+                      allow_nan=False)

@@ -1,0 +1,87 @@
+"""Steps: the ``Step`` base class and how a handler path is turned into a call."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, ClassVar
+
+from queuety import exceptions
+from queuety.core.imports import dotted_path, import_path
+from queuety.core.retry import RetryPolicy
+
+
+class Step:
+    """Base class for a workflow step.
+
+    Subclass it and implement :meth:`handle`. Class attributes set defaults that
+    ``.then(..., retry=..., timeout=...)`` may override::
+
+        class Charge(queuety.Step):
+            timeout = 30
+            retry = queuety.RetryPolicy(max_attempts=4, retry_on=[ConnectionError])
+
+            def handle(self, state):
+                return {"charge_id": gateway.charge(state["amount"])}
+    """
+
+    retry: ClassVar[RetryPolicy | None] = None
+    timeout: ClassVar[float | None] = None
+
+    def handle(self, state: dict[str, Any]) -> dict[str, Any] | None:
+        """Do the step's work; return keys to merge into the state, or None."""
+        raise NotImplementedError(f"{type(self).__name__}.handle() is not implemented.")
+
+
+def resolve_handler(step: Any) -> tuple[str, Any]:
+    """Return ``(dotted path, object)`` for a Step subclass, a function or a dotted path.
+
+    Raises:
+        WorkflowDefinitionError: the object cannot be imported back by a worker from its path,
+            or is not a step.
+    """
+    if isinstance(step, str):
+        try:
+            obj = import_path(step)
+        except ImportError as error:
+            raise exceptions.WorkflowDefinitionError(
+                f"Step {step!r} cannot be imported: {error}. "
+                "Give the full dotted path, e.g. 'myapp.steps.ChargeCard'."
+            ) from None
+        path = step
+    else:
+        obj, path = step, None
+    if inspect.isclass(obj):
+        if not callable(getattr(obj, "handle", None)):
+            raise exceptions.WorkflowDefinitionError(
+                f"Step class {dotted_path(obj)!r} has no handle(self, state) method; "
+                "subclass queuety.Step."
+            )
+    elif not inspect.isfunction(obj):
+        raise exceptions.WorkflowDefinitionError(
+            f"{obj!r} is not a step: give a queuety.Step subclass, a function or a dotted path."
+        )
+    if path is None:
+        path = dotted_path(obj)
+        if "<locals>" in path or obj.__module__ == "__main__":
+            raise exceptions.WorkflowDefinitionError(
+                f"Step {path!r} is defined inside a function or in __main__, so a worker "
+                "cannot import it; define it at module level in an importable module."
+            )
+        try:
+            imported = import_path(path)
+        except ImportError:
+            imported = None
+        if imported is not obj:
+            raise exceptions.WorkflowDefinitionError(
+                f"Step {path!r} does not import back to the same object; "
+                "define it at module level under its own name."
+            )
+    return path, obj
+
+
+def call_handler(path: str, state: dict[str, Any]) -> Any:
+    """Import the handler at ``path`` and run it on ``state``."""
+    obj = import_path(path)
+    if inspect.isclass(obj):
+        return obj().handle(state)
+    return obj(state)

@@ -1,0 +1,44 @@
+"""The typed status object returned by ``queuety.workflow_status()``."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from datetime import datetime
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkflowStatus:
+    """A snapshot of one workflow run."""
+
+    id: int
+    name: str
+    status: str
+    current_step: int
+    """Position of the step being run; equals ``total_steps`` once the run completed."""
+    total_steps: int
+    current_step_name: str | None
+    """``None`` once the run completed."""
+    state: dict[str, Any]
+    """Public state (reserved ``_`` keys are never stored)."""
+    error: dict[str, Any] | None
+    """Why the run failed: ``type``, ``message``, ``step``, ``attempt``; ``None`` otherwise."""
+    definition_hash: str
+    retry_policy: str | None
+    """The current step's effective retry policy, described in one line."""
+    created_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return a JSON-ready dict (timestamps in ISO 8601)."""
+        data = asdict(self)
+        for key in ("created_at", "updated_at", "finished_at"):
+            if data[key] is not None:
+                data[key] = data[key].isoformat()
+        return data
+
+    @property
+    def is_finished(self) -> bool:
+        """Return True once the run can make no more progress by itself."""
+        return self.status in ("completed", "failed", "cancelled")

@@ -1,0 +1,65 @@
+"""Errors raised by Queuety.
+
+This module is pure Python (no Django, no Celery) so that the engine core can raise the same
+classes the Django layer catches. Every class keeps the identifiers it mentions as attributes and
+survives pickling, because Celery may carry it across processes.
+"""
+
+from __future__ import annotations
+
+
+class QueuetyError(Exception):
+    """Base class of every Queuety error; not raised directly."""
+
+
+class WorkflowDefinitionError(QueuetyError):
+    """A workflow definition is invalid. Fix the builder call named in the message."""
+
+
+class PermanentError(QueuetyError):
+    """Raise from a step to fail it at once: a permanent error is never retried."""
+
+
+class StepTimeout(QueuetyError, TimeoutError):
+    """A step attempt ran past its ``timeout`` and was interrupted.
+
+    It subclasses the builtin :class:`TimeoutError`, so ``retry_on=[TimeoutError]`` covers it.
+    """
+
+
+class WorkerLost(QueuetyError):
+    """The worker process running a step attempt died (killed, out of memory, host lost).
+
+    Recorded by the sweeper when a ``processing`` step stops sending heartbeats. Worker losses are
+    always retried while the step has attempts left, whatever ``retry_on`` says.
+    """
+
+
+class InvalidStepOutput(WorkflowDefinitionError):
+    """A step returned something other than a JSON-serialisable dict or ``None``."""
+
+
+class UnknownStep(WorkflowDefinitionError):
+    """A step asked to jump (``_next_step``) to a step name the workflow does not define."""
+
+    def __init__(self, message: str, name: str = "") -> None:
+        super().__init__(message)
+        self.name = name
+
+    def __reduce__(self):
+        return (type(self), (self.args[0], self.name))
+
+
+class RunNotFound(QueuetyError, LookupError):
+    """No workflow run has the given id."""
+
+    def __init__(self, run_id: int) -> None:
+        super().__init__(f"Workflow run {run_id} does not exist.")
+        self.run_id = run_id
+
+    def __reduce__(self):
+        return (type(self), (self.run_id,))
+
+
+#: Errors that mean the definition or the step's contract is wrong. Retrying cannot help.
+NEVER_RETRIED: tuple[type[BaseException], ...] = (WorkflowDefinitionError, PermanentError)

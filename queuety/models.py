@@ -1,0 +1,143 @@
+"""Storage for definitions, runs, step executions and the event timeline.
+
+Models hold no workflow rules: those live in ``queuety.core``; ``queuety.services`` moves data
+between the two.
+"""
+
+from __future__ import annotations
+
+from django.db import models
+from django.db.models import Q
+
+
+class RunStatus(models.TextChoices):
+    """Status of a workflow run (the original plugin's words)."""
+
+    RUNNING = "running"
+    WAITING_FOR_SIGNAL = "waiting_for_signal"
+    WAITING_FOR_WORKFLOWS = "waiting_for_workflows"
+    PAUSED = "paused"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+class StepStatus(models.TextChoices):
+    """Status of one step execution row: the queue's truth."""
+
+    PENDING = "pending"
+    PROCESSING = "processing"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+class WorkflowDefinition(models.Model):
+    """One exact shape of a workflow. Immutable: a changed definition is a new row."""
+
+    name = models.CharField(max_length=255)
+    definition = models.JSONField(help_text="The canonical JSON the hash digests.")
+    definition_hash = models.CharField(max_length=64)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["name", "definition_hash"], name="queuety_def_name_hash")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.definition_hash[:12]})"
+
+
+class WorkflowRun(models.Model):
+    """One execution of a workflow definition, with its public state."""
+
+    definition = models.ForeignKey(WorkflowDefinition, on_delete=models.PROTECT, related_name="runs")
+    name = models.CharField(max_length=255, db_index=True)
+    status = models.CharField(max_length=32, choices=RunStatus.choices, default=RunStatus.RUNNING)
+    state = models.JSONField(default=dict, help_text="Public state: no reserved '_' keys.")
+    current_step = models.PositiveIntegerField(default=0)
+    total_steps = models.PositiveIntegerField()
+    # Bumped by every write to the run row: the step boundary's compare-and-set guard.
+    revision = models.PositiveIntegerField(default=0)
+    transitions = models.PositiveIntegerField(default=0)
+    error = models.JSONField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["status", "-id"], name="queuety_run_status")]
+
+    def __str__(self) -> str:
+        return f"{self.name} #{self.pk} ({self.status})"
+
+
+class StepRun(models.Model):
+    """One execution of one step of a run, across its attempts.
+
+    ``seq`` is the run's transition count when the row was created, so each visit of a step
+    (a ``_next_step`` loop visits a step again) has its own row, and a unique constraint makes
+    a duplicated transition impossible.
+    """
+
+    run = models.ForeignKey(WorkflowRun, on_delete=models.CASCADE, related_name="steps")
+    seq = models.PositiveIntegerField()
+    branch = models.PositiveIntegerField(default=0, help_text="Branch or item of a fan-out step.")
+    step_index = models.PositiveIntegerField()
+    step_name = models.CharField(max_length=255)
+    status = models.CharField(max_length=16, choices=StepStatus.choices, default=StepStatus.PENDING)
+    attempt = models.PositiveIntegerField(default=0, help_text="Attempts claimed so far.")
+    max_attempts = models.PositiveIntegerField(default=1)
+    timeout = models.FloatField(null=True, blank=True)
+    available_at = models.DateTimeField()
+    # When a message for this row was last handed to the broker (for a delayed message: when
+    # it is due). The sweeper re-publishes due rows whose message looks lost.
+    published_at = models.DateTimeField(null=True, blank=True)
+    claimed_at = models.DateTimeField(null=True, blank=True)
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    output = models.JSONField(null=True, blank=True)
+    error = models.JSONField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["run", "seq", "branch"], name="queuety_step_run_seq_branch"
+            )
+        ]
+        indexes = [
+            models.Index(
+                fields=["available_at"], name="queuety_step_due",
+                condition=Q(status="pending"),
+            ),
+            models.Index(
+                fields=["heartbeat_at"], name="queuety_step_live",
+                condition=Q(status="processing"),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"run {self.run_id} step {self.step_name!r} #{self.seq} ({self.status})"
+
+
+class Event(models.Model):
+    """An entry of a run's append-only timeline."""
+
+    run = models.ForeignKey(WorkflowRun, on_delete=models.CASCADE, related_name="events")
+    step_run = models.ForeignKey(StepRun, null=True, blank=True, on_delete=models.SET_NULL,
+                                 related_name="+", db_constraint=False)
+    kind = models.CharField(max_length=40)
+    step_index = models.PositiveIntegerField(null=True, blank=True)
+    step_name = models.CharField(max_length=255, blank=True, default="")
+    attempt = models.PositiveIntegerField(null=True, blank=True)
+    duration_ms = models.FloatField(null=True, blank=True)
+    data = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["run", "id"], name="queuety_event_run")]
+
+    def __str__(self) -> str:
+        return f"run {self.run_id}: {self.kind}"

@@ -1,0 +1,536 @@
+"""The one service layer: dispatch, the step boundary, the sweeper and status queries.
+
+Celery tasks, management commands, the admin and the API all call these functions.
+
+The step boundary (DESIGN.md §3):
+
+1. ``execute_step`` claims its ``StepRun`` with one conditional UPDATE (pending -> processing,
+   attempt + 1). A message for a row it cannot claim is dropped, so duplicates are harmless.
+2. The handler runs outside any transaction, with a heartbeat and, when the step has a
+   ``timeout``, a deadline that interrupts it.
+3. The outcome is applied in ONE transaction whose first statements lock the step row and the
+   run row (a compare-and-set on the run's ``revision``, which falls back to
+   ``SELECT ... FOR UPDATE`` when the run changed since the claim). The next step's row is
+   inserted in that transaction and its message published on commit.
+
+Handlers therefore run at least once per attempt; transitions happen exactly once.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from django.db import connection, transaction
+from django.db.models import F, Q
+from django.utils import timezone
+
+from queuety import exceptions
+from queuety.conf import settings
+from queuety.core import engine
+from queuety.core.definition import StepSpec, WorkflowSpec
+from queuety.core.handlers import call_handler
+from queuety.core.retry import RetryPolicy
+from queuety.core.status import WorkflowStatus
+from queuety.models import Event, RunStatus, StepRun, StepStatus, WorkflowDefinition, WorkflowRun
+from queuety.publish import Message, publish_on_commit
+
+logger = logging.getLogger("queuety")
+
+# Definitions are immutable rows, so every process may cache them forever.
+_definition_ids: dict[tuple[str, str], int] = {}
+_specs: dict[int, WorkflowSpec] = {}
+
+
+# -- definitions ------------------------------------------------------------------------------
+
+def definition_id(spec: WorkflowSpec) -> int:
+    """Return the id of the ``WorkflowDefinition`` row for ``spec``, creating it if needed."""
+    key = (spec.name, spec.definition_hash)
+    found = _definition_ids.get(key)
+    if found is None:
+        row, _ = WorkflowDefinition.objects.get_or_create(
+            name=spec.name, definition_hash=key[1], defaults={"definition": spec.to_dict()}
+        )
+        found = _definition_ids[key] = row.pk
+        _specs[row.pk] = spec
+    return found
+
+
+def load_spec(definition_pk: int) -> WorkflowSpec:
+    """Return the definition stored under ``definition_pk`` (cached per process)."""
+    spec = _specs.get(definition_pk)
+    if spec is None:
+        row = WorkflowDefinition.objects.only("definition").get(pk=definition_pk)
+        spec = _specs[definition_pk] = WorkflowSpec.from_dict(row.definition)
+    return spec
+
+
+def effective_policy(spec: WorkflowSpec, step_index: int) -> RetryPolicy:
+    """Return the retry policy of a step: its own, else its workflow's, else the global one."""
+    return spec.steps[step_index].retry or spec.retry or settings.DEFAULT_RETRY
+
+
+# -- dispatch ---------------------------------------------------------------------------------
+
+def dispatch(spec: WorkflowSpec, payload: dict[str, Any] | None = None) -> int:
+    """Start a run of ``spec`` with ``payload`` as its state and return the run id.
+
+    Writes the run, its first step and a ``workflow_started`` event in one transaction and
+    publishes the first step's message when it commits.
+
+    Raises:
+        WorkflowDefinitionError: the payload is not a JSON object or uses reserved keys.
+    """
+    state = _check_payload(spec.name, payload)
+    definition_pk = definition_id(spec)
+    now = timezone.now()
+    first = spec.steps[0]
+    with transaction.atomic():
+        run = WorkflowRun.objects.create(
+            definition_id=definition_pk, name=spec.name, state=state,
+            total_steps=len(spec.steps), status=RunStatus.RUNNING,
+        )
+        step_run = _new_step_run(run.pk, spec, 0, seq=0, now=now)
+        Event.objects.create(
+            run=run, kind="workflow_started",
+            data={"definition_hash": spec.definition_hash, "state": state},
+        )
+        publish_on_commit([Message(step_run.pk, None, first.timeout)])
+    logger.info("Run id=%s workflow=%s dispatched", run.pk, spec.name)
+    return run.pk
+
+
+def _check_payload(name: str, payload: Any) -> dict[str, Any]:
+    if payload is None:
+        return {}
+    if not isinstance(payload, dict):
+        raise exceptions.WorkflowDefinitionError(
+            f"The payload of workflow {name!r} must be a dict (got {type(payload).__name__})."
+        )
+    reserved = sorted(key for key in payload if not isinstance(key, str) or key.startswith("_"))
+    if reserved:
+        raise exceptions.WorkflowDefinitionError(
+            f"The payload of workflow {name!r} uses reserved or non-string keys {reserved!r}; "
+            "keys starting with '_' belong to Queuety. Rename them."
+        )
+    try:
+        return json.loads(json.dumps(payload, allow_nan=False))
+    except (TypeError, ValueError) as error:
+        raise exceptions.WorkflowDefinitionError(
+            f"The payload of workflow {name!r} is not JSON-serialisable: {error}."
+        ) from None
+
+
+def _new_step_run(run_pk: int, spec: WorkflowSpec, index: int, *, seq: int, now) -> StepRun:
+    step = spec.steps[index]
+    return StepRun.objects.create(
+        run_id=run_pk, seq=seq, step_index=index, step_name=step.name,
+        max_attempts=effective_policy(spec, index).max_attempts, timeout=step.timeout,
+        available_at=now, published_at=now,
+    )
+
+
+# -- the step boundary ------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """What a worker holds while it runs one attempt of one step."""
+
+    step_run_id: int
+    run_id: int
+    step_index: int
+    seq: int
+    attempt: int
+    definition_id: int
+    state: dict[str, Any]
+    revision: int
+    claimed_at: Any = None
+
+
+_CLAIM_SET = "status = 'processing', attempt = attempt + 1, claimed_at = %s, heartbeat_at = %s"
+
+_CLAIM_POSTGRES = f"""
+UPDATE queuety_steprun AS s SET {_CLAIM_SET}
+  FROM queuety_workflowrun AS r
+ WHERE s.id = %s AND s.status = 'pending' AND s.available_at <= %s
+   AND r.id = s.run_id AND r.status = 'running'
+RETURNING s.run_id, s.step_index, s.seq, s.attempt, r.definition_id, r.state, r.revision
+"""
+
+# SQLite cannot return columns of a joined table, so it reads the run in a second query.
+_CLAIM_SQLITE = f"""
+UPDATE queuety_steprun SET {_CLAIM_SET}
+ WHERE id = %s AND status = 'pending' AND available_at <= %s
+   AND run_id IN (SELECT id FROM queuety_workflowrun WHERE status = 'running')
+RETURNING run_id, step_index, seq, attempt
+"""
+
+
+def _json(value: Any) -> Any:
+    return json.loads(value) if isinstance(value, str | bytes) else value
+
+
+def claim(step_run_id: int, now=None) -> Claim | None:
+    """Claim a due pending step for this worker; return ``None`` when it is not claimable."""
+    now = now or timezone.now()
+    stamp = connection.ops.adapt_datetimefield_value(now)
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(_CLAIM_POSTGRES, [stamp, stamp, step_run_id, stamp])
+            row = cursor.fetchone()
+            if row is None:
+                return None
+            run_id, step_index, seq, attempt, definition_pk, state, revision = row
+        else:
+            cursor.execute(_CLAIM_SQLITE, [stamp, stamp, step_run_id, stamp])
+            row = cursor.fetchone()
+            if row is None:
+                return None
+            run_id, step_index, seq, attempt = row
+            cursor.execute(
+                "SELECT definition_id, state, revision FROM queuety_workflowrun WHERE id = %s",
+                [run_id],
+            )
+            definition_pk, state, revision = cursor.fetchone()
+    return Claim(step_run_id, run_id, step_index, seq, attempt, definition_pk, _json(state),
+                 revision, now)
+
+
+def execute_step(step_run_id: int) -> None:
+    """Run one attempt of a step and apply its outcome (the body of the Celery task).
+
+    Idempotent: a message for a step that is not pending and due is dropped (or, for a
+    delayed step delivered early, published again for its due time).
+    """
+    held = claim(step_run_id)
+    if held is None:
+        _requeue_if_early(step_run_id)
+        return
+    spec = load_spec(held.definition_id)
+    step = spec.steps[held.step_index]
+    started = time.monotonic()
+    try:
+        with _heartbeat(step_run_id, held.attempt), _deadline(step, held):
+            output = call_handler(step.handler, dict(held.state))
+        outcome = engine.advance(spec, held.run_id, held.state, held.step_index, output)
+    except Exception as error:  # noqa: BLE001 - every step failure is recorded, none escapes
+        record_failure(held, spec, error, _ms_since(started))
+        return
+    _record_success(held, spec, outcome, _ms_since(started))
+
+
+def _ms_since(started: float) -> float:
+    return round((time.monotonic() - started) * 1000, 3)
+
+
+def _requeue_if_early(step_run_id: int) -> None:
+    row = (StepRun.objects.filter(pk=step_run_id, status=StepStatus.PENDING)
+           .values("available_at", "timeout").first())
+    if row is None:
+        return
+    wait = (row["available_at"] - timezone.now()).total_seconds()
+    if 0 < wait <= settings.MAX_ETA:
+        from queuety.publish import publish
+
+        publish([Message(step_run_id, wait, row["timeout"])])
+
+
+def _record_success(held: Claim, spec: WorkflowSpec, outcome: engine.Advance,
+                    duration_ms: float) -> None:
+    now = timezone.now()
+    step = spec.steps[held.step_index]
+    with transaction.atomic():
+        owned = StepRun.objects.filter(
+            pk=held.step_run_id, status=StepStatus.PROCESSING, attempt=held.attempt
+        ).update(status=StepStatus.COMPLETED, finished_at=now, output=outcome.output)
+        if not owned:
+            # The sweeper took this attempt for lost and another attempt owns the row now.
+            logger.warning("Step run id=%s attempt=%s finished after it was recovered; "
+                           "its outcome is discarded.", held.step_run_id, held.attempt)
+            return
+        if not _advance_run(held, spec, outcome, now):
+            outcome = _advance_locked(held, spec, outcome.output, now)
+            if outcome is None:
+                Event.objects.create(
+                    run_id=held.run_id, step_run_id=held.step_run_id, kind="step_discarded",
+                    step_index=held.step_index, step_name=step.name, attempt=held.attempt,
+                    duration_ms=duration_ms,
+                    data={"reason": "the run was no longer running this step"},
+                )
+                return
+        events = [Event(
+            run_id=held.run_id, step_run_id=held.step_run_id, kind="step_completed",
+            step_index=held.step_index, step_name=step.name, attempt=held.attempt,
+            duration_ms=duration_ms, data={"output": outcome.output},
+        )]
+        if outcome.next_index is None:
+            events.append(Event(run_id=held.run_id, kind="workflow_completed"))
+        else:
+            following = _new_step_run(held.run_id, spec, outcome.next_index,
+                                      seq=held.seq + 1, now=now)
+            publish_on_commit([Message(following.pk, None, following.timeout)])
+        Event.objects.bulk_create(events)
+
+
+def _run_update(spec_total: int, outcome: engine.Advance, now) -> dict[str, Any]:
+    fields: dict[str, Any] = {
+        "state": outcome.state, "revision": F("revision") + 1,
+        "transitions": F("transitions") + 1, "updated_at": now,
+    }
+    if outcome.next_index is None:
+        fields.update(status=RunStatus.COMPLETED, current_step=spec_total, finished_at=now)
+    else:
+        fields["current_step"] = outcome.next_index
+    return fields
+
+
+def _advance_run(held: Claim, spec: WorkflowSpec, outcome: engine.Advance, now) -> bool:
+    # Compare-and-set: succeeds only if nothing touched the run since the claim read it.
+    return bool(WorkflowRun.objects.filter(
+        pk=held.run_id, revision=held.revision, status=RunStatus.RUNNING,
+        current_step=held.step_index,
+    ).update(**_run_update(len(spec.steps), outcome, now)))
+
+
+def _advance_locked(held: Claim, spec: WorkflowSpec, output: dict[str, Any],
+                    now) -> engine.Advance | None:
+    run = (WorkflowRun.objects.select_for_update()
+           .only("status", "state", "current_step").get(pk=held.run_id))
+    if run.status != RunStatus.RUNNING or run.current_step != held.step_index:
+        return None
+    outcome = engine.advance(spec, held.run_id, run.state, held.step_index, output)
+    WorkflowRun.objects.filter(pk=held.run_id).update(**_run_update(len(spec.steps), outcome, now))
+    return outcome
+
+
+def record_failure(held: Claim, spec: WorkflowSpec, error: BaseException,
+                   duration_ms: float | None) -> None:
+    """Record a failed attempt: schedule the next attempt, or fail the step and its run."""
+    now = timezone.now()
+    step = spec.steps[held.step_index]
+    policy = effective_policy(spec, held.step_index)
+    delay = engine.retry_delay(policy, error, held.attempt)
+    record = engine.describe_error(error)
+    guard = StepRun.objects.filter(
+        pk=held.step_run_id, status=StepStatus.PROCESSING, attempt=held.attempt
+    )
+    event = Event(run_id=held.run_id, step_run_id=held.step_run_id, step_index=held.step_index,
+                  step_name=step.name, attempt=held.attempt, duration_ms=duration_ms)
+    with transaction.atomic():
+        if delay is not None:
+            due = now + timedelta(seconds=delay)
+            on_broker = delay <= settings.MAX_ETA
+            if not guard.update(status=StepStatus.PENDING, available_at=due,
+                                published_at=due if on_broker else None, error=record,
+                                claimed_at=None, heartbeat_at=None):
+                return
+            event.kind = "step_retried"
+            event.data = {"error": record, "retry_in": round(delay, 6),
+                          "retry_at": due.isoformat(), "max_attempts": policy.max_attempts}
+            event.save()
+            if on_broker:
+                publish_on_commit([Message(held.step_run_id, delay, step.timeout)])
+            logger.info("Step run id=%s attempt=%s failed (%s); retry in %.3fs",
+                        held.step_run_id, held.attempt, record["type"], delay)
+            return
+        if not guard.update(status=StepStatus.FAILED, finished_at=now, error=record):
+            return
+        run_error = {
+            "type": record["type"], "message": record["message"], "step": step.name,
+            "step_index": held.step_index, "attempt": held.attempt,
+            "max_attempts": policy.max_attempts,
+        }
+        WorkflowRun.objects.filter(pk=held.run_id, status=RunStatus.RUNNING).update(
+            status=RunStatus.FAILED, error=run_error, finished_at=now, updated_at=now,
+            revision=F("revision") + 1,
+        )
+        event.kind = "step_failed"
+        event.data = {"error": record, "max_attempts": policy.max_attempts}
+        Event.objects.bulk_create([
+            event, Event(run_id=held.run_id, kind="workflow_failed", data={"error": run_error}),
+        ])
+    logger.warning("Run id=%s failed at step %r attempt %s: %s: %s", held.run_id, step.name,
+                   held.attempt, record["type"], record["message"])
+
+
+@contextmanager
+def _heartbeat(step_run_id: int, attempt: int):
+    """Refresh the step's heartbeat from a side thread while its handler runs."""
+    stop = threading.Event()
+
+    def beat() -> None:
+        from django.db import connection as thread_connection  # thread-local connection
+
+        try:
+            while not stop.wait(settings.HEARTBEAT_INTERVAL):
+                StepRun.objects.filter(
+                    pk=step_run_id, status=StepStatus.PROCESSING, attempt=attempt
+                ).update(heartbeat_at=timezone.now())
+        except Exception:  # noqa: BLE001 - a missed beat only risks a needless recovery
+            logger.exception("Heartbeat of step run id=%s failed", step_run_id)
+        finally:
+            thread_connection.close()
+
+    thread = threading.Thread(target=beat, name=f"queuety-heartbeat-{step_run_id}", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+@contextmanager
+def _deadline(step: StepSpec, held: Claim):
+    """Interrupt the handler with StepTimeout when the step's timeout passes.
+
+    Uses a real-time interval timer, so blocking Python code (``time.sleep``, socket reads, busy
+    loops) is interrupted at the deadline, with sub-second precision. Code stuck in C that
+    ignores signals is killed by Celery's hard time limit instead (see ``queuety.publish``).
+    """
+    if step.timeout is None:
+        yield
+        return
+    if threading.current_thread() is not threading.main_thread():
+        raise exceptions.PermanentError(
+            f"Step {step.name!r} of run {held.run_id} has timeout={step.timeout:g}s but runs "
+            "outside a process's main thread (threads, eventlet or gevent pool), where it cannot "
+            "be interrupted. Run Queuety workers with --pool prefork (the default) or solo."
+        )
+
+    def on_alarm(signum, frame):
+        raise exceptions.StepTimeout(
+            f"Step {step.name!r} of run {held.run_id} (attempt {held.attempt}) exceeded its "
+            f"timeout of {step.timeout:g}s and was interrupted."
+        )
+
+    previous = signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, step.timeout)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+# -- the sweeper ------------------------------------------------------------------------------
+
+#: Seconds past the hard time limit before the sweeper declares a timed-out attempt dead,
+#: leaving the pool time to kill the process.
+_KILL_MARGIN = 0.5
+
+
+def sweep(now=None) -> dict[str, int]:
+    """Recover lost attempts and re-publish due steps whose message may be lost.
+
+    Safe to run concurrently with workers and with itself: every change is guarded by the row's
+    status and attempt. Returns counts of what it did.
+    """
+    now = now or timezone.now()
+    recovered = _recover_lost(now)
+    republished = _republish_due(now)
+    if recovered or republished:
+        logger.info("Sweep recovered=%s republished=%s", recovered, republished)
+    return {"recovered": recovered, "republished": republished}
+
+
+def _recover_lost(now) -> int:
+    stale_before = now - timedelta(seconds=settings.STALE_AFTER)
+    grace = settings.HARD_TIMEOUT_GRACE + _KILL_MARGIN
+    rows = (StepRun.objects.filter(status=StepStatus.PROCESSING)
+            .filter(Q(heartbeat_at__lt=stale_before) | Q(timeout__isnull=False))
+            .select_related("run").only(
+                "id", "run_id", "step_index", "step_name", "seq", "attempt", "timeout", "claimed_at",
+                "heartbeat_at", "run__definition_id", "run__state", "run__revision")[:500])
+    recovered = 0
+    for row in rows:
+        if row.timeout is not None and row.claimed_at + timedelta(
+                seconds=row.timeout + grace) < now:
+            error: BaseException = exceptions.StepTimeout(
+                f"Step {row.step_name!r} of run {row.run_id} (attempt {row.attempt}) ran past "
+                f"its timeout of {row.timeout:g}s and its hard limit; its worker process was "
+                "killed."
+            )
+        elif row.heartbeat_at is not None and row.heartbeat_at < stale_before:
+            error = exceptions.WorkerLost(
+                f"The worker running step {row.step_name!r} of run {row.run_id} "
+                f"(attempt {row.attempt}) stopped sending heartbeats at "
+                f"{row.heartbeat_at.isoformat()}; it is presumed dead."
+            )
+        else:
+            continue
+        held = Claim(row.pk, row.run_id, row.step_index, row.seq, row.attempt,
+                     row.run.definition_id, row.run.state, row.run.revision, row.claimed_at)
+        record_failure(held, load_spec(held.definition_id), error, None)
+        recovered += 1
+    return recovered
+
+
+def _republish_due(now) -> int:
+    silent_since = now - timedelta(seconds=settings.REDELIVER_AFTER)
+    with transaction.atomic():
+        rows = list(
+            StepRun.objects.select_for_update(skip_locked=True, of=("self",))
+            .filter(status=StepStatus.PENDING, available_at__lte=now,
+                    run__status=RunStatus.RUNNING)
+            .filter(Q(published_at__isnull=True) | Q(published_at__lt=silent_since))
+            .values_list("pk", "timeout")[:1000]
+        )
+        if rows:
+            StepRun.objects.filter(pk__in=[pk for pk, _ in rows]).update(published_at=now)
+            publish_on_commit([Message(pk, None, timeout) for pk, timeout in rows])
+    return len(rows)
+
+
+# -- queries ----------------------------------------------------------------------------------
+
+def _status_of(run: WorkflowRun) -> WorkflowStatus:
+    spec = load_spec(run.definition_id)
+    finished = run.current_step >= len(spec.steps)
+    return WorkflowStatus(
+        id=run.pk, name=run.name, status=run.status, current_step=run.current_step,
+        total_steps=run.total_steps,
+        current_step_name=None if finished else spec.steps[run.current_step].name,
+        state=run.state, error=run.error, definition_hash=spec.definition_hash,
+        retry_policy=None if finished else effective_policy(spec, run.current_step).describe(),
+        created_at=run.created_at, updated_at=run.updated_at, finished_at=run.finished_at,
+    )
+
+
+def workflow_status(run_id: int) -> WorkflowStatus:
+    """Return the status of run ``run_id``.
+
+    Raises:
+        RunNotFound: no run has that id.
+    """
+    try:
+        run = WorkflowRun.objects.get(pk=run_id)
+    except (WorkflowRun.DoesNotExist, ValueError, TypeError):
+        raise exceptions.RunNotFound(run_id) from None
+    return _status_of(run)
+
+
+def list_workflows(status: str | None = None, limit: int = 50) -> list[WorkflowStatus]:
+    """Return the newest runs first, optionally only those with ``status``.
+
+    Raises:
+        ValueError: ``status`` is not a run status, or ``limit`` is below 1.
+    """
+    if limit < 1:
+        raise ValueError(f"limit must be at least 1 (got {limit}).")
+    runs = WorkflowRun.objects.order_by("-pk")
+    if status is not None:
+        if status not in RunStatus.values:
+            raise ValueError(
+                f"Unknown status {status!r}; use one of {', '.join(RunStatus.values)}."
+            )
+        runs = runs.filter(status=status)
+    return [_status_of(run) for run in runs[:limit]]
