@@ -247,37 +247,121 @@ def _record_success(held: Claim, spec: WorkflowSpec, outcome: engine.Advance,
                     duration_ms: float) -> None:
     now = timezone.now()
     step = spec.steps[held.step_index]
+    completed = Event(
+        run_id=held.run_id, step_run_id=held.step_run_id, kind="step_completed",
+        step_index=held.step_index, step_name=step.name, attempt=held.attempt,
+        duration_ms=duration_ms, data={"output": outcome.output},
+    )
     with transaction.atomic():
-        owned = StepRun.objects.filter(
-            pk=held.step_run_id, status=StepStatus.PROCESSING, attempt=held.attempt
-        ).update(status=StepStatus.COMPLETED, finished_at=now, output=outcome.output)
+        if connection.vendor == "postgresql":
+            owned, advanced = _complete_postgres(held, spec, outcome, completed, now)
+        else:
+            owned = _mark_completed(held, outcome.output, now)
+            advanced = owned and _advance_run(held, spec, outcome, now)
+            if advanced:
+                _write_transition(held, spec, outcome, completed, now)
         if not owned:
             # The sweeper took this attempt for lost and another attempt owns the row now.
             logger.warning("Step run id=%s attempt=%s finished after it was recovered; "
                            "its outcome is discarded.", held.step_run_id, held.attempt)
             return
-        if not _advance_run(held, spec, outcome, now):
-            outcome = _advance_locked(held, spec, outcome.output, now)
-            if outcome is None:
-                Event.objects.create(
-                    run_id=held.run_id, step_run_id=held.step_run_id, kind="step_discarded",
-                    step_index=held.step_index, step_name=step.name, attempt=held.attempt,
-                    duration_ms=duration_ms,
-                    data={"reason": "the run was no longer running this step"},
-                )
-                return
-        events = [Event(
-            run_id=held.run_id, step_run_id=held.step_run_id, kind="step_completed",
-            step_index=held.step_index, step_name=step.name, attempt=held.attempt,
-            duration_ms=duration_ms, data={"output": outcome.output},
-        )]
-        if outcome.next_index is None:
-            events.append(Event(run_id=held.run_id, kind="workflow_completed"))
+        if advanced:
+            return
+        # The run changed since the claim (another writer bumped its revision): decide again
+        # under the row lock, in the same transaction that holds the completed step row.
+        outcome = _advance_locked(held, spec, outcome.output, now)
+        if outcome is None:
+            completed.kind = "step_discarded"
+            completed.data["reason"] = "the run was no longer running this step"
+            completed.save()
         else:
-            following = _new_step_run(held.run_id, spec, outcome.next_index,
-                                      seq=held.seq + 1, now=now)
-            publish_on_commit([Message(following.pk, None, following.timeout)])
-        Event.objects.bulk_create(events)
+            _write_transition(held, spec, outcome, completed, now)
+
+
+def _mark_completed(held: Claim, output: dict[str, Any], now) -> bool:
+    return bool(StepRun.objects.filter(
+        pk=held.step_run_id, status=StepStatus.PROCESSING, attempt=held.attempt
+    ).update(status=StepStatus.COMPLETED, finished_at=now, output=output))
+
+
+def _write_transition(held: Claim, spec: WorkflowSpec, outcome: engine.Advance,
+                      completed: Event, now) -> None:
+    """Insert the next step's row and the step's events (the ORM path of a transition)."""
+    events = [completed]
+    if outcome.next_index is None:
+        events.append(Event(run_id=held.run_id, kind="workflow_completed"))
+    else:
+        following = _new_step_run(held.run_id, spec, outcome.next_index,
+                                  seq=held.seq + 1, now=now)
+        publish_on_commit([Message(following.pk, None, following.timeout)])
+    Event.objects.bulk_create(events)
+
+
+# The whole transition in one statement: each write happens only if the one before it did, so
+# a lost claim or a moved run leaves nothing behind but the step row update, which the caller
+# either completes under a lock or rolls back.
+_COMPLETE_POSTGRES = """
+WITH step AS (
+    UPDATE queuety_steprun SET status = 'completed', finished_at = %(now)s,
+           output = %(output)s::jsonb
+     WHERE id = %(step_run_id)s AND status = 'processing' AND attempt = %(attempt)s
+    RETURNING id
+), run AS (
+    UPDATE queuety_workflowrun
+       SET state = %(state)s::jsonb, current_step = %(current_step)s, status = %(status)s,
+           finished_at = COALESCE(%(finished_at)s::timestamptz, finished_at),
+           updated_at = %(now)s, revision = revision + 1, transitions = transitions + 1
+     WHERE id = %(run_id)s AND revision = %(revision)s AND status = 'running'
+       AND current_step = %(step_index)s AND EXISTS (SELECT 1 FROM step)
+    RETURNING id
+), following AS (
+    INSERT INTO queuety_steprun (run_id, seq, branch, step_index, step_name, status, attempt,
+                                 max_attempts, timeout, available_at, published_at, created_at)
+    SELECT %(run_id)s, %(seq)s, 0, %(next_index)s::integer, %(next_name)s::text, 'pending', 0,
+           %(next_max_attempts)s::integer, %(next_timeout)s::float8, %(now)s, %(now)s, %(now)s
+     WHERE %(next_index)s::integer IS NOT NULL AND EXISTS (SELECT 1 FROM run)
+    RETURNING id
+), events AS (
+    INSERT INTO queuety_event (run_id, step_run_id, kind, step_index, step_name, attempt,
+                               duration_ms, data, created_at)
+    SELECT %(run_id)s, e.step_run_id, e.kind, e.step_index, COALESCE(e.step_name, ''),
+           e.attempt, e.duration_ms, COALESCE(e.data, '{}'::jsonb), %(now)s
+      FROM jsonb_to_recordset(%(events)s::jsonb) AS e(
+           step_run_id bigint, kind text, step_index integer, step_name text, attempt integer,
+           duration_ms double precision, data jsonb)
+     WHERE EXISTS (SELECT 1 FROM run)
+)
+SELECT EXISTS (SELECT 1 FROM step), EXISTS (SELECT 1 FROM run), (SELECT id FROM following)
+"""
+
+
+def _complete_postgres(held: Claim, spec: WorkflowSpec, outcome: engine.Advance,
+                       completed: Event, now) -> tuple[bool, bool]:
+    events = [{field: getattr(completed, field) for field in (
+        "step_run_id", "kind", "step_index", "step_name", "attempt", "duration_ms", "data")}]
+    following = None if outcome.next_index is None else spec.steps[outcome.next_index]
+    if following is None:
+        events.append({"kind": "workflow_completed"})
+    params = {
+        "now": now, "step_run_id": held.step_run_id, "attempt": held.attempt,
+        "output": json.dumps(outcome.output), "state": json.dumps(outcome.state),
+        "run_id": held.run_id, "revision": held.revision, "step_index": held.step_index,
+        "current_step": len(spec.steps) if following is None else outcome.next_index,
+        "status": RunStatus.COMPLETED.value if following is None else RunStatus.RUNNING.value,
+        "finished_at": now if following is None else None,
+        "seq": held.seq + 1, "next_index": outcome.next_index,
+        "next_name": following and following.name,
+        "next_max_attempts": following and effective_policy(spec, outcome.next_index)
+        .max_attempts,
+        "next_timeout": following and following.timeout,
+        "events": json.dumps(events),
+    }
+    with connection.cursor() as cursor:
+        cursor.execute(_COMPLETE_POSTGRES, params)
+        owned, advanced, next_id = cursor.fetchone()
+    if next_id is not None:
+        publish_on_commit([Message(next_id, None, following.timeout)])
+    return owned, advanced
 
 
 def _run_update(spec_total: int, outcome: engine.Advance, now) -> dict[str, Any]:

@@ -78,6 +78,8 @@ class WorkflowBuilder:
                 )
             timeout = float(timeout)
         spec = StepSpec(name=step_name.strip(), handler=path, retry=retry, timeout=timeout)
+        # Building validates the whole definition, so a duplicate name fails at this call.
+        WorkflowSpec(name=self._name, steps=self._steps + (spec,), retry=self._retry)
         return self._copy(steps=self._steps + (spec,))
 
     def retry(self, policy: RetryPolicy | None = None, **options: Any) -> WorkflowBuilder:

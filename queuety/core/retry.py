@@ -150,7 +150,7 @@ class RetryPolicy:
         elif not self.retry_on:
             scope = "no exception (worker losses only)"
         else:
-            scope = ", ".join(dotted_path(c) for c in self.retry_on)
+            scope = ", ".join(dotted_path(c).removeprefix("builtins.") for c in self.retry_on)
         return (
             f"max_attempts={self.max_attempts} initial_delay={self.initial_delay:g}s "
             f"backoff_factor={self.backoff_factor:g} max_delay={self.max_delay:g}s "

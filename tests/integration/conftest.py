@@ -1,0 +1,142 @@
+"""Integration fixtures: the PostgreSQL test database and a REAL Celery worker subprocess.
+
+The worker is started once per session with the test database's name, the prefork pool and an
+embedded beat (so the sweeper runs every second). Tests do not run inside transactions: the
+worker must see what they write, and each test works on its own runs.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import pytest
+from django.conf import settings
+from django.db import connection
+
+import queuety
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="session")
+def django_db_setup(django_test_environment, django_db_blocker):
+    """Create the test database for the session (pytest-django only does it for tests marked
+    ``django_db``, whose per-test transactions or flushes a worker process cannot live with)."""
+    from django.test.utils import setup_databases, teardown_databases
+
+    with django_db_blocker.unblock():
+        created = setup_databases(verbosity=0, interactive=False, aliases={"default"})
+    yield
+    with django_db_blocker.unblock():
+        connection.close()
+        teardown_databases(created, verbosity=0)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def db_session(django_db_setup, django_db_blocker):
+    """Open database access for the whole session (no per-test transaction or flush)."""
+    with django_db_blocker.unblock():
+        yield
+
+
+class Worker:
+    """A ``celery -A project worker`` subprocess bound to the test database."""
+
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = log_dir
+        self.proc: subprocess.Popen | None = None
+        self.starts = 0
+        url = urlsplit(os.environ["DATABASE_URL"])
+        self.env = {
+            **os.environ,
+            "DATABASE_URL": urlunsplit(url._replace(path="/" + connection.settings_dict["NAME"])),
+            "DJANGO_SETTINGS_MODULE": "tests.settings",
+            "PYTHONPATH": str(ROOT),
+        }
+
+    @property
+    def log_path(self) -> Path:
+        return self.log_dir / f"worker-{self.starts}.log"
+
+    def start(self, concurrency: int = 4) -> None:
+        self.starts += 1
+        self.nodename = f"test-{uuid.uuid4().hex[:8]}@localhost"
+        command = [
+            sys.executable, "-m", "celery", "-A", "project", "worker", "-B",
+            "--pool", "prefork", "--concurrency", str(concurrency), "--loglevel", "INFO",
+            "-Q", settings.CELERY_TASK_DEFAULT_QUEUE, "-n", self.nodename,
+            "--without-gossip", "--without-mingle",
+            "--schedule", str(self.log_dir / "celerybeat-schedule"),
+        ]
+        with open(self.log_path, "w") as log:
+            self.proc = subprocess.Popen(command, cwd=ROOT, env=self.env, stdout=log,
+                                         stderr=subprocess.STDOUT, start_new_session=True)
+        self._wait_ready()
+
+    def _wait_ready(self, timeout: float = 60) -> None:
+        from project.celery import app
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"The Celery worker exited with {self.proc.returncode}:\n"
+                                   + self.log_path.read_text()[-4000:])
+            if app.control.ping(destination=[self.nodename], timeout=0.5):
+                return
+        raise RuntimeError("The Celery worker did not answer a ping within "
+                           f"{timeout}s:\n" + self.log_path.read_text()[-4000:])
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> None:
+        """Stop the worker (SIGTERM: warm shutdown; SIGKILL: the whole process group dies)."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        os.killpg(self.proc.pid, sig)
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def restart(self, sig: int = signal.SIGTERM) -> None:
+        self.stop(sig)
+        self.start()
+
+    def log(self) -> str:
+        return self.log_path.read_text()
+
+
+@pytest.fixture(scope="session")
+def worker(db_session, tmp_path_factory):
+    """The session's Celery worker (started on first use, stopped at the end)."""
+    handle = Worker(tmp_path_factory.mktemp("worker"))
+    handle.start()
+    yield handle
+    handle.stop()
+
+
+@pytest.fixture
+def token() -> str:
+    """A unique token a test puts in its payload to find its own side-effect marks."""
+    return uuid.uuid4().hex[:12]
+
+
+def wait_for(run_id: int, statuses=("completed", "failed", "cancelled"), timeout: float = 30,
+             worker: Worker | None = None):
+    """Poll the run until its status is one of ``statuses``; return its status object."""
+    deadline = time.monotonic() + timeout
+    while True:
+        status = queuety.workflow_status(run_id)
+        if status.status in statuses:
+            return status
+        if time.monotonic() > deadline:
+            tail = worker.log()[-3000:] if worker else ""
+            raise AssertionError(f"Run {run_id} is still {status.status!r} at step "
+                                 f"{status.current_step} after {timeout}s.\n{tail}")
+        time.sleep(0.05)

@@ -1,0 +1,81 @@
+"""The step boundary when the run or the step changes while a handler runs (in-process)."""
+
+from __future__ import annotations
+
+import pytest
+
+import queuety
+from queuety import publish, services
+from queuety.models import Event, StepRun
+from tests import workflows
+
+
+def run_inline(token: str, interfere: str):
+    """Dispatch interfere -> step_c and execute every published message in this process."""
+    with publish.captured() as sent:
+        run_id = (queuety.workflow("interfered").retry(initial_delay=0, jitter=0)
+                  .then(workflows.interfere)
+                  .then(workflows.step_c).dispatch({"token": token, "interfere": interfere}))
+        done = 0
+        while done < len(sent):
+            services.execute_step(sent[done].step_run_id)
+            done += 1
+    return run_id, sent
+
+
+def kinds(run_id):
+    return list(Event.objects.filter(run_id=run_id).order_by("pk").values_list("kind", flat=True))
+
+
+def test_run_changed_meanwhile__transition_is_recomputed_under_the_lock(token):
+    run_id, _ = run_inline(token, "bump_revision")
+
+    status = queuety.workflow_status(run_id)
+    assert status.status == "completed"
+    assert status.state["interfered"] == "bump_revision" and status.state["log"] == ["c"]
+    assert kinds(run_id) == ["workflow_started", "step_completed", "step_completed",
+                             "workflow_completed"]
+    assert StepRun.objects.filter(run_id=run_id).count() == 2
+
+
+def test_run_cancelled_meanwhile__outcome_is_recorded_but_nothing_advances(token):
+    run_id, sent = run_inline(token, "cancel")
+
+    status = queuety.workflow_status(run_id)
+    assert status.status == "cancelled" and status.current_step == 0
+    assert "interfered" not in status.state
+    assert kinds(run_id) == ["workflow_started", "step_discarded"]
+    assert len(sent) == 1 and workflows.marks(f"{token}-c") == []
+
+
+def test_attempt_recovered_meanwhile__late_outcome_is_discarded_and_retry_owns_the_step(token):
+    run_id, sent = run_inline(token, "recover")
+
+    status = queuety.workflow_status(run_id)
+    assert status.status == "completed" and status.state["interfered"] == "none"
+    assert len(workflows.marks(f"{token}-interfere")) == 2  # at least once per attempt
+    step = StepRun.objects.get(run_id=run_id, seq=0)
+    assert (step.status, step.attempt) == ("completed", 2)
+    timeline = kinds(run_id)
+    assert timeline == ["workflow_started", "step_retried", "step_completed", "step_completed",
+                        "workflow_completed"]
+    retried = Event.objects.get(run_id=run_id, kind="step_retried")
+    assert retried.data["error"]["type"] == "queuety.exceptions.WorkerLost"
+
+
+@pytest.mark.parametrize("payload, problem", [
+    ([1, 2], "must be a dict (got list)"),
+    ({"_secret": 1}, "reserved or non-string keys ['_secret']"),
+    ({"when": object()}, "is not JSON-serialisable"),
+])
+def test_dispatch__bad_payload_is_refused_and_nothing_is_written(payload, problem):
+    before = StepRun.objects.count()
+    with pytest.raises(queuety.WorkflowDefinitionError, match=problem.replace("[", r"\[")
+                       .replace("(", r"\(").replace(")", r"\)")):
+        queuety.workflow("refused").then(workflows.step_a).dispatch(payload)
+    assert StepRun.objects.count() == before
+
+
+def test_workflow_status__unknown_run_raises_run_not_found():
+    with pytest.raises(queuety.RunNotFound, match="Workflow run 99999999 does not exist."):
+        queuety.workflow_status(99999999)

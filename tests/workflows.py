@@ -1,0 +1,109 @@
+"""Steps used by the integration tests; the worker subprocess imports them by dotted path.
+
+Steps leave marks in files under ``$QUEUETY_TEST_DIR`` so a test can count real executions
+(side effects), independently of what the engine records.
+"""
+
+import os
+import time
+from pathlib import Path
+
+import queuety
+
+
+def marks_dir() -> Path:
+    return Path(os.environ["QUEUETY_TEST_DIR"])
+
+
+def mark(token: str, text: str = "") -> None:
+    """Append one line to the mark file ``token`` (O_APPEND: safe across processes)."""
+    with open(marks_dir() / token, "a") as handle:
+        handle.write(f"{os.getpid()} {text}\n")
+
+
+def marks(token: str) -> list[str]:
+    """Return the lines marked under ``token``."""
+    path = marks_dir() / token
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def _append(state, letter):
+    mark(f"{state['token']}-{letter}")
+    return {"log": state.get("log", []) + [letter], f"done_{letter}": True}
+
+
+def step_a(state):
+    return _append(state, "a")
+
+
+def step_b(state):
+    return _append(state, "b")
+
+
+def step_c(state):
+    return _append(state, "c")
+
+
+class StepB(queuety.Step):
+    """The class form of step_b."""
+
+    def handle(self, state):
+        return _append(state, "b")
+
+
+def jump_to_c(state):
+    out = _append(state, "jump")
+    out["_next_step"] = "step_c"
+    out["_ignored_reserved"] = "never merged"
+    return out
+
+
+def jump_to_nowhere(state):
+    return {"_next_step": "no_such_step"}
+
+
+def boom(state):
+    mark(f"{state['token']}-boom")
+    raise ValueError(f"boom for order {state.get('order', '?')}")
+
+
+def slow(state):
+    """Sleep ``state['sleep']`` seconds (the duplicate-message test's window)."""
+    mark(f"{state['token']}-slow")
+    time.sleep(state["sleep"])
+    return {"slept": state["sleep"]}
+
+
+def hang_first_time(state):
+    """On the first execution, write the pid and hang (the test kills it); later, finish."""
+    token = f"{state['token']}-hang"
+    first = not marks(token)
+    mark(token, "start")
+    if first:
+        time.sleep(120)
+    return {"hung_once": True}
+
+
+def interfere(state):
+    """Change the run behind the engine's back while this step runs (in-process tests only)."""
+    from django.db.models import F
+
+    from queuety import services
+    from queuety.models import StepRun, WorkflowRun
+
+    runs = WorkflowRun.objects.filter(state__token=state["token"])
+    action = state["interfere"] if not marks(f"{state['token']}-interfere") else "none"
+    if action == "bump_revision":
+        runs.update(revision=F("revision") + 1)
+    elif action == "cancel":
+        runs.update(status="cancelled")
+    elif action == "recover":
+        from datetime import timedelta
+
+        from django.utils import timezone
+
+        StepRun.objects.filter(run__in=runs, status="processing").update(
+            heartbeat_at=timezone.now() - timedelta(hours=1))
+        services.sweep()
+    mark(f"{state['token']}-interfere")
+    return {"interfered": action}
