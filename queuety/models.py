@@ -95,6 +95,8 @@ class StepRun(models.Model):
     # it is due). The sweeper re-publishes due rows whose message looks lost.
     published_at = models.DateTimeField(null=True, blank=True)
     claimed_at = models.DateTimeField(null=True, blank=True)
+    claimed_by = models.CharField(max_length=255, blank=True, default="",
+                                  help_text="host:pid of the process running the attempt.")
     heartbeat_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     output = models.JSONField(null=True, blank=True)

@@ -23,6 +23,8 @@ class Message(NamedTuple):
     """Seconds to hold the message at the broker (short back-offs only)."""
     timeout: float | None
     """The step's timeout: the message carries the matching hard time limit."""
+    queue: str | None = None
+    """The workflow's queue (``.on_queue()``), else ``QUEUETY["QUEUE"]``."""
 
 
 _override: Callable[[list[Message]], None] | None = None
@@ -42,8 +44,9 @@ def publish(messages: Iterable[Message]) -> None:
 
     for message in messages:
         options: dict = {}
-        if settings.QUEUE:
-            options["queue"] = settings.QUEUE
+        queue = message.queue or settings.QUEUE
+        if queue:
+            options["queue"] = queue
         if message.countdown:
             options["countdown"] = message.countdown
         if message.timeout:

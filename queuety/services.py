@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import signal
+import socket
 import threading
 import time
 from contextlib import contextmanager
@@ -103,7 +105,7 @@ def dispatch(spec: WorkflowSpec, payload: dict[str, Any] | None = None) -> int:
             run=run, kind="workflow_started",
             data={"definition_hash": spec.definition_hash, "state": state},
         )
-        publish_on_commit([Message(step_run.pk, None, first.timeout)])
+        publish_on_commit([_message(spec, step_run.pk, 0)])
     logger.info("Run id=%s workflow=%s dispatched", run.pk, spec.name)
     return run.pk
 
@@ -127,6 +129,11 @@ def _check_payload(name: str, payload: Any) -> dict[str, Any]:
         raise exceptions.WorkflowDefinitionError(
             f"The payload of workflow {name!r} is not JSON-serialisable: {error}."
         ) from None
+
+
+def _message(spec: WorkflowSpec, step_run_id: int, index: int,
+             countdown: float | None = None) -> Message:
+    return Message(step_run_id, countdown, spec.steps[index].timeout, spec.queue)
 
 
 def _new_step_run(run_pk: int, spec: WorkflowSpec, index: int, *, seq: int, now) -> StepRun:
@@ -155,7 +162,8 @@ class Claim:
     claimed_at: Any = None
 
 
-_CLAIM_SET = "status = 'processing', attempt = attempt + 1, claimed_at = %s, heartbeat_at = %s"
+_CLAIM_SET = ("status = 'processing', attempt = attempt + 1, claimed_at = %s, heartbeat_at = %s, "
+              "claimed_by = %s")
 
 _CLAIM_POSTGRES = f"""
 UPDATE queuety_steprun AS s SET {_CLAIM_SET}
@@ -178,19 +186,24 @@ def _json(value: Any) -> Any:
     return json.loads(value) if isinstance(value, str | bytes) else value
 
 
+def worker_id(pid: int | None = None) -> str:
+    """Return ``host:pid`` naming the process that claims a step (``pid``: another process)."""
+    return f"{socket.gethostname()}:{os.getpid() if pid is None else pid}"
+
+
 def claim(step_run_id: int, now=None) -> Claim | None:
     """Claim a due pending step for this worker; return ``None`` when it is not claimable."""
     now = now or timezone.now()
     stamp = connection.ops.adapt_datetimefield_value(now)
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
-            cursor.execute(_CLAIM_POSTGRES, [stamp, stamp, step_run_id, stamp])
+            cursor.execute(_CLAIM_POSTGRES, [stamp, stamp, worker_id(), step_run_id, stamp])
             row = cursor.fetchone()
             if row is None:
                 return None
             run_id, step_index, seq, attempt, definition_pk, state, revision = row
         else:
-            cursor.execute(_CLAIM_SQLITE, [stamp, stamp, step_run_id, stamp])
+            cursor.execute(_CLAIM_SQLITE, [stamp, stamp, worker_id(), step_run_id, stamp])
             row = cursor.fetchone()
             if row is None:
                 return None
@@ -204,7 +217,17 @@ def claim(step_run_id: int, now=None) -> Claim | None:
                  revision, now)
 
 
-def execute_step(step_run_id: int) -> None:
+@dataclass(frozen=True, slots=True)
+class AttemptReport:
+    """What one ``execute_step`` call did, for the worker that ran it."""
+
+    claimed: bool
+    timed_out: bool = False
+    leftover_threads: tuple[str, ...] = ()
+    """Threads the handler started that were still alive after it timed out."""
+
+
+def execute_step(step_run_id: int) -> AttemptReport:
     """Run one attempt of a step and apply its outcome (the body of the Celery task).
 
     Idempotent: a message for a step that is not pending and due is dropped (or, for a
@@ -213,9 +236,10 @@ def execute_step(step_run_id: int) -> None:
     held = claim(step_run_id)
     if held is None:
         _requeue_if_early(step_run_id)
-        return
+        return AttemptReport(claimed=False)
     spec = load_spec(held.definition_id)
     step = spec.steps[held.step_index]
+    threads_before = set(threading.enumerate())
     started = time.monotonic()
     try:
         with _heartbeat(step_run_id, held.attempt), _deadline(step, held):
@@ -223,8 +247,13 @@ def execute_step(step_run_id: int) -> None:
         outcome = engine.advance(spec, held.run_id, held.state, held.step_index, output)
     except Exception as error:  # noqa: BLE001 - every step failure is recorded, none escapes
         record_failure(held, spec, error, _ms_since(started))
-        return
+        if not isinstance(error, exceptions.StepTimeout):
+            return AttemptReport(claimed=True)
+        leftovers = tuple(t.name for t in threading.enumerate()
+                          if t not in threads_before and t.is_alive())
+        return AttemptReport(claimed=True, timed_out=True, leftover_threads=leftovers)
     _record_success(held, spec, outcome, _ms_since(started))
+    return AttemptReport(claimed=True)
 
 
 def _ms_since(started: float) -> float:
@@ -233,14 +262,15 @@ def _ms_since(started: float) -> float:
 
 def _requeue_if_early(step_run_id: int) -> None:
     row = (StepRun.objects.filter(pk=step_run_id, status=StepStatus.PENDING)
-           .values("available_at", "timeout").first())
+           .values("available_at", "step_index", "run__definition_id").first())
     if row is None:
         return
     wait = (row["available_at"] - timezone.now()).total_seconds()
     if 0 < wait <= settings.MAX_ETA:
         from queuety.publish import publish
 
-        publish([Message(step_run_id, wait, row["timeout"])])
+        spec = load_spec(row["run__definition_id"])
+        publish([_message(spec, step_run_id, row["step_index"], wait)])
 
 
 def _record_success(held: Claim, spec: WorkflowSpec, outcome: engine.Advance,
@@ -293,7 +323,7 @@ def _write_transition(held: Claim, spec: WorkflowSpec, outcome: engine.Advance,
     else:
         following = _new_step_run(held.run_id, spec, outcome.next_index,
                                   seq=held.seq + 1, now=now)
-        publish_on_commit([Message(following.pk, None, following.timeout)])
+        publish_on_commit([_message(spec, following.pk, outcome.next_index)])
     Event.objects.bulk_create(events)
 
 
@@ -316,9 +346,11 @@ WITH step AS (
     RETURNING id
 ), following AS (
     INSERT INTO queuety_steprun (run_id, seq, branch, step_index, step_name, status, attempt,
-                                 max_attempts, timeout, available_at, published_at, created_at)
+                                 max_attempts, timeout, available_at, published_at, claimed_by,
+                                 created_at)
     SELECT %(run_id)s, %(seq)s, 0, %(next_index)s::integer, %(next_name)s::text, 'pending', 0,
-           %(next_max_attempts)s::integer, %(next_timeout)s::float8, %(now)s, %(now)s, %(now)s
+           %(next_max_attempts)s::integer, %(next_timeout)s::float8, %(now)s, %(now)s, '',
+           %(now)s
      WHERE %(next_index)s::integer IS NOT NULL AND EXISTS (SELECT 1 FROM run)
     RETURNING id
 ), events AS (
@@ -360,7 +392,7 @@ def _complete_postgres(held: Claim, spec: WorkflowSpec, outcome: engine.Advance,
         cursor.execute(_COMPLETE_POSTGRES, params)
         owned, advanced, next_id = cursor.fetchone()
     if next_id is not None:
-        publish_on_commit([Message(next_id, None, following.timeout)])
+        publish_on_commit([_message(spec, next_id, outcome.next_index)])
     return owned, advanced
 
 
@@ -421,7 +453,7 @@ def record_failure(held: Claim, spec: WorkflowSpec, error: BaseException,
                           "retry_at": due.isoformat(), "max_attempts": policy.max_attempts}
             event.save()
             if on_broker:
-                publish_on_commit([Message(held.step_run_id, delay, step.timeout)])
+                publish_on_commit([_message(spec, held.step_run_id, held.step_index, delay)])
             logger.info("Step run id=%s attempt=%s failed (%s); retry in %.3fs",
                         held.step_run_id, held.attempt, record["type"], delay)
             return
@@ -505,6 +537,44 @@ def _deadline(step: StepSpec, held: Claim):
         signal.signal(signal.SIGALRM, previous)
 
 
+def recover_attempt(step_run_id: int, claimed_by: str, *, hard_timeout: bool) -> bool:
+    """Record that the process ``claimed_by`` died while running step row ``step_run_id``.
+
+    Called by the worker's main process when a pool process was killed at the hard time limit
+    (``hard_timeout``: recorded as :class:`StepTimeout`) or died otherwise (:class:`WorkerLost`).
+    Guarded by ``claimed_by``, so it never touches an attempt another process owns. Returns True
+    when an attempt was recorded.
+    """
+    row = (StepRun.objects.filter(pk=step_run_id, status=StepStatus.PROCESSING,
+                                  claimed_by=claimed_by)
+           .select_related("run").first())
+    if row is None:
+        return False
+    record_failure(_claim_of(row), load_spec(row.run.definition_id),
+                   _interruption(row, hard_timeout), None)
+    return True
+
+
+def _claim_of(row: StepRun) -> Claim:
+    return Claim(row.pk, row.run_id, row.step_index, row.seq, row.attempt,
+                 row.run.definition_id, row.run.state, row.run.revision, row.claimed_at)
+
+
+def _interruption(row: StepRun, timed_out: bool) -> BaseException:
+    if timed_out:
+        return exceptions.StepTimeout(
+            f"Step {row.step_name!r} of run {row.run_id} (attempt {row.attempt}) ignored its "
+            f"timeout of {row.timeout:g}s and its process ({row.claimed_by}) was killed at the "
+            "hard limit."
+        )
+    since = f" since {row.heartbeat_at.isoformat()}" if row.heartbeat_at else ""
+    return exceptions.WorkerLost(
+        f"The process running step {row.step_name!r} of run {row.run_id} (attempt "
+        f"{row.attempt}, {row.claimed_by or 'unknown'}) died or stopped sending "
+        f"heartbeats{since}."
+    )
+
+
 # -- the sweeper ------------------------------------------------------------------------------
 
 #: Seconds past the hard time limit before the sweeper declares a timed-out attempt dead,
@@ -531,29 +601,15 @@ def _recover_lost(now) -> int:
     grace = settings.HARD_TIMEOUT_GRACE + _KILL_MARGIN
     rows = (StepRun.objects.filter(status=StepStatus.PROCESSING)
             .filter(Q(heartbeat_at__lt=stale_before) | Q(timeout__isnull=False))
-            .select_related("run").only(
-                "id", "run_id", "step_index", "step_name", "seq", "attempt", "timeout", "claimed_at",
-                "heartbeat_at", "run__definition_id", "run__state", "run__revision")[:500])
+            .select_related("run")[:500])
     recovered = 0
     for row in rows:
-        if row.timeout is not None and row.claimed_at + timedelta(
-                seconds=row.timeout + grace) < now:
-            error: BaseException = exceptions.StepTimeout(
-                f"Step {row.step_name!r} of run {row.run_id} (attempt {row.attempt}) ran past "
-                f"its timeout of {row.timeout:g}s and its hard limit; its worker process was "
-                "killed."
-            )
-        elif row.heartbeat_at is not None and row.heartbeat_at < stale_before:
-            error = exceptions.WorkerLost(
-                f"The worker running step {row.step_name!r} of run {row.run_id} "
-                f"(attempt {row.attempt}) stopped sending heartbeats at "
-                f"{row.heartbeat_at.isoformat()}; it is presumed dead."
-            )
-        else:
+        timed_out = row.timeout is not None and (
+            row.claimed_at + timedelta(seconds=row.timeout + grace) < now)
+        if not timed_out and not (row.heartbeat_at and row.heartbeat_at < stale_before):
             continue
-        held = Claim(row.pk, row.run_id, row.step_index, row.seq, row.attempt,
-                     row.run.definition_id, row.run.state, row.run.revision, row.claimed_at)
-        record_failure(held, load_spec(held.definition_id), error, None)
+        record_failure(_claim_of(row), load_spec(row.run.definition_id),
+                       _interruption(row, timed_out), None)
         recovered += 1
     return recovered
 
@@ -566,11 +622,12 @@ def _republish_due(now) -> int:
             .filter(status=StepStatus.PENDING, available_at__lte=now,
                     run__status=RunStatus.RUNNING)
             .filter(Q(published_at__isnull=True) | Q(published_at__lt=silent_since))
-            .values_list("pk", "timeout")[:1000]
+            .values_list("pk", "step_index", "run__definition_id")[:1000]
         )
         if rows:
-            StepRun.objects.filter(pk__in=[pk for pk, _ in rows]).update(published_at=now)
-            publish_on_commit([Message(pk, None, timeout) for pk, timeout in rows])
+            StepRun.objects.filter(pk__in=[pk for pk, _, _ in rows]).update(published_at=now)
+            publish_on_commit([_message(load_spec(definition_pk), pk, index)
+                               for pk, index, definition_pk in rows])
     return len(rows)
 
 

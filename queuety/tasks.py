@@ -2,16 +2,56 @@
 
 from __future__ import annotations
 
+import logging
+import os
+
+from billiard.exceptions import WorkerLostError
 from celery import shared_task
+from celery.worker.request import Request
 
 from queuety import services
 
+logger = logging.getLogger("queuety")
+
+
+class StepRequest(Request):
+    """Runs in the worker's MAIN process: records a pool process's death at once.
+
+    Without it the sweeper would notice only when the step's heartbeat goes stale.
+    """
+
+    def on_timeout(self, soft: bool, timeout: float) -> None:
+        super().on_timeout(soft, timeout)
+        if not soft:  # the hard limit: the pool process running the step is being killed
+            self._recover(hard_timeout=True)
+
+    def on_failure(self, exc_info, send_failed_event=True, return_ok=False) -> None:
+        super().on_failure(exc_info, send_failed_event=send_failed_event, return_ok=return_ok)
+        if isinstance(exc_info.exception, WorkerLostError):
+            self._recover(hard_timeout=False)
+
+    def _recover(self, hard_timeout: bool) -> None:
+        if not self.worker_pid or not self.args:
+            return
+        try:
+            services.recover_attempt(self.args[0], services.worker_id(self.worker_pid),
+                                     hard_timeout=hard_timeout)
+        except Exception:  # noqa: BLE001 - the sweeper recovers the step later anyway
+            logger.exception("Could not record the loss of step run id=%s", self.args[0])
+
 
 @shared_task(name="queuety.execute_step", acks_late=True, reject_on_worker_lost=True,
-             ignore_result=True)
+             ignore_result=True, Request=StepRequest)
 def execute_step(step_run_id: int) -> None:
     """Run one attempt of step row ``step_run_id``; duplicates are dropped by the claim."""
-    services.execute_step(step_run_id)
+    report = services.execute_step(step_run_id)
+    if report.leftover_threads:
+        # Threads cannot be killed; the process can. The pool replaces it, and the attempt,
+        # already recorded as timed out, can leave nothing running behind it.
+        logger.warning("Step run id=%s timed out leaving threads %s running; exiting pool "
+                       "process %s so they stop.", step_run_id,
+                       ", ".join(report.leftover_threads), os.getpid())
+        os._exit(70)
 
 
 @shared_task(name="queuety.sweep", ignore_result=True)

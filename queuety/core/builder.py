@@ -19,10 +19,14 @@ class WorkflowBuilder:
         full = base.then(Charge).then(Ship)     # ``base`` still has one step
     """
 
-    __slots__ = ("_name", "_steps", "_retry")
+    __slots__ = ("_name", "_steps", "_retry", "_queue")
 
     def __init__(
-        self, name: str, steps: tuple[StepSpec, ...] = (), retry: RetryPolicy | None = None
+        self,
+        name: str,
+        steps: tuple[StepSpec, ...] = (),
+        retry: RetryPolicy | None = None,
+        queue: str | None = None,
     ) -> None:
         if not isinstance(name, str) or not name.strip():
             raise exceptions.WorkflowDefinitionError(
@@ -31,9 +35,11 @@ class WorkflowBuilder:
         self._name = name.strip()
         self._steps = steps
         self._retry = retry
+        self._queue = queue
 
     def _copy(self, **changes: Any) -> WorkflowBuilder:
-        values = {"name": self._name, "steps": self._steps, "retry": self._retry, **changes}
+        values = {"name": self._name, "steps": self._steps, "retry": self._retry,
+                  "queue": self._queue, **changes}
         return WorkflowBuilder(**values)
 
     def then(
@@ -79,7 +85,7 @@ class WorkflowBuilder:
             timeout = float(timeout)
         spec = StepSpec(name=step_name.strip(), handler=path, retry=retry, timeout=timeout)
         # Building validates the whole definition, so a duplicate name fails at this call.
-        WorkflowSpec(name=self._name, steps=self._steps + (spec,), retry=self._retry)
+        WorkflowSpec(name=self._name, steps=self._steps + (spec,))
         return self._copy(steps=self._steps + (spec,))
 
     def retry(self, policy: RetryPolicy | None = None, **options: Any) -> WorkflowBuilder:
@@ -99,9 +105,21 @@ class WorkflowBuilder:
             )
         return self._copy(retry=policy)
 
+    def on_queue(self, queue: str) -> WorkflowBuilder:
+        """Send this workflow's step messages to the Celery queue ``queue``.
+
+        Workers must consume it (``celery -A project worker -Q queue``).
+        """
+        if not isinstance(queue, str) or not queue.strip():
+            raise exceptions.WorkflowDefinitionError(
+                f"on_queue() needs a non-blank queue name (got {queue!r})."
+            )
+        return self._copy(queue=queue.strip())
+
     def build(self) -> WorkflowSpec:
         """Return the immutable definition (validated)."""
-        return WorkflowSpec(name=self._name, steps=self._steps, retry=self._retry)
+        return WorkflowSpec(name=self._name, steps=self._steps, retry=self._retry,
+                            queue=self._queue)
 
     def dispatch(self, payload: dict[str, Any] | None = None) -> int:
         """Start a run of this workflow with ``payload`` as its initial state; return its id.

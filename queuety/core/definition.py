@@ -68,6 +68,8 @@ class WorkflowSpec:
     steps: tuple[StepSpec, ...]
     retry: RetryPolicy | None = None
     """Default policy for steps that set none."""
+    queue: str | None = None
+    """Celery queue of this workflow's step messages (``None``: ``QUEUETY["QUEUE"]``)."""
     _index: dict[str, int] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -106,6 +108,7 @@ class WorkflowSpec:
         return {
             "format": DEFINITION_FORMAT,
             "name": self.name,
+            "queue": self.queue,
             "retry": None if self.retry is None else self.retry.to_dict(),
             "steps": [step.to_dict() for step in self.steps],
         }
@@ -123,6 +126,7 @@ class WorkflowSpec:
             name=data["name"],
             steps=tuple(StepSpec.from_dict(s) for s in data["steps"]),
             retry=None if retry is None else RetryPolicy.from_dict(retry),
+            queue=data.get("queue"),
         )
 
     def canonical_json(self) -> str:

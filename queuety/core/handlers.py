@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 from typing import Any, ClassVar
 
@@ -80,8 +81,30 @@ def resolve_handler(step: Any) -> tuple[str, Any]:
 
 
 def call_handler(path: str, state: dict[str, Any]) -> Any:
-    """Import the handler at ``path`` and run it on ``state``."""
+    """Import the handler at ``path`` and run it on ``state``.
+
+    ``async`` handlers (and ``async def handle``) run to completion on a private event loop.
+    """
     obj = import_path(path)
-    if inspect.isclass(obj):
-        return obj().handle(state)
-    return obj(state)
+    result = obj().handle(state) if inspect.isclass(obj) else obj(state)
+    if inspect.isawaitable(result):
+        result = _run_awaitable(result)
+    return result
+
+
+def _run_awaitable(awaitable: Any) -> Any:
+    # Not asyncio.run(): on the way out it waits for the default executor's threads, so a
+    # timed-out `await asyncio.to_thread(...)` would hold the attempt open until the thread
+    # finished. Here the loop is closed without waiting; the caller deals with leftover threads.
+    loop = asyncio.new_event_loop()
+    try:
+        return loop.run_until_complete(awaitable)
+    finally:
+        try:
+            pending = asyncio.all_tasks(loop)
+            for task in pending:
+                task.cancel()
+            if pending:
+                loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+        finally:
+            loop.close()
