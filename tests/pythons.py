@@ -23,3 +23,17 @@ def find_python(version: str) -> str:
             return candidate
     raise RuntimeError(f"Python {version} was not found (tried PATH and {root}/versions). "
                        f"Install it, e.g. `pyenv install {version}`.")
+
+
+def venv_python(version: str) -> str:
+    """Return the interpreter of the project venv for ``version`` (made by ``./dev test``)."""
+    import sys
+    from pathlib import Path
+
+    if sys.version.startswith(version + "."):
+        return sys.executable
+    path = Path(__file__).resolve().parents[1] / f".venv-{version}" / "bin" / "python"
+    if not path.exists():
+        raise RuntimeError(f"{path} is missing: run the suite with ./dev test, which creates a "
+                           f"virtualenv for every supported Python ({', '.join(SUPPORTED)}).")
+    return str(path)

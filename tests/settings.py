@@ -25,5 +25,6 @@ QUEUETY = {
     "STALE_AFTER": 3.0,
     "HEARTBEAT_INTERVAL": 0.5,
     "REDELIVER_AFTER": 3.0,
+    "MAX_ETA": 5.0,
 }
 LOGGING["loggers"]["queuety"]["level"] = "INFO"  # noqa: F405

@@ -107,3 +107,25 @@ def interfere(state):
         services.sweep()
     mark(f"{state['token']}-interfere")
     return {"interfered": action}
+
+
+def flaky(state):
+    """Raise ``state['raise']`` (a dotted path) on the first ``fail_times`` executions."""
+    from queuety.core.imports import import_path
+
+    token = f"{state['token']}-flaky"
+    attempt = len(marks(token)) + 1
+    mark(token, repr(time.time()))
+    if attempt <= state.get("fail_times", 10**9):
+        raise import_path(state["raise"])(f"attempt {attempt} of run with token {state['token']}")
+    return {"succeeded_on": attempt}
+
+
+def bad_output(state):
+    mark(f"{state['token']}-bad")
+    return ["not", "a", "dict"]
+
+
+def execution_times(token: str, name: str = "flaky") -> list[float]:
+    """Return the start times the ``name`` step recorded, in order."""
+    return [float(line.split()[1]) for line in marks(f"{token}-{name}")]

@@ -49,8 +49,13 @@ def db_session(django_db_setup, django_db_blocker):
 class Worker:
     """A ``celery -A project worker`` subprocess bound to the test database."""
 
-    def __init__(self, log_dir: Path) -> None:
+    def __init__(self, log_dir: Path, python: str = sys.executable, queue: str | None = None,
+                 beat: bool = True, concurrency: int = 4) -> None:
         self.log_dir = log_dir
+        self.python = python
+        self.queue = queue or settings.CELERY_TASK_DEFAULT_QUEUE
+        self.beat = beat
+        self.concurrency = concurrency
         self.proc: subprocess.Popen | None = None
         self.starts = 0
         url = urlsplit(os.environ["DATABASE_URL"])
@@ -65,16 +70,16 @@ class Worker:
     def log_path(self) -> Path:
         return self.log_dir / f"worker-{self.starts}.log"
 
-    def start(self, concurrency: int = 4) -> None:
+    def start(self) -> None:
         self.starts += 1
         self.nodename = f"test-{uuid.uuid4().hex[:8]}@localhost"
         command = [
-            sys.executable, "-m", "celery", "-A", "project", "worker", "-B",
-            "--pool", "prefork", "--concurrency", str(concurrency), "--loglevel", "INFO",
-            "-Q", settings.CELERY_TASK_DEFAULT_QUEUE, "-n", self.nodename,
-            "--without-gossip", "--without-mingle",
-            "--schedule", str(self.log_dir / "celerybeat-schedule"),
+            self.python, "-m", "celery", "-A", "project", "worker",
+            "--pool", "prefork", "--concurrency", str(self.concurrency), "--loglevel", "INFO",
+            "-Q", self.queue, "-n", self.nodename, "--without-gossip", "--without-mingle",
         ]
+        if self.beat:
+            command += ["-B", "--schedule", str(self.log_dir / "celerybeat-schedule")]
         with open(self.log_path, "w") as log:
             self.proc = subprocess.Popen(command, cwd=ROOT, env=self.env, stdout=log,
                                          stderr=subprocess.STDOUT, start_new_session=True)
@@ -110,6 +115,12 @@ class Worker:
 
     def log(self) -> str:
         return self.log_path.read_text()
+
+    def pool_pids(self) -> list[int]:
+        from project.celery import app
+
+        stats = app.control.inspect([self.nodename], timeout=2).stats() or {}
+        return list(stats.get(self.nodename, {}).get("pool", {}).get("processes", []))
 
 
 @pytest.fixture(scope="session")

@@ -32,15 +32,34 @@ def test_policy__invalid_options_fail_the_definition(options, problem):
         RetryPolicy(**options)
 
 
+def test_R4_every_invalid_option_is_refused(semantics):
+    refused = 0
+    cases = [{"max_attempts": 0}, {"max_attempts": -1}, {"initial_delay": -1},
+             {"initial_delay": 10, "max_delay": 5}, {"backoff_factor": 0.5},
+             {"jitter": -0.5}, {"jitter": 2.0}]
+    for options in cases:
+        try:
+            RetryPolicy(**options)
+        except queuety.WorkflowDefinitionError:
+            refused += 1
+    semantics.record("R4 invalid policies (max_attempts 0/-1, delay -1, max<initial, factor "
+                     "0.5, jitter -0.5/2.0)", f"{len(cases)}/{len(cases)} refused",
+                     f"{refused}/{len(cases)} refused")
+    assert refused == len(cases)
+
+
 @pytest.mark.parametrize("entry, problem", [
     ("ConectionError", "'ConectionError' cannot be imported"),
     ("builtins.ConectionError", "'builtins.ConectionError' cannot be imported"),
     ("json.dumps", "is not an exception class"),
     (int, "is not an exception class"),
 ])
-def test_policy__retry_on_names_are_resolved_when_built(entry, problem):
-    with pytest.raises(queuety.WorkflowDefinitionError, match=problem):
+def test_policy__retry_on_names_are_resolved_when_built(entry, problem, semantics):
+    with pytest.raises(queuety.WorkflowDefinitionError, match=problem) as refused:
         RetryPolicy(retry_on=[entry])
+    if entry == "ConectionError":
+        semantics.record("S2 retry_on=['ConectionError'] (typo)", "build fails naming the string",
+                         f"WorkflowDefinitionError: {refused.value}")
 
 
 def test_policy__dotted_strings_resolve_to_the_same_classes():
@@ -55,8 +74,10 @@ def test_policy__exact_backoff_without_jitter():
     assert policy.max_total_wait() == 15.0
 
 
-def test_policy__max_total_wait_is_the_sum_of_upper_bounds():
+def test_policy__max_total_wait_is_the_sum_of_upper_bounds(semantics):
     policy = RetryPolicy(max_attempts=5, initial_delay=1, backoff_factor=2, jitter=0.1)
+    semantics.record("R3 max_total_wait(), 5 attempts, delay 1, factor 2, jitter 0.1",
+                     "16.5 s", f"{policy.max_total_wait():g} s")
     assert policy.max_total_wait() == pytest.approx(16.5)
     assert RetryPolicy().max_total_wait() == pytest.approx(3.3)  # 1.1 + 2.2
     assert RetryPolicy(max_attempts=1).max_total_wait() == 0
@@ -69,8 +90,9 @@ def test_policy__max_total_wait_is_the_sum_of_upper_bounds():
     RetryPolicy(max_attempts=9, jitter=0.1),
     RetryPolicy(max_attempts=9, jitter=0.25, initial_delay=0.3, backoff_factor=3, max_delay=200),
 ])
-def test_policy__jitter_is_bounded_and_centred(policy):
+def test_policy__jitter_is_bounded_and_centred(policy, semantics):
     rng = random.Random(20261130)
+    worst_mean = 0.0
     for attempt in range(1, 9):
         nominal = policy.nominal_delay(attempt)
         draws = [policy.delay(attempt, rng) for _ in range(10_000)]
@@ -78,6 +100,10 @@ def test_policy__jitter_is_bounded_and_centred(policy):
         assert max(draws) <= min((1 + policy.jitter) * nominal, policy.max_delay) + 1e-9
         assert statistics.fmean(draws) == pytest.approx(nominal, rel=0.03)
         assert min(draws) > 0
+        worst_mean = max(worst_mean, abs(statistics.fmean(draws) / nominal - 1))
+    semantics.record(f"R2 jitter {policy.jitter:g}, 10,000 draws x attempts 1-8",
+                     "every wait in [(1-j)w, min((1+j)w, max_delay)]; mean within 3 %; no 0 s",
+                     f"all inside; worst mean deviation {worst_mean:.2%}; no 0 s")
 
 
 def test_policy__defaults_are_documented_values():

@@ -1,0 +1,39 @@
+"""Render var/semantics.json (written by the retry and timeout tests) as a Markdown table.
+
+    python -m tests.semantics_report > docs/semantics.md
+"""
+
+import json
+from collections import defaultdict
+
+from tests.conftest import RESULTS
+
+HEADER = """# Retry and timeout semantics, measured
+
+Each row is a test in `tests/integration/test_retries.py` or `test_timeouts.py`, run against
+PostgreSQL with real prefork Celery workers. The criteria (R1-R6, S1-S5, T1-T5) are those of
+`shared/reference/adk-lessons.md`. Timeout cases run on a worker of each Python version;
+retry cases and the pure policy checks run on the main interpreter only ("—" elsewhere).
+Regenerate with `./dev test tests/integration/test_retries.py tests/integration/test_timeouts.py`
+then `python -m tests.semantics_report > docs/semantics.md`.
+"""
+
+
+def main() -> None:
+    rows = json.loads(RESULTS.read_text())
+    by_case: dict[str, dict] = defaultdict(dict)
+    expected: dict[str, str] = {}
+    for row in rows:
+        by_case[row["case"]][row["python"][:4]] = row["measured"]
+        expected[row["case"]] = row["expected"]
+    versions = sorted({v for cells in by_case.values() for v in cells})
+    print(HEADER)
+    print("| case | expected | " + " | ".join(f"measured, Python {v}" for v in versions) + " |")
+    print("|---|---|" + "---|" * len(versions))
+    for case in sorted(by_case, key=lambda c: (c.split()[0], c)):
+        cells = [by_case[case].get(v, "—") for v in versions]
+        print(f"| {case} | {expected[case]} | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()
