@@ -50,7 +50,8 @@ class Worker:
     """A ``celery -A project worker`` subprocess bound to the test database."""
 
     def __init__(self, log_dir: Path, python: str = sys.executable, queue: str | None = None,
-                 beat: bool = True, concurrency: int = 4) -> None:
+                 beat: bool = True, concurrency: int = 4, pool: str = "prefork") -> None:
+        self.pool = pool
         self.log_dir = log_dir
         self.python = python
         self.queue = queue or settings.CELERY_TASK_DEFAULT_QUEUE
@@ -75,7 +76,7 @@ class Worker:
         self.nodename = f"test-{uuid.uuid4().hex[:8]}@localhost"
         command = [
             self.python, "-m", "celery", "-A", "project", "worker",
-            "--pool", "prefork", "--concurrency", str(self.concurrency), "--loglevel", "INFO",
+            "--pool", self.pool, "--concurrency", str(self.concurrency), "--loglevel", "INFO",
             "-Q", self.queue, "-n", self.nodename, "--without-gossip", "--without-mingle",
         ]
         if self.beat:
