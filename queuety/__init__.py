@@ -18,7 +18,11 @@ from queuety.core.builder import WorkflowBuilder, workflow
 from queuety.core.handlers import Step
 from queuety.core.retry import RetryPolicy
 from queuety.core.status import WorkflowStatus
+from queuety.core.budget import Budget, BudgetView
+from queuety.core.handlers import StepContext
 from queuety.exceptions import (
+    BudgetExceeded,
+    IdempotencyConflict,
     InvalidStepOutput,
     PermanentError,
     QueuetyError,
@@ -30,12 +34,17 @@ from queuety.exceptions import (
 )
 
 __all__ = [
+    "Budget",
+    "BudgetExceeded",
+    "BudgetView",
+    "IdempotencyConflict",
     "InvalidStepOutput",
     "PermanentError",
     "QueuetyError",
     "RetryPolicy",
     "RunNotFound",
     "Step",
+    "StepContext",
     "StepTimeout",
     "UnknownStep",
     "WorkerLost",

@@ -50,6 +50,42 @@ class UnknownStep(WorkflowDefinitionError):
         return (type(self), (self.args[0], self.name))
 
 
+class BudgetExceeded(QueuetyError):
+    """A run exceeded one of its budgets; it fails at once and is never retried.
+
+    Attributes name the budget, its limit and the usage that breached it.
+    """
+
+    def __init__(self, budget: str, limit: int, used: int, run_id: int | None = None,
+                 workflow: str = "", message: str | None = None) -> None:
+        who = f"Run {run_id} of workflow {workflow!r}" if run_id else f"Workflow {workflow!r}"
+        super().__init__(message or f"{who} exceeded its {budget} budget: {used} > {limit}.")
+        self.budget, self.limit, self.used = budget, limit, used
+        self.run_id, self.workflow = run_id, workflow
+
+    def __reduce__(self):
+        return (type(self), (self.budget, self.limit, self.used, self.run_id, self.workflow,
+                             self.args[0]))
+
+
+class IdempotencyConflict(QueuetyError):
+    """A dispatch reused an idempotency key with a different payload or definition.
+
+    Raised only with ``idempotency_key(key, on_conflict="error")``; by default the original run's
+    id is returned and the conflict is recorded on its timeline.
+    """
+
+    def __init__(self, key: str, run_id: int, differences: str = "payload") -> None:
+        super().__init__(
+            f"Idempotency key {key!r} already started run {run_id} with a different "
+            f"{differences}; nothing new was dispatched. Use a new key for a new run."
+        )
+        self.key, self.run_id, self.differences = key, run_id, differences
+
+    def __reduce__(self):
+        return (type(self), (self.key, self.run_id, self.differences))
+
+
 class RunNotFound(QueuetyError, LookupError):
     """No workflow run has the given id."""
 
@@ -62,4 +98,6 @@ class RunNotFound(QueuetyError, LookupError):
 
 
 #: Errors that mean the definition or the step's contract is wrong. Retrying cannot help.
-NEVER_RETRIED: tuple[type[BaseException], ...] = (WorkflowDefinitionError, PermanentError)
+NEVER_RETRIED: tuple[type[BaseException], ...] = (
+    WorkflowDefinitionError, PermanentError, BudgetExceeded,
+)

@@ -60,7 +60,11 @@ class WorkflowRun(models.Model):
     total_steps = models.PositiveIntegerField()
     # Bumped by every write to the run row: the step boundary's compare-and-set guard.
     revision = models.PositiveIntegerField(default=0)
+    idempotency_key = models.CharField(max_length=255, null=True, blank=True, db_index=True)
+    # Budget usage (limits live in the definition).
     transitions = models.PositiveIntegerField(default=0)
+    cost_units = models.PositiveIntegerField(default=0)
+    started_workflows = models.PositiveIntegerField(default=0)
     error = models.JSONField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -71,6 +75,26 @@ class WorkflowRun(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} #{self.pk} ({self.status})"
+
+
+class DispatchKey(models.Model):
+    """A used idempotency key and the run it started. Global; never purged with runs.
+
+    ``run_id`` is a plain integer, not a foreign key, so the key keeps answering with the
+    original id after that run is purged.
+    """
+
+    key = models.CharField(max_length=255, unique=True)
+    run_id = models.BigIntegerField()
+    payload_hash = models.CharField(max_length=64)
+    definition_hash = models.CharField(max_length=64)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        db_table = "queuety_workflow_dispatch_keys"
+
+    def __str__(self) -> str:
+        return f"{self.key} -> run {self.run_id}"
 
 
 class StepRun(models.Model):

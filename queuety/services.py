@@ -18,6 +18,7 @@ Handlers therefore run at least once per attempt; transitions happen exactly onc
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -36,12 +37,21 @@ from django.utils import timezone
 
 from queuety import exceptions
 from queuety.conf import settings
+from queuety.core import budget as budgets
 from queuety.core import engine
-from queuety.core.definition import StepSpec, WorkflowSpec
-from queuety.core.handlers import call_handler
+from queuety.core.definition import StepSpec, WorkflowSpec, canonical_json
+from queuety.core.handlers import StepContext, call_handler
 from queuety.core.retry import RetryPolicy
 from queuety.core.status import WorkflowStatus
-from queuety.models import Event, RunStatus, StepRun, StepStatus, WorkflowDefinition, WorkflowRun
+from queuety.models import (
+    DispatchKey,
+    Event,
+    RunStatus,
+    StepRun,
+    StepStatus,
+    WorkflowDefinition,
+    WorkflowRun,
+)
 from queuety.publish import Message, publish_on_commit
 
 logger = logging.getLogger("queuety")
@@ -82,32 +92,94 @@ def effective_policy(spec: WorkflowSpec, step_index: int) -> RetryPolicy:
 
 # -- dispatch ---------------------------------------------------------------------------------
 
-def dispatch(spec: WorkflowSpec, payload: dict[str, Any] | None = None) -> int:
+class _KeyTaken(Exception):
+    """Internal: another dispatch committed this idempotency key first."""
+
+
+_INSERT_KEY = """
+INSERT INTO queuety_workflow_dispatch_keys (key, run_id, payload_hash, definition_hash, created_at)
+VALUES (%s, %s, %s, %s, %s)
+ON CONFLICT (key) DO NOTHING
+RETURNING id
+"""
+
+
+def dispatch(spec: WorkflowSpec, payload: dict[str, Any] | None = None, *,
+             idempotency_key: str | None = None, on_conflict: str = "report") -> int:
     """Start a run of ``spec`` with ``payload`` as its state and return the run id.
 
-    Writes the run, its first step and a ``workflow_started`` event in one transaction and
-    publishes the first step's message when it commits.
+    Writes the run, its first step, its dispatch key and a ``workflow_started`` event in one
+    transaction and publishes the first step's message when it commits. With an
+    ``idempotency_key`` already used, returns the original run's id and writes no run: the
+    key's unique index decides races, so concurrent dispatches of one key start one run.
 
     Raises:
         WorkflowDefinitionError: the payload is not a JSON object or uses reserved keys.
+        BudgetExceeded: the payload alone exceeds ``max_state_bytes``; nothing is written.
+        IdempotencyConflict: the key was used with another payload or definition and
+            ``on_conflict="error"``.
     """
     state = _check_payload(spec.name, payload)
+    limit = spec.budget.max_state_bytes
+    if limit is not None and (size := budgets.state_bytes(state)) > limit:
+        raise exceptions.BudgetExceeded(
+            "max_state_bytes", limit, size, None, spec.name,
+            message=f"The initial payload of workflow {spec.name!r} is {size} bytes, over its "
+                    f"max_state_bytes budget of {limit}; nothing was dispatched.",
+        )
     definition_pk = definition_id(spec)
+    payload_hash = hashlib.sha256(canonical_json(state).encode()).hexdigest()
+    if idempotency_key is not None:
+        used = DispatchKey.objects.filter(key=idempotency_key).first()
+        if used is not None:
+            return _reused_key(used, spec, payload_hash, on_conflict)
     now = timezone.now()
-    first = spec.steps[0]
-    with transaction.atomic():
-        run = WorkflowRun.objects.create(
-            definition_id=definition_pk, name=spec.name, state=state,
-            total_steps=len(spec.steps), status=RunStatus.RUNNING,
-        )
-        step_run = _new_step_run(run.pk, spec, 0, seq=0, now=now)
-        Event.objects.create(
-            run=run, kind="workflow_started",
-            data={"definition_hash": spec.definition_hash, "state": state},
-        )
-        publish_on_commit([_message(spec, step_run.pk, 0)])
-    logger.info("Run id=%s workflow=%s dispatched", run.pk, spec.name)
+    try:
+        with transaction.atomic():
+            run = WorkflowRun.objects.create(
+                definition_id=definition_pk, name=spec.name, state=state,
+                total_steps=len(spec.steps), status=RunStatus.RUNNING,
+                idempotency_key=idempotency_key,
+            )
+            if idempotency_key is not None:
+                with connection.cursor() as cursor:
+                    # Blocks until a concurrent holder of the key commits or rolls back.
+                    cursor.execute(_INSERT_KEY, [idempotency_key, run.pk, payload_hash,
+                                                 spec.definition_hash, now])
+                    if cursor.fetchone() is None:
+                        raise _KeyTaken
+            step_run = _new_step_run(run.pk, spec, 0, seq=0, now=now)
+            Event.objects.create(
+                run=run, kind="workflow_started",
+                data={"definition_hash": spec.definition_hash, "version": spec.version,
+                      "idempotency_key": idempotency_key, "state": state},
+            )
+            publish_on_commit([_message(spec, step_run.pk, 0)])
+    except _KeyTaken:
+        return _reused_key(DispatchKey.objects.get(key=idempotency_key), spec, payload_hash,
+                           on_conflict)
+    logger.info("Run id=%s workflow=%s version=%s dispatched", run.pk, spec.name, spec.version)
     return run.pk
+
+
+def _reused_key(used: DispatchKey, spec: WorkflowSpec, payload_hash: str,
+                on_conflict: str) -> int:
+    differences = [what for what, same in (
+        ("payload", used.payload_hash == payload_hash),
+        ("definition", used.definition_hash == spec.definition_hash)) if not same]
+    if not differences:
+        return used.run_id
+    what = " and ".join(differences)
+    if on_conflict == "error":
+        raise exceptions.IdempotencyConflict(used.key, used.run_id, what)
+    logger.warning("Idempotency key %r was reused with a different %s; returning run id=%s.",
+                   used.key, what, used.run_id)
+    if WorkflowRun.objects.filter(pk=used.run_id).exists():  # the run may have been purged
+        Event.objects.create(run_id=used.run_id, kind="idempotency_conflict", data={
+            "key": used.key, "differences": differences,
+            "payload_hash": payload_hash, "definition_hash": spec.definition_hash,
+        })
+    return used.run_id
 
 
 def _check_payload(name: str, payload: Any) -> dict[str, Any]:
@@ -160,6 +232,8 @@ class Claim:
     state: dict[str, Any]
     revision: int
     claimed_at: Any = None
+    usage: budgets.Usage = budgets.Usage()
+    """Budget counters of the run when the step was claimed."""
 
 
 _CLAIM_SET = ("status = 'processing', attempt = attempt + 1, claimed_at = %s, heartbeat_at = %s, "
@@ -170,7 +244,8 @@ UPDATE queuety_steprun AS s SET {_CLAIM_SET}
   FROM queuety_workflowrun AS r
  WHERE s.id = %s AND s.status = 'pending' AND s.available_at <= %s
    AND r.id = s.run_id AND r.status = 'running'
-RETURNING s.run_id, s.step_index, s.seq, s.attempt, r.definition_id, r.state, r.revision
+RETURNING s.run_id, s.step_index, s.seq, s.attempt, r.definition_id, r.state, r.revision,
+          r.transitions, r.cost_units, r.started_workflows
 """
 
 # SQLite cannot return columns of a joined table, so it reads the run in a second query.
@@ -201,7 +276,7 @@ def claim(step_run_id: int, now=None) -> Claim | None:
             row = cursor.fetchone()
             if row is None:
                 return None
-            run_id, step_index, seq, attempt, definition_pk, state, revision = row
+            run_id, step_index, seq, attempt, definition_pk, state, revision, *counters = row
         else:
             cursor.execute(_CLAIM_SQLITE, [stamp, stamp, worker_id(), step_run_id, stamp])
             row = cursor.fetchone()
@@ -209,12 +284,12 @@ def claim(step_run_id: int, now=None) -> Claim | None:
                 return None
             run_id, step_index, seq, attempt = row
             cursor.execute(
-                "SELECT definition_id, state, revision FROM queuety_workflowrun WHERE id = %s",
-                [run_id],
+                "SELECT definition_id, state, revision, transitions, cost_units, "
+                "started_workflows FROM queuety_workflowrun WHERE id = %s", [run_id],
             )
-            definition_pk, state, revision = cursor.fetchone()
+            definition_pk, state, revision, *counters = cursor.fetchone()
     return Claim(step_run_id, run_id, step_index, seq, attempt, definition_pk, _json(state),
-                 revision, now)
+                 revision, now, budgets.Usage(*counters))
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,10 +316,13 @@ def execute_step(step_run_id: int) -> AttemptReport:
     step = spec.steps[held.step_index]
     threads_before = set(threading.enumerate())
     started = time.monotonic()
+    context = StepContext(held.run_id, spec.name, step.name, held.attempt,
+                          budgets.BudgetView(spec.budget, _usage_now(spec, held)))
     try:
         with _heartbeat(step_run_id, held.attempt), _deadline(step, held):
-            output = call_handler(step.handler, dict(held.state))
+            output = call_handler(step.handler, dict(held.state), context)
         outcome = engine.advance(spec, held.run_id, held.state, held.step_index, output)
+        _check_budget(spec, held, outcome)
     except Exception as error:  # noqa: BLE001 - every step failure is recorded, none escapes
         record_failure(held, spec, error, _ms_since(started))
         if not isinstance(error, exceptions.StepTimeout):
@@ -252,8 +330,30 @@ def execute_step(step_run_id: int) -> AttemptReport:
         leftovers = tuple(t.name for t in threading.enumerate()
                           if t not in threads_before and t.is_alive())
         return AttemptReport(claimed=True, timed_out=True, leftover_threads=leftovers)
-    _record_success(held, spec, outcome, _ms_since(started))
+    try:
+        _record_success(held, spec, outcome, _ms_since(started))
+    except exceptions.BudgetExceeded as error:  # found under the lock: the run had moved on
+        record_failure(held, spec, error, _ms_since(started))
     return AttemptReport(claimed=True)
+
+
+def _usage_now(spec: WorkflowSpec, held: Claim) -> budgets.Usage:
+    size = budgets.state_bytes(held.state) if spec.budget.max_state_bytes else 0
+    return budgets.Usage(held.usage.transitions, held.usage.cost_units,
+                         held.usage.started_workflows, size)
+
+
+def _check_budget(spec: WorkflowSpec, held: Claim, outcome: engine.Advance,
+                  counters: budgets.Usage | None = None) -> None:
+    """Raise BudgetExceeded if completing this step would breach the run's budget."""
+    if not spec.budget.configured():
+        return
+    base = counters or held.usage
+    step = spec.steps[held.step_index]
+    size = budgets.state_bytes(outcome.state) if spec.budget.max_state_bytes else 0
+    after = budgets.Usage(base.transitions + 1, base.cost_units + step.cost_units,
+                          base.started_workflows, size)
+    budgets.check(spec.budget, after, held.run_id, spec.name)
 
 
 def _ms_since(started: float) -> float:
@@ -340,7 +440,8 @@ WITH step AS (
     UPDATE queuety_workflowrun
        SET state = %(state)s::jsonb, current_step = %(current_step)s, status = %(status)s,
            finished_at = COALESCE(%(finished_at)s::timestamptz, finished_at),
-           updated_at = %(now)s, revision = revision + 1, transitions = transitions + 1
+           updated_at = %(now)s, revision = revision + 1, transitions = transitions + 1,
+           cost_units = cost_units + %(cost_units)s
      WHERE id = %(run_id)s AND revision = %(revision)s AND status = 'running'
        AND current_step = %(step_index)s AND EXISTS (SELECT 1 FROM step)
     RETURNING id
@@ -387,6 +488,7 @@ def _complete_postgres(held: Claim, spec: WorkflowSpec, outcome: engine.Advance,
         .max_attempts,
         "next_timeout": following and following.timeout,
         "events": json.dumps(events),
+        "cost_units": spec.steps[held.step_index].cost_units,
     }
     with connection.cursor() as cursor:
         cursor.execute(_COMPLETE_POSTGRES, params)
@@ -396,13 +498,15 @@ def _complete_postgres(held: Claim, spec: WorkflowSpec, outcome: engine.Advance,
     return owned, advanced
 
 
-def _run_update(spec_total: int, outcome: engine.Advance, now) -> dict[str, Any]:
+def _run_update(spec: WorkflowSpec, held: Claim, outcome: engine.Advance,
+                now) -> dict[str, Any]:
     fields: dict[str, Any] = {
         "state": outcome.state, "revision": F("revision") + 1,
         "transitions": F("transitions") + 1, "updated_at": now,
+        "cost_units": F("cost_units") + spec.steps[held.step_index].cost_units,
     }
     if outcome.next_index is None:
-        fields.update(status=RunStatus.COMPLETED, current_step=spec_total, finished_at=now)
+        fields.update(status=RunStatus.COMPLETED, current_step=len(spec.steps), finished_at=now)
     else:
         fields["current_step"] = outcome.next_index
     return fields
@@ -413,17 +517,22 @@ def _advance_run(held: Claim, spec: WorkflowSpec, outcome: engine.Advance, now) 
     return bool(WorkflowRun.objects.filter(
         pk=held.run_id, revision=held.revision, status=RunStatus.RUNNING,
         current_step=held.step_index,
-    ).update(**_run_update(len(spec.steps), outcome, now)))
+    ).update(**_run_update(spec, held, outcome, now)))
 
 
 def _advance_locked(held: Claim, spec: WorkflowSpec, output: dict[str, Any],
                     now) -> engine.Advance | None:
     run = (WorkflowRun.objects.select_for_update()
-           .only("status", "state", "current_step").get(pk=held.run_id))
+           .only("status", "state", "current_step", "transitions", "cost_units",
+                 "started_workflows").get(pk=held.run_id))
     if run.status != RunStatus.RUNNING or run.current_step != held.step_index:
         return None
     outcome = engine.advance(spec, held.run_id, run.state, held.step_index, output)
-    WorkflowRun.objects.filter(pk=held.run_id).update(**_run_update(len(spec.steps), outcome, now))
+    # Raising here rolls back this transaction, completed step row included; the caller then
+    # records the breach as the step's (permanent) failure.
+    _check_budget(spec, held, outcome, budgets.Usage(run.transitions, run.cost_units,
+                                                     run.started_workflows))
+    WorkflowRun.objects.filter(pk=held.run_id).update(**_run_update(spec, held, outcome, now))
     return outcome
 
 
@@ -464,6 +573,8 @@ def record_failure(held: Claim, spec: WorkflowSpec, error: BaseException,
             "step_index": held.step_index, "attempt": held.attempt,
             "max_attempts": policy.max_attempts,
         }
+        if isinstance(error, exceptions.BudgetExceeded):
+            run_error.update(budget=error.budget, limit=error.limit, used=error.used)
         WorkflowRun.objects.filter(pk=held.run_id, status=RunStatus.RUNNING).update(
             status=RunStatus.FAILED, error=run_error, finished_at=now, updated_at=now,
             revision=F("revision") + 1,
@@ -557,7 +668,9 @@ def recover_attempt(step_run_id: int, claimed_by: str, *, hard_timeout: bool) ->
 
 def _claim_of(row: StepRun) -> Claim:
     return Claim(row.pk, row.run_id, row.step_index, row.seq, row.attempt,
-                 row.run.definition_id, row.run.state, row.run.revision, row.claimed_at)
+                 row.run.definition_id, row.run.state, row.run.revision, row.claimed_at,
+                 budgets.Usage(row.run.transitions, row.run.cost_units,
+                               row.run.started_workflows))
 
 
 def _interruption(row: StepRun, timed_out: bool) -> BaseException:
@@ -641,6 +754,10 @@ def _status_of(run: WorkflowRun) -> WorkflowStatus:
         total_steps=run.total_steps,
         current_step_name=None if finished else spec.steps[run.current_step].name,
         state=run.state, error=run.error, definition_hash=spec.definition_hash,
+        definition_version=spec.version, idempotency_key=run.idempotency_key,
+        budget=budgets.summary(spec.budget, budgets.Usage(
+            run.transitions, run.cost_units, run.started_workflows,
+            budgets.state_bytes(run.state))),
         retry_policy=None if finished else effective_policy(spec, run.current_step).describe(),
         created_at=run.created_at, updated_at=run.updated_at, finished_at=run.finished_at,
     )

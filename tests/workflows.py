@@ -129,3 +129,46 @@ def bad_output(state):
 def execution_times(token: str, name: str = "flaky") -> list[float]:
     """Return the start times the ``name`` step recorded, in order."""
     return [float(line.split()[1]) for line in marks(f"{token}-{name}")]
+
+
+def counter_loop(state):
+    """Count, and jump back to this same step until the counter reaches 99."""
+    mark(f"{state['token']}-loop")
+    counter = state.get("counter", 0) + 1
+    return {"counter": counter, **({"_next_step": "counter_loop"} if counter < 99 else {})}
+
+
+class Costly(queuety.Step):
+    """Costs 2 units (class attribute) and counts."""
+
+    cost_units = 2
+
+    def handle(self, state):
+        mark(f"{state['token']}-costly")
+        return {"counter": state.get("counter", 0) + 1}
+
+
+def fetch_user(state):
+    mark(f"{state['token']}-fetch")
+    user = state["user_id"]
+    return {"user_name": f"User #{user}", "user_email": f"user{user}@example.com",
+            "order_count": 42, "order_data": [{"id": 1, "total": 99.5}, {"id": 2, "total": 12}]}
+
+
+def budget_probe(state, context):
+    """A function step that takes the context as its second argument."""
+    return {f"probe_{context.step_name}": {
+        "run_id": context.run_id, "attempt": context.attempt,
+        "cost_left": context.budget.remaining("max_cost_units"),
+        "transitions_left": context.budget.remaining("max_transitions"),
+        "bytes_left": context.budget.remaining("max_state_bytes"),
+    }}
+
+
+class BudgetProbe(queuety.Step):
+    """The class form: reads ``self.context``."""
+
+    def handle(self, state):
+        budget = self.context.budget
+        return {"probe_class": {"cost_left": budget.remaining("max_cost_units"),
+                                "workflow": self.context.workflow}}

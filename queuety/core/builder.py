@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from queuety import exceptions
+from queuety.core.budget import Budget
 from queuety.core.definition import StepSpec, WorkflowSpec
 from queuety.core.handlers import resolve_handler
 from queuety.core.retry import RetryPolicy
@@ -19,7 +20,8 @@ class WorkflowBuilder:
         full = base.then(Charge).then(Ship)     # ``base`` still has one step
     """
 
-    __slots__ = ("_name", "_steps", "_retry", "_queue")
+    __slots__ = ("_name", "_steps", "_retry", "_queue", "_version", "_budget", "_key",
+                 "_on_conflict")
 
     def __init__(
         self,
@@ -27,6 +29,10 @@ class WorkflowBuilder:
         steps: tuple[StepSpec, ...] = (),
         retry: RetryPolicy | None = None,
         queue: str | None = None,
+        version: str | None = None,
+        budget: Budget | None = None,
+        key: str | None = None,
+        on_conflict: str = "report",
     ) -> None:
         if not isinstance(name, str) or not name.strip():
             raise exceptions.WorkflowDefinitionError(
@@ -36,10 +42,15 @@ class WorkflowBuilder:
         self._steps = steps
         self._retry = retry
         self._queue = queue
+        self._version = version
+        self._budget = budget or Budget()
+        self._key = key
+        self._on_conflict = on_conflict
 
     def _copy(self, **changes: Any) -> WorkflowBuilder:
         values = {"name": self._name, "steps": self._steps, "retry": self._retry,
-                  "queue": self._queue, **changes}
+                  "queue": self._queue, "version": self._version, "budget": self._budget,
+                  "key": self._key, "on_conflict": self._on_conflict, **changes}
         return WorkflowBuilder(**values)
 
     def then(
@@ -49,6 +60,7 @@ class WorkflowBuilder:
         *,
         retry: RetryPolicy | None = None,
         timeout: float | None = None,
+        cost_units: int | None = None,
     ) -> WorkflowBuilder:
         """Add a step run after the previous one.
 
@@ -61,6 +73,8 @@ class WorkflowBuilder:
                 ``retry`` attribute, then the workflow's ``.retry()``, then
                 ``QUEUETY["DEFAULT_RETRY"]``).
             timeout: seconds an attempt may run (default: the step class's ``timeout``).
+            cost_units: units this step adds to the run's ``cost_units`` when it completes;
+                0 is allowed here only (default: the step class's ``cost_units``, else 1).
         """
         path, obj = resolve_handler(step)
         step_name = name if name is not None else path.rsplit(".", 1)[-1]
@@ -83,7 +97,8 @@ class WorkflowBuilder:
                     f"(got {timeout!r})."
                 )
             timeout = float(timeout)
-        spec = StepSpec(name=step_name.strip(), handler=path, retry=retry, timeout=timeout)
+        spec = StepSpec(name=step_name.strip(), handler=path, retry=retry, timeout=timeout,
+                        cost_units=_cost_units(step_name, obj, cost_units))
         # Building validates the whole definition, so a duplicate name fails at this call.
         WorkflowSpec(name=self._name, steps=self._steps + (spec,))
         return self._copy(steps=self._steps + (spec,))
@@ -116,10 +131,65 @@ class WorkflowBuilder:
             )
         return self._copy(queue=queue.strip())
 
+    def version(self, label: str) -> WorkflowBuilder:
+        """Label this definition (``"research.v2"``); shown by status, the admin and exports."""
+        if not isinstance(label, str) or not label.strip():
+            raise exceptions.WorkflowDefinitionError(
+                f"Workflow {self._name!r}: version() needs a non-blank label (got {label!r})."
+            )
+        return self._copy(version=label.strip())
+
+    def idempotency_key(self, key: str, *, on_conflict: str = "report") -> WorkflowBuilder:
+        """Make dispatch idempotent: a second dispatch with ``key`` returns the first run's id.
+
+        Keys are global (not per workflow), case-sensitive, trimmed, at most 255 characters, and
+        outlive purges of old runs. A reused key with a different payload or definition is
+        recorded on the original run's timeline (``on_conflict="report"``) or raises
+        :class:`~queuety.IdempotencyConflict` (``on_conflict="error"``).
+        """
+        if not isinstance(key, str) or not key.strip():
+            raise exceptions.WorkflowDefinitionError(
+                f"Workflow {self._name!r}: idempotency_key() needs a non-blank string "
+                f"(got {key!r})."
+            )
+        if len(key.strip()) > 255:
+            raise exceptions.WorkflowDefinitionError(
+                f"Workflow {self._name!r}: idempotency keys are at most 255 characters "
+                f"(got {len(key.strip())}); hash longer natural keys."
+            )
+        if on_conflict not in ("report", "error"):
+            raise exceptions.WorkflowDefinitionError(
+                f"on_conflict must be 'report' or 'error' (got {on_conflict!r})."
+            )
+        return self._copy(key=key.strip(), on_conflict=on_conflict)
+
+    def _limit(self, name: str, value: int) -> WorkflowBuilder:
+        return self._copy(budget=Budget(**{**self._budget.to_dict(), name: value}))
+
+    def max_transitions(self, limit: int) -> WorkflowBuilder:
+        """Fail the run when it would complete more than ``limit`` step boundaries."""
+        return self._limit("max_transitions", limit)
+
+    def max_for_each_items(self, limit: int) -> WorkflowBuilder:
+        """Fail the run when a ``for_each`` step plans more than ``limit`` items."""
+        return self._limit("max_for_each_items", limit)
+
+    def max_state_bytes(self, limit: int) -> WorkflowBuilder:
+        """Fail the run when its public state's compact UTF-8 JSON exceeds ``limit`` bytes."""
+        return self._limit("max_state_bytes", limit)
+
+    def max_cost_units(self, limit: int) -> WorkflowBuilder:
+        """Fail the run when its completed steps' ``cost_units`` add up to more than ``limit``."""
+        return self._limit("max_cost_units", limit)
+
+    def max_started_workflows(self, limit: int) -> WorkflowBuilder:
+        """Fail the run when it would start more than ``limit`` child workflows."""
+        return self._limit("max_started_workflows", limit)
+
     def build(self) -> WorkflowSpec:
         """Return the immutable definition (validated)."""
         return WorkflowSpec(name=self._name, steps=self._steps, retry=self._retry,
-                            queue=self._queue)
+                            queue=self._queue, version=self._version, budget=self._budget)
 
     def dispatch(self, payload: dict[str, Any] | None = None) -> int:
         """Start a run of this workflow with ``payload`` as its initial state; return its id.
@@ -129,11 +199,32 @@ class WorkflowBuilder:
         """
         from queuety import services  # the core stays importable without Django
 
-        return services.dispatch(self.build(), payload)
+        return services.dispatch(self.build(), payload, idempotency_key=self._key,
+                                 on_conflict=self._on_conflict)
 
     def __repr__(self) -> str:
         names = ", ".join(step.name for step in self._steps)
         return f"<WorkflowBuilder {self._name!r}: {names}>"
+
+
+def _cost_units(step_name: str, obj: Any, explicit: int | None) -> int:
+    """Resolve a step's cost: the ``.then()`` value (0 allowed), the class's, else 1."""
+    if explicit is not None:
+        if isinstance(explicit, bool) or not isinstance(explicit, int) or explicit < 0:
+            raise exceptions.WorkflowDefinitionError(
+                f"cost_units for step {step_name!r} must be a whole number of at least 0 "
+                f"(got {explicit!r})."
+            )
+        return explicit
+    declared = getattr(obj, "cost_units", None)
+    if declared is None:
+        return 1
+    if isinstance(declared, bool) or not isinstance(declared, int) or declared < 1:
+        raise exceptions.WorkflowDefinitionError(
+            f"Step class {step_name!r} declares cost_units={declared!r}; a class's cost must be "
+            "a whole number of at least 1 (set cost_units=0 on .then() to make one use free)."
+        )
+    return declared
 
 
 def workflow(name: str) -> WorkflowBuilder:

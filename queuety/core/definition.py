@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from queuety import exceptions
+from queuety.core.budget import Budget
 from queuety.core.retry import RetryPolicy
 
 #: Bumped when the JSON shape of a definition changes incompatibly.
@@ -36,6 +37,8 @@ class StepSpec:
     """The step's own policy; ``None`` falls back to the workflow's, then the global default."""
     timeout: float | None = None
     """Seconds an attempt may run before it is interrupted with :class:`~queuety.StepTimeout`."""
+    cost_units: int = 1
+    """Units added to the run's ``cost_units`` when the step completes (resolved at build)."""
 
     def to_dict(self) -> dict[str, Any]:
         """Return the JSON form."""
@@ -45,6 +48,7 @@ class StepSpec:
             "handler": self.handler,
             "retry": None if self.retry is None else self.retry.to_dict(),
             "timeout": self.timeout,
+            "cost_units": self.cost_units,
         }
 
     @classmethod
@@ -57,6 +61,7 @@ class StepSpec:
             kind=data.get("kind", "task"),
             retry=None if retry is None else RetryPolicy.from_dict(retry),
             timeout=data.get("timeout"),
+            cost_units=data.get("cost_units", 1),
         )
 
 
@@ -70,6 +75,9 @@ class WorkflowSpec:
     """Default policy for steps that set none."""
     queue: str | None = None
     """Celery queue of this workflow's step messages (``None``: ``QUEUETY["QUEUE"]``)."""
+    version: str | None = None
+    """The label given with ``.version()``, shown by status, admin and exports."""
+    budget: Budget = field(default_factory=Budget)
     _index: dict[str, int] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -108,6 +116,8 @@ class WorkflowSpec:
         return {
             "format": DEFINITION_FORMAT,
             "name": self.name,
+            "version": self.version,
+            "budget": self.budget.to_dict(),
             "queue": self.queue,
             "retry": None if self.retry is None else self.retry.to_dict(),
             "steps": [step.to_dict() for step in self.steps],
@@ -127,6 +137,8 @@ class WorkflowSpec:
             steps=tuple(StepSpec.from_dict(s) for s in data["steps"]),
             retry=None if retry is None else RetryPolicy.from_dict(retry),
             queue=data.get("queue"),
+            version=data.get("version"),
+            budget=Budget.from_dict(data.get("budget")),
         )
 
     def canonical_json(self) -> str:

@@ -3,12 +3,32 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from queuety import exceptions
+from queuety.core.budget import BudgetView
 from queuety.core.imports import dotted_path, import_path
 from queuety.core.retry import RetryPolicy
+
+
+@dataclass(frozen=True, slots=True)
+class StepContext:
+    """What a running step knows about itself.
+
+    A ``Step`` subclass reads it as ``self.context``; a function receives it as a second
+    argument if it takes one (``def plan(state, context)``).
+    """
+
+    run_id: int
+    workflow: str
+    step_name: str
+    attempt: int
+    """1 for the first attempt."""
+    budget: BudgetView
+    """Limits and usage before this step: ``context.budget.remaining("max_cost_units")``."""
 
 
 class Step:
@@ -27,6 +47,9 @@ class Step:
 
     retry: ClassVar[RetryPolicy | None] = None
     timeout: ClassVar[float | None] = None
+    cost_units: ClassVar[int | None] = None
+    context: StepContext
+    """Set before :meth:`handle` runs: the run id, step name, attempt and budget."""
 
     def handle(self, state: dict[str, Any]) -> dict[str, Any] | None:
         """Do the step's work; return keys to merge into the state, or None."""
@@ -80,16 +103,33 @@ def resolve_handler(step: Any) -> tuple[str, Any]:
     return path, obj
 
 
-def call_handler(path: str, state: dict[str, Any]) -> Any:
+def call_handler(path: str, state: dict[str, Any], context: StepContext | None = None) -> Any:
     """Import the handler at ``path`` and run it on ``state``.
 
     ``async`` handlers (and ``async def handle``) run to completion on a private event loop.
     """
     obj = import_path(path)
-    result = obj().handle(state) if inspect.isclass(obj) else obj(state)
+    if inspect.isclass(obj):
+        instance = obj()
+        instance.context = context
+        result = instance.handle(state)
+    elif _wants_context(obj):
+        result = obj(state, context)
+    else:
+        result = obj(state)
     if inspect.isawaitable(result):
         result = _run_awaitable(result)
     return result
+
+
+@functools.lru_cache(maxsize=1024)
+def _wants_context(function: Any) -> bool:
+    try:
+        parameters = inspect.signature(function).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    positional = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return len(positional) >= 2 or any(p.kind is p.VAR_POSITIONAL for p in parameters)
 
 
 def _run_awaitable(awaitable: Any) -> Any:

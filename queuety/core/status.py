@@ -24,6 +24,12 @@ class WorkflowStatus:
     error: dict[str, Any] | None
     """Why the run failed: ``type``, ``message``, ``step``, ``attempt``; ``None`` otherwise."""
     definition_hash: str
+    definition_version: str | None
+    """The ``.version()`` label of the definition, if any."""
+    idempotency_key: str | None
+    budget: dict[str, int] | None
+    """Configured limits then usage (``transitions``, ``cost_units``, ``started_workflows``,
+    ``public_state_bytes``); ``None`` when the workflow sets no limit."""
     retry_policy: str | None
     """The current step's effective retry policy, described in one line."""
     created_at: datetime

@@ -86,11 +86,11 @@ def test_status__unknown_id_is_a_one_line_error_with_exit_code_1(worker):
 
 def test_list__table_and_json_newest_first(completed_run, failed_run):
     table = run_cli("workflow", "list", "--limit", "2").splitlines()
-    assert table[0].split() == ["ID", "Name", "Hash", "Status", "Step", "StepName"]
+    assert table[0].split() == ["ID", "Name", "Version", "Hash", "Status", "Step", "StepName"]
     assert table[1].split()[:2] == [str(failed_run), "cli_failing"]
-    assert table[1].split()[3:] == ["failed", "1/2", "boom"]
+    assert table[1].split()[4:] == ["failed", "1/2", "boom"]
     assert table[2].split()[:2] == [str(completed_run), "cli_ok"]
-    assert table[2].split()[3:] == ["completed", "2/2", "-"]
+    assert table[2].split()[4:] == ["completed", "2/2", "-"]
 
     failed = json.loads(run_cli("workflow", "list", "--status", "failed", "--format", "json"))
     assert failed and all(run["status"] == "failed" for run in failed)

@@ -79,3 +79,21 @@ def test_dispatch__bad_payload_is_refused_and_nothing_is_written(payload, proble
 def test_workflow_status__unknown_run_raises_run_not_found():
     with pytest.raises(queuety.RunNotFound, match="Workflow run 99999999 does not exist."):
         queuety.workflow_status(99999999)
+
+
+def test_budget_breach_found_under_the_lock__fails_the_run_and_keeps_the_state(token):
+    with publish.captured() as sent:
+        run_id = (queuety.workflow("interfered_capped").max_transitions(1)
+                  .then(workflows.step_a).then(workflows.interfere).then(workflows.step_c)
+                  .dispatch({"token": token, "interfere": "bump_revision"}))
+        done = 0
+        while done < len(sent):
+            services.execute_step(sent[done].step_run_id)
+            done += 1
+
+    status = queuety.workflow_status(run_id)
+    assert status.status == "failed" and status.error["budget"] == "max_transitions"
+    assert status.error["step"] == "interfere"
+    assert "interfered" not in status.state and status.state["log"] == ["a"]
+    assert StepRun.objects.get(run_id=run_id, step_name="interfere").status == "failed"
+    assert kinds(run_id)[-2:] == ["step_failed", "workflow_failed"]

@@ -17,18 +17,21 @@ ROOT = Path(__file__).resolve().parents[2]
 REFERENCE = """
 import queuety
 spec = (queuety.workflow("golden")
+        .version("research.v2")
+        .max_transitions(20).max_for_each_items(12).max_state_bytes(32768)
+        .max_cost_units(40).max_started_workflows(8)
         .retry(max_attempts=2, initial_delay=0.25)
         .then("tests.workflows.step_a")
         .then("tests.workflows.StepB", name="b", timeout=30,
               retry=queuety.RetryPolicy(max_attempts=4, initial_delay=0.5,
                                         retry_on=[ConnectionError, "queuety.StepTimeout"]))
-        .then("tests.workflows.step_c")
+        .then("tests.workflows.step_c", cost_units=0)
         .build())
 """
 
 # Pinned: a change here means every stored definition changes identity. Bump DEFINITION_FORMAT
 # and say so in the changelog if it is ever intended.
-GOLDEN_HASH = "7c4a6ce91275e766284a8885169ea5d9774625c0ddc5ad60901609743082de94"
+GOLDEN_HASH = "2c507d963224cdfa1595c6a687d95e49d666fa986d075c5b36e4b83e51e540d4"
 
 
 def reference_spec() -> WorkflowSpec:
@@ -48,6 +51,7 @@ def test_definition_hash__golden_value():
     assert spec.definition_hash == GOLDEN_HASH
     assert json.loads(spec.canonical_json())["steps"][1] == {
         "handler": "tests.workflows.StepB", "kind": "task", "name": "b", "timeout": 30.0,
+        "cost_units": 1,
         "retry": {"backoff_factor": 2.0, "initial_delay": 0.5, "jitter": 0.1,
                   "max_attempts": 4, "max_delay": 60.0,
                   "retry_on": ["builtins.ConnectionError", "queuety.exceptions.StepTimeout"]},
@@ -62,15 +66,28 @@ def test_definition_hash__round_trips_through_json():
 
 def test_definition_hash__changes_with_any_option():
     base = queuety.workflow("w").then("tests.workflows.step_a")
-    hashes = {
-        base.build().definition_hash,
-        base.then("tests.workflows.step_b").build().definition_hash,
-        queuety.workflow("w").then("tests.workflows.step_a", name="x").build().definition_hash,
-        queuety.workflow("w").then("tests.workflows.step_a", timeout=1).build().definition_hash,
-        base.retry(max_attempts=2).build().definition_hash,
-        queuety.workflow("other").then("tests.workflows.step_a").build().definition_hash,
-    }
-    assert len(hashes) == 6
+    variants = [
+        base,
+        base.then("tests.workflows.step_b"),
+        queuety.workflow("w").then("tests.workflows.step_b"),
+        queuety.workflow("w").then("tests.workflows.step_a", name="x"),
+        queuety.workflow("w").then("tests.workflows.step_a", timeout=1),
+        queuety.workflow("w").then("tests.workflows.step_a", cost_units=3),
+        base.retry(max_attempts=2),
+        base.on_queue("q"),
+        base.version("v1"),
+        base.version("v2"),
+        base.max_transitions(5),
+        base.max_transitions(6),
+        base.max_for_each_items(5),
+        base.max_state_bytes(5),
+        base.max_cost_units(5),
+        base.max_started_workflows(5),
+        queuety.workflow("other").then("tests.workflows.step_a"),
+    ]
+    assert len({v.build().definition_hash for v in variants}) == len(variants)
+    # The idempotency key belongs to one dispatch, not to the definition.
+    assert base.idempotency_key("k").build().definition_hash == base.build().definition_hash
     # Equivalent spellings are one definition: an int timeout is stored as a float.
     assert (queuety.workflow("w").then("tests.workflows.step_a", timeout=2).build()
             == queuety.workflow("w").then("tests.workflows.step_a", timeout=2.0).build())

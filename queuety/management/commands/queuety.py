@@ -89,8 +89,9 @@ class Command(BaseCommand):
         if not runs:
             self.stdout.write("No workflows found.")
             return
-        header = ["ID", "Name", "Hash", "Status", "Step", "StepName"]
-        rows = [[str(run.id), run.name, run.definition_hash[:12], run.status,
+        header = ["ID", "Name", "Version", "Hash", "Status", "Step", "StepName"]
+        rows = [[str(run.id), run.name, run.definition_version or "-",
+                 run.definition_hash[:12], run.status,
                  f"{run.current_step}/{run.total_steps}", run.current_step_name or "-"]
                 for run in runs]
         widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
@@ -107,7 +108,13 @@ def format_status(status: WorkflowStatus) -> list[str]:
     ]
     if status.current_step_name is not None:
         lines.append(f"StepName: {status.current_step_name}")
+    if status.definition_version is not None:
+        lines.append(f"Version:  {status.definition_version}")
     lines.append(f"Hash:     {status.definition_hash}")
+    if status.idempotency_key is not None:
+        lines.append(f"Key:      {status.idempotency_key}")
+    if status.budget is not None:
+        lines.append(f"Budget:   {json.dumps(status.budget, separators=(',', ':'))}")
     if status.retry_policy is not None and status.status not in ("completed", "cancelled"):
         lines.append(f"Retry:    {status.retry_policy}")
     if status.error:
