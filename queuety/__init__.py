@@ -21,12 +21,15 @@ from queuety.core.status import WorkflowStatus
 from queuety.core.budget import Budget, BudgetView
 from queuety.core.handlers import StepContext
 from queuety.exceptions import (
+    AlreadyAnswered,
     BudgetExceeded,
     IdempotencyConflict,
+    InvalidSignalData,
     InvalidStepOutput,
     PermanentError,
     QueuetyError,
     RunNotFound,
+    RunNotWaiting,
     StepTimeout,
     UnknownStep,
     WorkerLost,
@@ -34,15 +37,18 @@ from queuety.exceptions import (
 )
 
 __all__ = [
+    "AlreadyAnswered",
     "Budget",
     "BudgetExceeded",
     "BudgetView",
     "IdempotencyConflict",
+    "InvalidSignalData",
     "InvalidStepOutput",
     "PermanentError",
     "QueuetyError",
     "RetryPolicy",
     "RunNotFound",
+    "RunNotWaiting",
     "Step",
     "StepContext",
     "StepTimeout",
@@ -51,7 +57,11 @@ __all__ = [
     "WorkflowBuilder",
     "WorkflowDefinitionError",
     "WorkflowStatus",
+    "approve",
     "list_workflows",
+    "reject",
+    "signal",
+    "submit_input",
     "workflow",
     "workflow_status",
 ]
@@ -75,3 +85,46 @@ def list_workflows(status: str | None = None, limit: int = 50) -> list[WorkflowS
     from queuety import services
 
     return services.list_workflows(status=status, limit=limit)
+
+
+def signal(run_id: int, name: str, data=None):
+    """Send signal ``name`` with JSON ``data`` to run ``run_id``; return a receipt.
+
+    A signal sent before its wait is reached is kept until the wait consumes it.
+
+    Raises:
+        RunNotFound, RunNotWaiting, InvalidSignalData, BudgetExceeded: nothing is recorded.
+    """
+    from queuety import services
+
+    return services.send_signal(run_id, name, data)
+
+
+def approve(run_id: int, data=None, *, signal: str | None = None):
+    """Approve the run's current ``wait_for_approval()`` or ``wait_for_decision()``.
+
+    Raises:
+        RunNotWaiting: the run is not waiting for an approval (``AlreadyAnswered`` if its
+            wait was answered already).
+    """
+    from queuety import services
+
+    return services.reply(run_id, "approve", data, signal=signal)
+
+
+def reject(run_id: int, data=None, *, signal: str | None = None):
+    """Reject the run's current ``wait_for_decision()``."""
+    from queuety import services
+
+    return services.reply(run_id, "reject", data, signal=signal)
+
+
+def submit_input(run_id: int, data=None, *, signal: str | None = None):
+    """Answer the run's current ``wait_for_input()``; ``data`` must match its schema as sent.
+
+    Raises:
+        InvalidSignalData: ``errors`` lists each failing path; the run keeps waiting.
+    """
+    from queuety import services
+
+    return services.reply(run_id, "input", data, signal=signal)

@@ -33,6 +33,15 @@ DEFAULTS: dict[str, Any] = {
     "DEFAULT_RETRY": NO_RETRY,
     # Seconds past a step's timeout before its worker process is killed (hard limit).
     "HARD_TIMEOUT_GRACE": 1.0,
+    # Largest signal, approval or input payload accepted, in bytes of compact UTF-8 JSON.
+    "MAX_SIGNAL_BYTES": 65536,
+    # DRF permission classes of the API (dotted paths).
+    "API_PERMISSION_CLASSES": ["queuety.api.permissions.RunPermission"],
+    # Optional dotted path of ``f(user, run) -> bool``: object-level access to a run through
+    # the API (e.g. runs scoped by owner). None: every run, given the model permissions.
+    "RUN_ACCESS": None,
+    # Seconds an approval link stays valid.
+    "APPROVAL_LINK_MAX_AGE": 7 * 24 * 3600,
 }
 
 

@@ -86,6 +86,41 @@ class IdempotencyConflict(QueuetyError):
         return (type(self), (self.key, self.run_id, self.differences))
 
 
+class RunNotWaiting(QueuetyError):
+    """A signal or reply reached a run that cannot take it (finished, or not waiting for it).
+
+    Nothing was recorded.
+    """
+
+    def __init__(self, run_id: int, message: str) -> None:
+        super().__init__(message)
+        self.run_id = run_id
+
+    def __reduce__(self):
+        return (type(self), (self.run_id, self.args[0]))
+
+
+class AlreadyAnswered(RunNotWaiting):
+    """A reply reached a wait that a person has already answered; nothing was recorded."""
+
+
+class InvalidSignalData(QueuetyError, ValueError):
+    """Signal data was refused (not JSON, too large, or failing the wait's JSON Schema).
+
+    ``errors`` lists each problem as ``{"path": "/amount", "message": "..."}``. Nothing was
+    recorded and the run keeps waiting.
+    """
+
+    def __init__(self, message: str, errors: list[dict[str, str]] | None = None,
+                 too_large: bool = False) -> None:
+        super().__init__(message)
+        self.errors = errors or []
+        self.too_large = too_large
+
+    def __reduce__(self):
+        return (type(self), (self.args[0], self.errors, self.too_large))
+
+
 class RunNotFound(QueuetyError, LookupError):
     """No workflow run has the given id."""
 

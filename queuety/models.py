@@ -72,6 +72,9 @@ class WorkflowRun(models.Model):
 
     class Meta:
         indexes = [models.Index(fields=["status", "-id"], name="queuety_run_status")]
+        permissions = [
+            ("signal_workflowrun", "Can send signals, approvals and input to workflow runs"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.name} #{self.pk} ({self.status})"
@@ -146,6 +149,46 @@ class StepRun(models.Model):
 
     def __str__(self) -> str:
         return f"run {self.run_id} step {self.step_name!r} #{self.seq} ({self.status})"
+
+
+class Signal(models.Model):
+    """A signal sent to a run: stored until a wait consumes it (possibly before it is reached)."""
+
+    run = models.ForeignKey(WorkflowRun, on_delete=models.CASCADE, related_name="signals")
+    name = models.CharField(max_length=255)
+    payload = models.JSONField(null=True, blank=True)
+    sent_by = models.CharField(max_length=255, blank=True, default="")
+    received_at = models.DateTimeField(auto_now_add=True)
+    consumed_at = models.DateTimeField(null=True, blank=True)
+    consumed_by_step = models.CharField(max_length=255, blank=True, default="")
+    # Makes a retried delivery harmless (approval tokens use it to be single-use).
+    dedupe_key = models.CharField(max_length=255, null=True, blank=True, unique=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["run", "id"], name="queuety_signal_unconsumed",
+                                condition=Q(consumed_at__isnull=True))]
+
+    def __str__(self) -> str:
+        return f"run {self.run_id}: {self.name}"
+
+
+class ApiReply(models.Model):
+    """The first response to a POST that carried an ``Idempotency-Key`` header."""
+
+    user_id = models.BigIntegerField()
+    key = models.CharField(max_length=255)
+    method = models.CharField(max_length=8)
+    path = models.CharField(max_length=1024)
+    status_code = models.PositiveSmallIntegerField()
+    body = models.JSONField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["user_id", "key"],
+                                               name="queuety_api_reply_user_key")]
+
+    def __str__(self) -> str:
+        return f"{self.method} {self.path} [{self.key}] -> {self.status_code}"
 
 
 class Event(models.Model):

@@ -27,7 +27,7 @@ import socket
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any
 
@@ -38,7 +38,7 @@ from django.utils import timezone
 from queuety import exceptions
 from queuety.conf import settings
 from queuety.core import budget as budgets
-from queuety.core import engine
+from queuety.core import engine, waits
 from queuety.core.definition import StepSpec, WorkflowSpec, canonical_json
 from queuety.core.handlers import StepContext, call_handler
 from queuety.core.retry import RetryPolicy
@@ -46,6 +46,7 @@ from queuety.core.status import WorkflowStatus
 from queuety.models import (
     DispatchKey,
     Event,
+    Signal,
     RunStatus,
     StepRun,
     StepStatus,
@@ -148,13 +149,17 @@ def dispatch(spec: WorkflowSpec, payload: dict[str, Any] | None = None, *,
                                                  spec.definition_hash, now])
                     if cursor.fetchone() is None:
                         raise _KeyTaken
-            step_run = _new_step_run(run.pk, spec, 0, seq=0, now=now)
-            Event.objects.create(
+            started = Event(
                 run=run, kind="workflow_started",
                 data={"definition_hash": spec.definition_hash, "version": spec.version,
                       "idempotency_key": idempotency_key, "state": state},
             )
-            publish_on_commit([_message(spec, step_run.pk, 0)])
+            if spec.steps[0].kind == "task":
+                step_run = _new_step_run(run.pk, spec, 0, seq=0, now=now)
+                started.save()
+                publish_on_commit([_message(spec, step_run.pk, 0)])
+            else:
+                _land(spec, run.pk, 0, state, budgets.Usage(), now, [started])
     except _KeyTaken:
         return _reused_key(DispatchKey.objects.get(key=idempotency_key), spec, payload_hash,
                            on_conflict)
@@ -343,17 +348,12 @@ def _usage_now(spec: WorkflowSpec, held: Claim) -> budgets.Usage:
                          held.usage.started_workflows, size)
 
 
-def _check_budget(spec: WorkflowSpec, held: Claim, outcome: engine.Advance,
-                  counters: budgets.Usage | None = None) -> None:
+def _check_budget(spec: WorkflowSpec, held: Claim, outcome: engine.Advance) -> None:
     """Raise BudgetExceeded if completing this step would breach the run's budget."""
-    if not spec.budget.configured():
-        return
-    base = counters or held.usage
-    step = spec.steps[held.step_index]
-    size = budgets.state_bytes(outcome.state) if spec.budget.max_state_bytes else 0
-    after = budgets.Usage(base.transitions + 1, base.cost_units + step.cost_units,
-                          base.started_workflows, size)
-    budgets.check(spec.budget, after, held.run_id, spec.name)
+    base = held.usage
+    _check(spec, held.run_id, outcome.state, budgets.Usage(
+        base.transitions + 1, base.cost_units + spec.steps[held.step_index].cost_units,
+        base.started_workflows))
 
 
 def _ms_since(started: float) -> float:
@@ -382,14 +382,12 @@ def _record_success(held: Claim, spec: WorkflowSpec, outcome: engine.Advance,
         step_index=held.step_index, step_name=step.name, attempt=held.attempt,
         duration_ms=duration_ms, data={"output": outcome.output},
     )
+    lands_on_task = outcome.next_index is None or spec.steps[outcome.next_index].kind == "task"
     with transaction.atomic():
-        if connection.vendor == "postgresql":
+        if connection.vendor == "postgresql" and lands_on_task:
             owned, advanced = _complete_postgres(held, spec, outcome, completed, now)
         else:
-            owned = _mark_completed(held, outcome.output, now)
-            advanced = owned and _advance_run(held, spec, outcome, now)
-            if advanced:
-                _write_transition(held, spec, outcome, completed, now)
+            owned, advanced = _mark_completed(held, outcome.output, now), False
         if not owned:
             # The sweeper took this attempt for lost and another attempt owns the row now.
             logger.warning("Step run id=%s attempt=%s finished after it was recovered; "
@@ -397,34 +395,133 @@ def _record_success(held: Claim, spec: WorkflowSpec, outcome: engine.Advance,
             return
         if advanced:
             return
-        # The run changed since the claim (another writer bumped its revision): decide again
-        # under the row lock, in the same transaction that holds the completed step row.
-        outcome = _advance_locked(held, spec, outcome.output, now)
-        if outcome is None:
+        # Decide under the run's row lock, in the transaction that holds the completed step
+        # row: the run changed since the claim, the next step is a wait, or this is SQLite.
+        if not _transition_locked(held, spec, outcome.raw, completed, now):
             completed.kind = "step_discarded"
             completed.data["reason"] = "the run was no longer running this step"
             completed.save()
-        else:
-            _write_transition(held, spec, outcome, completed, now)
+
+
+def _transition_locked(held: Claim, spec: WorkflowSpec, output: dict[str, Any],
+                       completed: Event, now) -> bool:
+    """Apply a completed step to its run under the run's row lock; False if the run moved on.
+
+    Raises:
+        BudgetExceeded: rolls back the caller's transaction, completed step row included.
+    """
+    run = _locked_run(held.run_id)
+    if run.status != RunStatus.RUNNING or run.current_step != held.step_index:
+        return False
+    outcome = engine.advance(spec, held.run_id, run.state, held.step_index, output)
+    usage = budgets.Usage(run.transitions + 1,
+                          run.cost_units + spec.steps[held.step_index].cost_units,
+                          run.started_workflows)
+    _check(spec, run.pk, outcome.state, usage)
+    _land(spec, run.pk, outcome.next_index, outcome.state, usage, now, [completed])
+    return True
+
+
+def _fail_parked(spec: WorkflowSpec, run_id: int, index: int, state: dict[str, Any],
+                 usage: budgets.Usage, now, events: list[Event],
+                 breach: exceptions.BudgetExceeded) -> str:
+    """Fail a run at the wait ``index`` whose settling breached the budget."""
+    step = spec.steps[index]
+    error = {"type": "queuety.exceptions.BudgetExceeded", "message": str(breach),
+             "step": step.name, "step_index": index, "attempt": None, "max_attempts": None,
+             "budget": breach.budget, "limit": breach.limit, "used": breach.used}
+    WorkflowRun.objects.filter(pk=run_id).update(
+        state=state, transitions=usage.transitions, cost_units=usage.cost_units,
+        current_step=index, status=RunStatus.FAILED, error=error, finished_at=now,
+        updated_at=now, revision=F("revision") + 1)
+    events.append(Event(run_id=run_id, kind="workflow_failed", step_index=index,
+                        step_name=step.name, data={"error": error}))
+    Event.objects.bulk_create(events)
+    logger.warning("Run id=%s failed at wait %r: %s", run_id, step.name, breach)
+    return RunStatus.FAILED
+
+
+def _locked_run(run_id: int) -> WorkflowRun:
+    return (WorkflowRun.objects.select_for_update()
+            .only("name", "definition_id", "status", "state", "current_step", "transitions",
+                  "cost_units", "started_workflows", "error").get(pk=run_id))
+
+
+def _check(spec: WorkflowSpec, run_id: int, state: dict[str, Any],
+           usage: budgets.Usage) -> None:
+    """Raise BudgetExceeded if a run at ``usage`` with ``state`` breaches its budget."""
+    if spec.budget.configured():
+        size = budgets.state_bytes(state) if spec.budget.max_state_bytes else 0
+        budgets.check(spec.budget, replace(usage, public_state_bytes=size), run_id, spec.name)
+
+
+def _land(spec: WorkflowSpec, run_id: int, index: int | None, state: dict[str, Any],
+          usage: budgets.Usage, now, events: list[Event], *, fail_on_breach: bool = True) -> str:
+    """Move a run (whose row this transaction has locked or created) onto step ``index``.
+
+    Waits at ``index`` are settled at once from stored signals, consuming them, as long as
+    they can be; the run then parks at the first unsatisfied wait (no worker, no message) or
+    gets its next task row and message. Writes the run row and ``events``; returns the status.
+
+    A wait whose settling would breach the budget fails the run there (``fail_on_breach``,
+    the worker's path), keeping the state from before the wait; or raises.
+
+    Raises:
+        BudgetExceeded: with ``fail_on_breach=False`` (a caller of ``signal()``), whose
+            transaction then rolls back, so nothing is consumed or recorded.
+    """
+    status = RunStatus.RUNNING
+    while index is not None and spec.steps[index].kind == "wait":
+        step = spec.steps[index]
+        stored = list(Signal.objects.filter(
+            run_id=run_id, consumed_at__isnull=True, name__in=step.wait.signals,
+        ).order_by("pk").values_list("pk", "name", "payload"))
+        result = waits.evaluate(step.wait, stored, state)
+        if not result.settled:
+            status = RunStatus.WAITING_FOR_SIGNAL
+            events.append(Event(run_id=run_id, kind="workflow_waiting", step_index=index,
+                                step_name=step.name, data={
+                                    "waiting_for": list(step.wait.signals),
+                                    "matched": result.matched}))
+            break
+        settled_state = {**state, **engine.public(result.output)}
+        settled_usage = replace(usage, transitions=usage.transitions + 1)
+        try:
+            _check(spec, run_id, settled_state, settled_usage)
+        except exceptions.BudgetExceeded as breach:
+            if not fail_on_breach:
+                raise
+            return _fail_parked(spec, run_id, index, state, usage, now, events, breach)
+        state, usage = settled_state, settled_usage
+        Signal.objects.filter(pk__in=result.consumed).update(consumed_at=now,
+                                                             consumed_by_step=step.name)
+        events.append(Event(run_id=run_id, kind="wait_settled", step_index=index,
+                            step_name=step.name, data={
+                                "signals": [name for name, _ in result.chosen],
+                                "signal_ids": result.consumed, "output": result.output}))
+        index = index + 1 if index + 1 < len(spec.steps) else None
+    fields: dict[str, Any] = {
+        "state": state, "transitions": usage.transitions, "cost_units": usage.cost_units,
+        "revision": F("revision") + 1, "updated_at": now, "status": status,
+    }
+    if index is None:
+        status = RunStatus.COMPLETED
+        fields.update(status=status, current_step=len(spec.steps), finished_at=now)
+        events.append(Event(run_id=run_id, kind="workflow_completed"))
+    else:
+        fields["current_step"] = index
+    WorkflowRun.objects.filter(pk=run_id).update(**fields)
+    if status == RunStatus.RUNNING:
+        following = _new_step_run(run_id, spec, index, seq=usage.transitions, now=now)
+        publish_on_commit([_message(spec, following.pk, index)])
+    Event.objects.bulk_create(events)
+    return status
 
 
 def _mark_completed(held: Claim, output: dict[str, Any], now) -> bool:
     return bool(StepRun.objects.filter(
         pk=held.step_run_id, status=StepStatus.PROCESSING, attempt=held.attempt
     ).update(status=StepStatus.COMPLETED, finished_at=now, output=output))
-
-
-def _write_transition(held: Claim, spec: WorkflowSpec, outcome: engine.Advance,
-                      completed: Event, now) -> None:
-    """Insert the next step's row and the step's events (the ORM path of a transition)."""
-    events = [completed]
-    if outcome.next_index is None:
-        events.append(Event(run_id=held.run_id, kind="workflow_completed"))
-    else:
-        following = _new_step_run(held.run_id, spec, outcome.next_index,
-                                  seq=held.seq + 1, now=now)
-        publish_on_commit([_message(spec, following.pk, outcome.next_index)])
-    Event.objects.bulk_create(events)
 
 
 # The whole transition in one statement: each write happens only if the one before it did, so
@@ -482,7 +579,7 @@ def _complete_postgres(held: Claim, spec: WorkflowSpec, outcome: engine.Advance,
         "current_step": len(spec.steps) if following is None else outcome.next_index,
         "status": RunStatus.COMPLETED.value if following is None else RunStatus.RUNNING.value,
         "finished_at": now if following is None else None,
-        "seq": held.seq + 1, "next_index": outcome.next_index,
+        "seq": held.usage.transitions + 1, "next_index": outcome.next_index,
         "next_name": following and following.name,
         "next_max_attempts": following and effective_policy(spec, outcome.next_index)
         .max_attempts,
@@ -496,44 +593,6 @@ def _complete_postgres(held: Claim, spec: WorkflowSpec, outcome: engine.Advance,
     if next_id is not None:
         publish_on_commit([_message(spec, next_id, outcome.next_index)])
     return owned, advanced
-
-
-def _run_update(spec: WorkflowSpec, held: Claim, outcome: engine.Advance,
-                now) -> dict[str, Any]:
-    fields: dict[str, Any] = {
-        "state": outcome.state, "revision": F("revision") + 1,
-        "transitions": F("transitions") + 1, "updated_at": now,
-        "cost_units": F("cost_units") + spec.steps[held.step_index].cost_units,
-    }
-    if outcome.next_index is None:
-        fields.update(status=RunStatus.COMPLETED, current_step=len(spec.steps), finished_at=now)
-    else:
-        fields["current_step"] = outcome.next_index
-    return fields
-
-
-def _advance_run(held: Claim, spec: WorkflowSpec, outcome: engine.Advance, now) -> bool:
-    # Compare-and-set: succeeds only if nothing touched the run since the claim read it.
-    return bool(WorkflowRun.objects.filter(
-        pk=held.run_id, revision=held.revision, status=RunStatus.RUNNING,
-        current_step=held.step_index,
-    ).update(**_run_update(spec, held, outcome, now)))
-
-
-def _advance_locked(held: Claim, spec: WorkflowSpec, output: dict[str, Any],
-                    now) -> engine.Advance | None:
-    run = (WorkflowRun.objects.select_for_update()
-           .only("status", "state", "current_step", "transitions", "cost_units",
-                 "started_workflows").get(pk=held.run_id))
-    if run.status != RunStatus.RUNNING or run.current_step != held.step_index:
-        return None
-    outcome = engine.advance(spec, held.run_id, run.state, held.step_index, output)
-    # Raising here rolls back this transaction, completed step row included; the caller then
-    # records the breach as the step's (permanent) failure.
-    _check_budget(spec, held, outcome, budgets.Usage(run.transitions, run.cost_units,
-                                                     run.started_workflows))
-    WorkflowRun.objects.filter(pk=held.run_id).update(**_run_update(spec, held, outcome, now))
-    return outcome
 
 
 def record_failure(held: Claim, spec: WorkflowSpec, error: BaseException,
@@ -744,6 +803,207 @@ def _republish_due(now) -> int:
     return len(rows)
 
 
+# -- signals and human replies -----------------------------------------------------------------
+
+FINISHED = (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED)
+
+
+@dataclass(frozen=True, slots=True)
+class SignalReceipt:
+    """What a delivered signal did."""
+
+    signal_id: int
+    run_id: int
+    name: str
+    settled: bool
+    """True if it completed the wait the run was parked at."""
+    status: str
+    """The run's status afterwards."""
+
+
+def _signal_data(run_id: int, name: Any, data: Any) -> Any:
+    if not isinstance(name, str) or not name.strip() or len(name) > 255:
+        raise exceptions.InvalidSignalData(
+            f"Signal names are non-blank strings of at most 255 characters (got {name!r} for "
+            f"run {run_id})."
+        )
+    try:
+        text = json.dumps(data, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError) as error:
+        raise exceptions.InvalidSignalData(
+            f"The data of signal {name!r} for run {run_id} is not JSON: {error}.",
+            [{"path": "/", "message": str(error)}],
+        ) from None
+    size, limit = len(text.encode()), settings.MAX_SIGNAL_BYTES
+    if size > limit:
+        raise exceptions.InvalidSignalData(
+            f"The data of signal {name!r} for run {run_id} is {size} bytes; the limit is "
+            f"{limit} (QUEUETY['MAX_SIGNAL_BYTES']).", too_large=True,
+        )
+    return data
+
+
+def send_signal(run_id: int, name: str, data: Any = None, *, sent_by: str = "",
+                dedupe_key: str | None = None) -> SignalReceipt:
+    """Deliver signal ``name`` with ``data`` to run ``run_id`` (``queuety.signal()``).
+
+    One transaction, with the run row locked: the signal is stored, and if the run is parked
+    at a wait it completes, the wait settles and the run moves on. A signal sent before its
+    wait is reached is kept until the wait consumes it.
+
+    Raises:
+        RunNotFound: no such run (nothing is stored).
+        RunNotWaiting: the run has finished, or no wait of its workflow listens for ``name``.
+        InvalidSignalData: not JSON, over ``MAX_SIGNAL_BYTES``, or failing the input schema.
+        BudgetExceeded: settling the wait would breach a budget; the signal is not recorded
+            and the run keeps waiting.
+    """
+    data = _signal_data(run_id, name, data)
+    with transaction.atomic():
+        run, spec = _lock_for_signal(run_id)
+        return _deliver(run, spec, name, data, sent_by=sent_by, dedupe_key=dedupe_key)
+
+
+def _lock_for_signal(run_id: int, finished_ok: bool = False
+                     ) -> tuple[WorkflowRun, WorkflowSpec]:
+    try:
+        run = _locked_run(run_id)
+    except (WorkflowRun.DoesNotExist, ValueError, TypeError):
+        raise exceptions.RunNotFound(run_id) from None
+    if run.status in FINISHED and not finished_ok:
+        raise exceptions.RunNotWaiting(
+            run_id, f"Run {run_id} of workflow {run.name!r} is {run.status}; it takes no more "
+                    "signals.")
+    return run, load_spec(run.definition_id)
+
+
+def _deliver(run: WorkflowRun, spec: WorkflowSpec, name: str, data: Any, *, sent_by: str,
+             dedupe_key: str | None) -> SignalReceipt:
+    listeners = [i for i, step in enumerate(spec.steps)
+                 if step.kind == "wait" and name in step.wait.signals]
+    if not listeners:
+        known = sorted({n for step in spec.steps if step.wait for n in step.wait.signals})
+        raise exceptions.RunNotWaiting(
+            run.pk, f"No wait of workflow {spec.name!r} (run {run.pk}) listens for signal "
+                    f"{name!r}, so it could never be used; its waits listen for "
+                    f"{', '.join(map(repr, known)) or 'nothing'}.")
+    parked_here = (run.status == RunStatus.WAITING_FOR_SIGNAL
+                   and run.current_step in listeners)
+    target = run.current_step if parked_here else next(
+        (i for i in listeners if i >= run.current_step), listeners[0])
+    schema = spec.steps[target].wait.schema
+    if schema is not None:
+        problems = waits.validation_errors(schema, data)
+        if problems:
+            raise exceptions.InvalidSignalData(
+                f"The data of signal {name!r} for run {run.pk} does not match the input schema "
+                f"of step {spec.steps[target].name!r}: "
+                + "; ".join(f"{p['path']}: {p['message']}" for p in problems) + ".",
+                problems,
+            )
+    if dedupe_key is not None and Signal.objects.filter(dedupe_key=dedupe_key).exists():
+        raise exceptions.AlreadyAnswered(
+            run.pk, f"This reply to run {run.pk} was already recorded; nothing new was done.")
+    now = timezone.now()
+    signal_row = Signal.objects.create(run_id=run.pk, name=name, payload=data, sent_by=sent_by,
+                                       dedupe_key=dedupe_key)
+    events = [Event(run_id=run.pk, kind="signal_received", step_index=target,
+                    step_name=spec.steps[target].name,
+                    data={"signal": name, "signal_id": signal_row.pk, "sent_by": sent_by})]
+    status = run.status
+    if parked_here:
+        usage = budgets.Usage(run.transitions, run.cost_units, run.started_workflows)
+        status = _land(spec, run.pk, run.current_step, run.state, usage, now, events,
+                       fail_on_breach=False)
+    else:
+        Event.objects.bulk_create(events)
+    settled = parked_here and not (status == RunStatus.WAITING_FOR_SIGNAL and Signal.objects
+                                   .filter(pk=signal_row.pk, consumed_at__isnull=True).exists())
+    logger.info("Signal %r delivered to run id=%s (settled=%s)", name, run.pk, settled)
+    return SignalReceipt(signal_row.pk, run.pk, name, settled, status)
+
+
+#: What each kind of human reply answers, and which signal it sends there.
+def _reply_signal(wait: waits.WaitSpec, kind: str) -> str | None:
+    if kind == "approve" and wait.human == waits.APPROVAL:
+        return wait.signals[0]
+    if kind in ("approve", "reject") and wait.human == waits.DECISION:
+        outcome = "approved" if kind == "approve" else "rejected"
+        return next(name for name, result in wait.decision.items() if result == outcome)
+    if kind == "input" and wait.human == waits.INPUT:
+        return wait.signals[0]
+    return None
+
+
+_REPLY_NOUN = {"approve": "an approval", "reject": "a rejection", "input": "input"}
+
+
+def reply(run_id: int, kind: str, data: Any = None, *, signal: str | None = None,
+          sent_by: str = "", dedupe_key: str | None = None,
+          step_index: int | None = None, transitions: int | None = None) -> SignalReceipt:
+    """Answer the human wait run ``run_id`` is parked at: ``approve``, ``reject`` or ``input``.
+
+    Unlike :func:`send_signal`, a reply is accepted only while the run waits for it: a second
+    approval of an answered wait raises :class:`AlreadyAnswered`. ``approve`` satisfies both
+    ``wait_for_approval()`` and ``wait_for_decision()``. ``step_index``/``transitions`` pin the
+    reply to one wait instance (approval links use them).
+    """
+    if kind not in _REPLY_NOUN:
+        raise ValueError(f"Unknown reply kind {kind!r}; use approve, reject or input.")
+    data = _signal_data(run_id, signal or kind, data)
+    with transaction.atomic():
+        run, spec = _lock_for_signal(run_id, finished_ok=True)
+        step = spec.steps[run.current_step] if run.current_step < len(spec.steps) else None
+        name = None
+        if run.status == RunStatus.WAITING_FOR_SIGNAL and step is not None and step.wait:
+            name = _reply_signal(step.wait, kind)
+            if signal is not None:
+                name = signal if signal in step.wait.signals else None
+        pinned = (step_index is None or step_index == run.current_step) and (
+            transitions is None or transitions == run.transitions)
+        if name is None or not pinned:
+            answered = Signal.objects.filter(
+                run_id=run_id, consumed_at__isnull=False,
+                name__in=[n for s in spec.steps if s.wait and s.wait.human for n in s.wait.signals],
+            ).exists()
+            where = (f"waiting at step {step.name!r}" if run.status ==
+                     RunStatus.WAITING_FOR_SIGNAL else f"{run.status} at step "
+                     f"{step.name!r}" if step else run.status)
+            if answered or not pinned:
+                raise exceptions.AlreadyAnswered(
+                    run_id, f"Run {run_id} is not waiting for {_REPLY_NOUN[kind]} any more: "
+                            f"the wait was already answered (the run is {where}).")
+            raise exceptions.RunNotWaiting(
+                run_id, f"Run {run_id} is not waiting for {_REPLY_NOUN[kind]} (it is {where}); "
+                        "a reply is accepted only while the run waits for one.")
+        return _deliver(run, spec, name, data, sent_by=sent_by, dedupe_key=dedupe_key)
+
+
+def wait_info(run: WorkflowRun, spec: WorkflowSpec) -> dict[str, Any]:
+    """Return ``wait_type``, ``waiting_for``, ``wait_mode`` and ``wait_details`` of a run."""
+    empty = {"wait_type": None, "waiting_for": None, "wait_mode": None, "wait_details": None}
+    if run.status != RunStatus.WAITING_FOR_SIGNAL or run.current_step >= len(spec.steps):
+        return empty
+    step = spec.steps[run.current_step]
+    if step.wait is None:
+        return empty
+    wait = step.wait
+    stored = list(Signal.objects.filter(
+        run_id=run.pk, consumed_at__isnull=True, name__in=wait.signals,
+    ).order_by("pk").values_list("pk", "name", "payload"))
+    progress = waits.evaluate(wait, stored, run.state)
+    details: dict[str, Any] = {
+        "step_name": step.name, "result_key": wait.result_key, "human_wait": wait.human,
+        "match_payload": wait.match_payload or {}, "matched": progress.matched,
+        "remaining": progress.remaining, "correlation_key": wait.correlation_key,
+        "correlation_value": run.state.get(wait.correlation_key)
+        if wait.correlation_key else None,
+        "wait_mode": wait.mode, "schema": wait.schema,
+    }
+    return {"wait_type": "signal", "waiting_for": list(wait.signals), "wait_mode": wait.mode,
+            "wait_details": {k: v for k, v in details.items() if v is not None}}
+
+
 # -- queries ----------------------------------------------------------------------------------
 
 def _status_of(run: WorkflowRun) -> WorkflowStatus:
@@ -758,7 +1018,9 @@ def _status_of(run: WorkflowRun) -> WorkflowStatus:
         budget=budgets.summary(spec.budget, budgets.Usage(
             run.transitions, run.cost_units, run.started_workflows,
             budgets.state_bytes(run.state))),
-        retry_policy=None if finished else effective_policy(spec, run.current_step).describe(),
+        retry_policy=None if finished or spec.steps[run.current_step].kind != "task"
+        else effective_policy(spec, run.current_step).describe(),
+        **wait_info(run, spec),
         created_at=run.created_at, updated_at=run.updated_at, finished_at=run.finished_at,
     )
 

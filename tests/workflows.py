@@ -172,3 +172,20 @@ class BudgetProbe(queuety.Step):
         budget = self.context.budget
         return {"probe_class": {"cost_left": budget.remaining("max_cost_units"),
                                 "workflow": self.context.workflow}}
+
+
+def seen_keys(state):
+    """Record which keys a step after a wait sees."""
+    mark(f"{state['token']}-seen")
+    return {"seen": sorted(state)}
+
+
+def loop_until_three(state):
+    """Jump back to the wait named ``gate`` until three rounds were approved."""
+    rounds = state.get("rounds", 0) + 1
+    return {"rounds": rounds, **({"_next_step": "gate"} if rounds < 3 else {})}
+
+
+def interfere_then_jump(state):
+    """Bump the run's revision (forcing the locked path), then jump over step_b."""
+    return {**interfere(state), "_next_step": "step_c"}

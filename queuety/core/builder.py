@@ -9,6 +9,7 @@ from queuety.core.budget import Budget
 from queuety.core.definition import StepSpec, WorkflowSpec
 from queuety.core.handlers import resolve_handler
 from queuety.core.retry import RetryPolicy
+from queuety.core import waits
 
 
 class WorkflowBuilder:
@@ -102,6 +103,82 @@ class WorkflowBuilder:
         # Building validates the whole definition, so a duplicate name fails at this call.
         WorkflowSpec(name=self._name, steps=self._steps + (spec,))
         return self._copy(steps=self._steps + (spec,))
+
+    # -- waits ---------------------------------------------------------------------------------
+
+    def _wait(self, default_name: str, name: str | None, **options: Any) -> WorkflowBuilder:
+        step_name = name if name is not None else default_name
+        if not isinstance(step_name, str) or not step_name.strip():
+            raise exceptions.WorkflowDefinitionError(
+                f"Wait step names must be non-blank strings (got {name!r})."
+            )
+        signals = options.pop("signals")
+        if isinstance(signals, str) or not all(isinstance(s, str) for s in signals):
+            raise exceptions.WorkflowDefinitionError(
+                f"Signal names must be a list of strings (got {signals!r})."
+            )
+        spec = StepSpec(name=step_name.strip(), kind="wait", cost_units=0,
+                        wait=waits.WaitSpec(signals=tuple(s.strip() for s in signals), **options))
+        WorkflowSpec(name=self._name, steps=self._steps + (spec,))
+        return self._copy(steps=self._steps + (spec,))
+
+    def wait_for_signal(self, signal: str, result_key: str | None = None, *,
+                        match_payload: dict[str, Any] | None = None,
+                        correlation_key: str | None = None,
+                        name: str | None = None) -> WorkflowBuilder:
+        """Park the run until the signal ``signal`` arrives (or was already sent).
+
+        Args:
+            result_key: store the signal's data under this key (default: merge a dict's keys).
+            match_payload: only signals whose data contains this count.
+            correlation_key: only signals whose data has the run state's value for this key.
+            name: the step name (default ``wait_for_<signal>``).
+        """
+        return self._wait(f"wait_for_{signal}", name, signals=[signal], result_key=result_key,
+                          match_payload=match_payload, correlation_key=correlation_key)
+
+    def wait_for_signals(self, signals: list[str], mode: str = "all",
+                         result_key: str | None = None, *,
+                         match_payload: dict[str, Any] | None = None,
+                         correlation_key: str | None = None,
+                         name: str | None = None) -> WorkflowBuilder:
+        """Park the run until ``all`` (or ``any``) of ``signals`` arrived."""
+        return self._wait(f"wait_for_signals_{len(self._steps)}", name, signals=list(signals),
+                          mode=mode, result_key=result_key, match_payload=match_payload,
+                          correlation_key=correlation_key)
+
+    def wait_for_approval(self, signal: str = waits.DEFAULT_APPROVE_SIGNAL,
+                          result_key: str | None = "approval", *,
+                          name: str | None = None) -> WorkflowBuilder:
+        """Park the run until a person approves it (``queuety.approve()`` or the API)."""
+        return self._wait("wait_for_approval", name, signals=[signal], result_key=result_key,
+                          human=waits.APPROVAL)
+
+    def wait_for_decision(self, approve_signal: str = waits.DEFAULT_APPROVE_SIGNAL,
+                          reject_signal: str = waits.DEFAULT_REJECT_SIGNAL,
+                          result_key: str | None = "decision", *,
+                          name: str | None = None) -> WorkflowBuilder:
+        """Park the run until a person approves or rejects it.
+
+        Merges ``{result_key: {"outcome": "approved"|"rejected", "signal": ..., "data": ...}}``.
+        ``queuety.approve()`` and ``queuety.reject()`` satisfy it.
+        """
+        return self._wait("wait_for_decision", name, signals=[approve_signal, reject_signal],
+                          mode=waits.ANY, result_key=result_key, human=waits.DECISION,
+                          decision={approve_signal: "approved", reject_signal: "rejected"})
+
+    def wait_for_input(self, schema: dict[str, Any] | None = None,
+                       signal: str = waits.DEFAULT_INPUT_SIGNAL,
+                       result_key: str | None = "input", *,
+                       name: str | None = None) -> WorkflowBuilder:
+        """Park the run until a person submits input (``queuety.submit_input()``).
+
+        Args:
+            schema: a JSON Schema (draft 2020-12) the reply must satisfy exactly as sent;
+                checked when the workflow is built.
+        """
+        return self._wait("wait_for_input", name, signals=[signal], result_key=result_key,
+                          human=waits.INPUT, schema=schema)
 
     def retry(self, policy: RetryPolicy | None = None, **options: Any) -> WorkflowBuilder:
         """Set the default retry policy of this workflow's steps.

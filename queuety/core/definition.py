@@ -18,6 +18,7 @@ from typing import Any
 from queuety import exceptions
 from queuety.core.budget import Budget
 from queuety.core.retry import RetryPolicy
+from queuety.core.waits import WaitSpec
 
 #: Bumped when the JSON shape of a definition changes incompatibly.
 DEFINITION_FORMAT = 1
@@ -29,16 +30,18 @@ class StepSpec:
 
     name: str
     """Unique within the workflow; ``_next_step`` jumps resolve by it."""
-    handler: str
-    """Dotted import path of a :class:`~queuety.Step` subclass or a function."""
+    handler: str = ""
+    """Dotted import path of a :class:`~queuety.Step` subclass or a function (tasks only)."""
     kind: str = "task"
-    """``task`` for a plain step; later constructs add their own kinds."""
+    """``task`` (a handler run by a worker) or ``wait`` (parks the run until signals come)."""
     retry: RetryPolicy | None = None
     """The step's own policy; ``None`` falls back to the workflow's, then the global default."""
     timeout: float | None = None
     """Seconds an attempt may run before it is interrupted with :class:`~queuety.StepTimeout`."""
     cost_units: int = 1
     """Units added to the run's ``cost_units`` when the step completes (resolved at build)."""
+    wait: WaitSpec | None = None
+    """For ``wait`` steps: what they wait for."""
 
     def to_dict(self) -> dict[str, Any]:
         """Return the JSON form."""
@@ -49,15 +52,18 @@ class StepSpec:
             "retry": None if self.retry is None else self.retry.to_dict(),
             "timeout": self.timeout,
             "cost_units": self.cost_units,
+            "wait": None if self.wait is None else self.wait.to_dict(),
         }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> StepSpec:
         """Rebuild a step from :meth:`to_dict` output."""
         retry = data.get("retry")
+        wait = data.get("wait")
         return cls(
             name=data["name"],
-            handler=data["handler"],
+            handler=data.get("handler", ""),
+            wait=None if wait is None else WaitSpec.from_dict(wait),
             kind=data.get("kind", "task"),
             retry=None if retry is None else RetryPolicy.from_dict(retry),
             timeout=data.get("timeout"),

@@ -31,6 +31,8 @@ class Advance:
     next_index: int | None
     """Position of the step to run next, or ``None`` when the run is complete."""
     jumped: bool = False
+    raw: dict[str, Any] | None = None
+    """The step's output as returned (reserved keys included), to re-apply under a lock."""
 
 
 def public(mapping: dict[str, Any]) -> dict[str, Any]:
@@ -93,7 +95,7 @@ def advance(
             ) from None
     else:
         next_index = step_index + 1 if step_index + 1 < len(spec.steps) else None
-    return Advance({**state, **merged}, merged, next_index, jumped=jump is not None)
+    return Advance({**state, **merged}, merged, next_index, jumped=jump is not None, raw=output)
 
 
 def retry_delay(

@@ -32,6 +32,14 @@ class WorkflowStatus:
     ``public_state_bytes``); ``None`` when the workflow sets no limit."""
     retry_policy: str | None
     """The current step's effective retry policy, described in one line."""
+    wait_type: str | None = None
+    """``signal`` while the run is parked at a wait."""
+    waiting_for: list[str] | None = None
+    """The signal names the current wait listens for."""
+    wait_mode: str | None = None
+    """``all`` or ``any``."""
+    wait_details: dict[str, Any] | None = None
+    """``step_name``, ``matched`` and ``remaining`` names, ``human_wait``, ``schema``, ..."""
     created_at: datetime
     updated_at: datetime
     finished_at: datetime | None

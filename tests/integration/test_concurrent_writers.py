@@ -97,3 +97,18 @@ def test_budget_breach_found_under_the_lock__fails_the_run_and_keeps_the_state(t
     assert "interfered" not in status.state and status.state["log"] == ["a"]
     assert StepRun.objects.get(run_id=run_id, step_name="interfere").status == "failed"
     assert kinds(run_id)[-2:] == ["step_failed", "workflow_failed"]
+
+
+def test_run_changed_meanwhile__a_jump_survives_the_locked_path(token):
+    with publish.captured() as sent:
+        run_id = (queuety.workflow("interfered_jump").then(workflows.interfere_then_jump)
+                  .then(workflows.step_b).then(workflows.step_c)
+                  .dispatch({"token": token, "interfere": "bump_revision"}))
+        done = 0
+        while done < len(sent):
+            services.execute_step(sent[done].step_run_id)
+            done += 1
+
+    status = queuety.workflow_status(run_id)
+    assert status.status == "completed" and status.state["log"] == ["c"]
+    assert workflows.marks(f"{token}-b") == []

@@ -10,7 +10,7 @@ import pytest
 
 import queuety
 from queuety.core.definition import WorkflowSpec, canonical_json
-from tests.pythons import SUPPORTED, find_python
+from tests.pythons import SUPPORTED, venv_python
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -31,7 +31,7 @@ spec = (queuety.workflow("golden")
 
 # Pinned: a change here means every stored definition changes identity. Bump DEFINITION_FORMAT
 # and say so in the changelog if it is ever intended.
-GOLDEN_HASH = "2c507d963224cdfa1595c6a687d95e49d666fa986d075c5b36e4b83e51e540d4"
+GOLDEN_HASH = "cad009a2df7c76e9c6cd97957753a401b3a448c50580d898bb17534bd79edc23"
 
 
 def reference_spec() -> WorkflowSpec:
@@ -51,7 +51,7 @@ def test_definition_hash__golden_value():
     assert spec.definition_hash == GOLDEN_HASH
     assert json.loads(spec.canonical_json())["steps"][1] == {
         "handler": "tests.workflows.StepB", "kind": "task", "name": "b", "timeout": 30.0,
-        "cost_units": 1,
+        "cost_units": 1, "wait": None,
         "retry": {"backoff_factor": 2.0, "initial_delay": 0.5, "jitter": 0.1,
                   "max_attempts": 4, "max_delay": 60.0,
                   "retry_on": ["builtins.ConnectionError", "queuety.exceptions.StepTimeout"]},
@@ -95,7 +95,7 @@ def test_definition_hash__changes_with_any_option():
 
 @pytest.mark.parametrize("version", SUPPORTED)
 def test_definition_hash__same_in_other_processes_and_python_versions(version):
-    python = find_python(version)
+    python = venv_python(version)
     code = REFERENCE + "\nprint(spec.definition_hash)"
     for seed in ("0", "12345"):
         result = subprocess.run([python, "-c", code], cwd=ROOT, capture_output=True, text=True,

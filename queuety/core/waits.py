@@ -1,0 +1,207 @@
+"""Signal waits: which stored signals satisfy a wait, and what the wait merges into the state.
+
+Pure Python (jsonschema is the only library). A wait step holds no worker and no message: the
+service layer parks the run and settles the wait when a signal arrives, or at once when matching
+signals were stored before the wait was reached. A settled wait CONSUMES the signals it used, so
+a wait entered again (a loop) waits for new ones.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import jsonschema
+
+from queuety import exceptions
+
+ALL, ANY = "all", "any"
+
+#: Human wait kinds and the signal names their defaults listen to.
+APPROVAL, DECISION, INPUT = "approval", "decision", "input"
+DEFAULT_APPROVE_SIGNAL = "approval"
+DEFAULT_REJECT_SIGNAL = "rejection"
+DEFAULT_INPUT_SIGNAL = "input"
+
+#: The draft every input schema is checked against when the workflow is built.
+SCHEMA_VALIDATOR = jsonschema.Draft202012Validator
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WaitSpec:
+    """What a wait step waits for."""
+
+    signals: tuple[str, ...]
+    mode: str = ALL
+    result_key: str | None = None
+    match_payload: dict[str, Any] | None = None
+    """The payload must contain this (recursively, with exact JSON types) to count."""
+    correlation_key: str | None = None
+    """The payload's value for this key must equal the run state's."""
+    human: str | None = None
+    """``approval``, ``decision`` or ``input``: a wait on a person (listed by ``GET waits/``)."""
+    decision: dict[str, str] = field(default_factory=dict)
+    """For decisions: signal name -> outcome (``approved`` / ``rejected``)."""
+    schema: dict[str, Any] | None = None
+    """For input: the JSON Schema a reply must satisfy, exactly as sent."""
+
+    def __post_init__(self) -> None:
+        if not self.signals or not all(isinstance(s, str) and s.strip() for s in self.signals):
+            raise exceptions.WorkflowDefinitionError(
+                f"A signal wait needs at least one non-blank signal name (got {self.signals!r})."
+            )
+        if len(set(self.signals)) != len(self.signals):
+            raise exceptions.WorkflowDefinitionError(
+                f"A signal wait lists a signal twice: {list(self.signals)!r}."
+            )
+        if self.mode not in (ALL, ANY):
+            raise exceptions.WorkflowDefinitionError(
+                f"Signal waits support mode 'all' or 'any' (got {self.mode!r})."
+            )
+        if self.match_payload is not None and not isinstance(self.match_payload, dict):
+            raise exceptions.WorkflowDefinitionError(
+                f"match_payload must be a dict (got {type(self.match_payload).__name__})."
+            )
+        if self.schema is not None:
+            check_schema(self.schema)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the JSON form stored in the definition."""
+        return {"signals": list(self.signals), "mode": self.mode, "result_key": self.result_key,
+                "match_payload": self.match_payload, "correlation_key": self.correlation_key,
+                "human": self.human, "decision": dict(self.decision), "schema": self.schema}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> WaitSpec:
+        """Rebuild from :meth:`to_dict` output."""
+        return cls(**{**data, "signals": tuple(data["signals"])})
+
+
+def check_schema(schema: Any) -> None:
+    """Refuse, at build time, a schema that could not validate replies (criterion H6)."""
+    if not isinstance(schema, dict):
+        raise exceptions.WorkflowDefinitionError(
+            f"wait_for_input(schema=...) takes a JSON Schema object (a dict), got "
+            f"{type(schema).__name__}."
+        )
+    try:
+        SCHEMA_VALIDATOR.check_schema(schema)
+    except jsonschema.SchemaError as error:
+        where = "/".join(str(p) for p in error.absolute_path) or "(root)"
+        raise exceptions.WorkflowDefinitionError(
+            f"The input schema is not a valid JSON Schema (draft 2020-12) at {where}: "
+            f"{error.message}."
+        ) from None
+
+
+def validation_errors(schema: dict[str, Any], data: Any) -> list[dict[str, str]]:
+    """Return every way ``data`` fails ``schema``, as ``{path, message}``; empty when valid.
+
+    Values are checked exactly as sent: the text ``"42"`` is a string, never a number.
+    """
+    validator = SCHEMA_VALIDATOR(schema)
+    errors = sorted(validator.iter_errors(data), key=lambda e: (list(e.absolute_path), e.message))
+    return [{"path": "/" + "/".join(str(p) for p in e.absolute_path), "message": e.message}
+            for e in errors]
+
+
+# -- matching ---------------------------------------------------------------------------------
+
+def same_json(a: Any, b: Any) -> bool:
+    """Compare as JSON values: 1, 1.0, True and "1" are four different values."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return isinstance(a, bool) and isinstance(b, bool) and a == b
+    if isinstance(a, int | float) and isinstance(b, int | float):
+        return type(a) is type(b) and a == b and not (isinstance(a, float) and math.isnan(a))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same_json(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(same_json(x, y) for x, y in zip(a, b))
+    return type(a) is type(b) and a == b
+
+
+def contains(payload: Any, subset: Any) -> bool:
+    """True if ``payload`` has every key of ``subset`` with the same value (recursively)."""
+    if isinstance(subset, dict):
+        return isinstance(payload, dict) and all(
+            key in payload and contains(payload[key], value) for key, value in subset.items())
+    return same_json(payload, subset)
+
+
+def matches(wait: WaitSpec, payload: Any, state: dict[str, Any]) -> bool:
+    """True if a signal with ``payload`` counts for ``wait`` in a run whose state is ``state``."""
+    if wait.match_payload and not contains(payload, wait.match_payload):
+        return False
+    if wait.correlation_key is not None:
+        key = wait.correlation_key
+        return (isinstance(payload, dict) and key in payload and key in state
+                and same_json(payload[key], state[key]))
+    return True
+
+
+@dataclass(frozen=True, slots=True)
+class Evaluation:
+    """Where a wait stands against the stored signals."""
+
+    settled: bool
+    matched: list[str]
+    remaining: list[str]
+    consumed: list[int]
+    """Ids of the signals a settled wait uses (one per name, or one for ``any``)."""
+    output: dict[str, Any]
+    chosen: list[tuple[str, Any]]
+
+
+def evaluate(wait: WaitSpec, signals: list[tuple[int, str, Any]],
+             state: dict[str, Any]) -> Evaluation:
+    """Evaluate ``wait`` against unconsumed ``signals`` (``(id, name, payload)``, oldest first).
+
+    Per name the earliest matching signal counts; ``any`` takes the earliest matching overall.
+    """
+    earliest: dict[str, tuple[int, Any]] = {}
+    for signal_id, name, payload in signals:
+        if name in wait.signals and name not in earliest and matches(wait, payload, state):
+            earliest[name] = (signal_id, payload)
+    matched = [name for name in wait.signals if name in earliest]
+    remaining = [name for name in wait.signals if name not in earliest]
+    if wait.mode == ANY and matched:
+        first = min(matched, key=lambda name: earliest[name][0])
+        chosen = [(first, earliest[first][1])]
+    elif wait.mode == ALL and not remaining:
+        chosen = [(name, earliest[name][1]) for name in wait.signals]
+    else:
+        return Evaluation(False, matched, remaining, [], {}, [])
+    consumed = [earliest[name][0] for name, _ in chosen]
+    return Evaluation(True, matched, remaining, consumed, output(wait, chosen), chosen)
+
+
+def output(wait: WaitSpec, chosen: list[tuple[str, Any]]) -> dict[str, Any]:
+    """Return what a settled wait merges into the state (the original's shapes).
+
+    - decision: ``{result_key: {outcome, signal, data}}``;
+    - a result_key and one signal name: ``{result_key: payload}``;
+    - a result_key and several names: ``{result_key: {name: payload, ...}}``;
+    - no result_key: dict payloads merged top-level in the configured order (``_`` keys
+      skipped); any other payload stored under its signal's name.
+    """
+    if wait.decision:
+        name, payload = chosen[0]
+        record = {"outcome": wait.decision.get(name, name), "signal": name, "data": payload}
+        if wait.result_key:
+            return {wait.result_key: record}
+        merged = {"decision_outcome": record["outcome"], "decision_signal": name}
+        if isinstance(payload, dict):
+            merged.update({k: v for k, v in payload.items() if not k.startswith("_")})
+        return merged
+    if wait.result_key:
+        if len(wait.signals) == 1:
+            return {wait.result_key: chosen[0][1]}
+        return {wait.result_key: dict(chosen)}
+    merged: dict[str, Any] = {}
+    for name, payload in chosen:
+        if isinstance(payload, dict):
+            merged.update({k: v for k, v in payload.items() if not k.startswith("_")})
+        else:
+            merged[name] = payload
+    return merged
