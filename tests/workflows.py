@@ -189,3 +189,8 @@ def loop_until_three(state):
 def interfere_then_jump(state):
     """Bump the run's revision (forcing the locked path), then jump over step_b."""
     return {**interfere(state), "_next_step": "step_c"}
+
+
+def deny_all(user, run):
+    """A QUEUETY["RUN_ACCESS"] hook that grants nothing."""
+    return False

@@ -103,3 +103,33 @@ def test_list__unknown_status_is_refused():
 
     with pytest.raises(CommandError, match="Unknown status 'done'; use one of running, "):
         run_cli("workflow", "list", "--status", "done")
+
+
+def test_approve_reject_input_signal__mirror_the_original(worker, token):
+    from django.core.management import CommandError
+
+    run_id = (queuety.workflow("cli_human").wait_for_signal("ready").wait_for_approval()
+              .wait_for_decision().wait_for_input(schema={"type": "object"})
+              .then(workflows.step_a).dispatch({"token": token}))
+    status = run_cli("workflow", "status", str(run_id))
+    assert "Waiting:  signal => ready\n" in status and "WaitMode: all\n" in status
+    assert '"remaining":["ready"]' in status
+
+    assert run_cli("workflow", "signal", str(run_id), "ready", "--data", '{"a": 1}') == \
+        f"Success: Signal 'ready' sent to workflow #{run_id} (completed its wait). " \
+        "Status: waiting_for_signal.\n"
+    assert run_cli("workflow", "approve", str(run_id), "--data", '{"by": "cli"}').startswith(
+        f"Success: Approval sent to workflow #{run_id}.")
+    with pytest.raises(CommandError, match="--data must be a JSON object."):
+        run_cli("workflow", "reject", str(run_id), "--data", "[1]")
+    assert run_cli("workflow", "reject", str(run_id)).startswith(
+        f"Success: Rejection sent to workflow #{run_id}.")
+    with pytest.raises(CommandError, match="does not match the input schema"):
+        run_cli("workflow", "input", str(run_id), "--data", '"text"')
+    assert run_cli("workflow", "input", str(run_id), "--data", '{"x": 1}').startswith(
+        f"Success: Input sent to workflow #{run_id}.")
+    with pytest.raises(CommandError, match=f"Workflow #{98765432} not found."):
+        run_cli("workflow", "approve", "98765432")
+    final = wait_for(run_id, worker=worker)
+    assert final.state["approval"] == {"by": "cli"}
+    assert final.state["decision"]["outcome"] == "rejected" and final.state["input"] == {"x": 1}

@@ -37,6 +37,18 @@ def _limit(value: str) -> int:
     return number
 
 
+def _json_option(text: str | None, object_only: bool = False) -> Any:
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError as error:
+        raise Error(f"--data is not valid JSON: {error}.") from None
+    if object_only and not isinstance(value, dict):
+        raise Error("--data must be a JSON object.")
+    return value
+
+
 def _json(value: Any) -> str:
     return json.dumps(value, indent=4, ensure_ascii=False, default=str)
 
@@ -48,7 +60,7 @@ class Command(BaseCommand):
         groups = parser.add_subparsers(dest="group", required=True, metavar="{workflow,sweep}")
         workflow = groups.add_parser("workflow", help="Workflow runs.")
         actions = workflow.add_subparsers(dest="action", required=True,
-                                          metavar="{status,list}")
+                                          metavar="{status,list,approve,reject,input,signal}")
 
         status = actions.add_parser("status", help="Show one run.")
         status.add_argument("run_id", type=_run_id)
@@ -59,6 +71,19 @@ class Command(BaseCommand):
         listing.add_argument("--limit", type=_limit, default=50)
         listing.add_argument("--format", choices=["table", "json"], default="table")
 
+        for action, what in (("approve", "Approve the run's current approval or decision wait."),
+                             ("reject", "Reject the run's current decision wait."),
+                             ("input", "Answer the run's current input wait.")):
+            reply = actions.add_parser(action, help=what)
+            reply.add_argument("run_id", type=_run_id)
+            reply.add_argument("--data", default=None, help="JSON data of the reply.")
+            reply.add_argument("--signal", default=None, help="Signal name, if not the "
+                                                              "wait's default.")
+        signal = actions.add_parser("signal", help="Send a signal to a run.")
+        signal.add_argument("run_id", type=_run_id)
+        signal.add_argument("name")
+        signal.add_argument("--data", default=None, help="JSON data of the signal.")
+
         groups.add_parser("sweep", help="Run the sweeper once (recover lost steps, re-publish "
                                         "due ones) and print what it did.")
 
@@ -67,6 +92,40 @@ class Command(BaseCommand):
             self.stdout.write(_json(services.sweep()))
             return
         getattr(self, f"_{options['action']}")(**options)
+
+    def _approve(self, **options: Any) -> None:
+        self._reply("approve", "Approval sent to", **options)
+
+    def _reject(self, **options: Any) -> None:
+        self._reply("reject", "Rejection sent to", **options)
+
+    def _input(self, **options: Any) -> None:
+        self._reply("input", "Input sent to", **options)
+
+    def _reply(self, kind: str, said: str, run_id: int, data: str | None, signal: str | None,
+               **options: Any) -> None:
+        value = _json_option(data, object_only=kind != "input")
+        if value is None and kind != "input":
+            value = {}
+        receipt = self._call(services.reply, run_id, kind, value, signal=signal,
+                             sent_by="manage.py")
+        self.stdout.write(f"Success: {said} workflow #{run_id}. Status: {receipt.status}.")
+
+    def _signal(self, run_id: int, name: str, data: str | None, **options: Any) -> None:
+        receipt = self._call(services.send_signal, run_id, name, _json_option(data),
+                             sent_by="manage.py")
+        outcome = "completed its wait" if receipt.settled else "stored"
+        self.stdout.write(f"Success: Signal '{name}' sent to workflow #{run_id} ({outcome}). "
+                          f"Status: {receipt.status}.")
+
+    @staticmethod
+    def _call(function, *args: Any, **kwargs: Any):
+        try:
+            return function(*args, **kwargs)
+        except exceptions.RunNotFound as error:
+            raise Error(f"Workflow #{error.run_id} not found.") from None
+        except exceptions.QueuetyError as error:
+            raise Error(str(error)) from None
 
     def _status(self, run_id: int, format: str, **options: Any) -> None:
         try:
@@ -113,6 +172,12 @@ def format_status(status: WorkflowStatus) -> list[str]:
     lines.append(f"Hash:     {status.definition_hash}")
     if status.idempotency_key is not None:
         lines.append(f"Key:      {status.idempotency_key}")
+    if status.wait_type is not None and status.waiting_for:
+        lines.append(f"Waiting:  {status.wait_type} => {', '.join(status.waiting_for)}")
+    if status.wait_mode is not None:
+        lines.append(f"WaitMode: {status.wait_mode}")
+    if status.wait_details is not None:
+        lines.append(f"WaitInfo: {json.dumps(status.wait_details, separators=(',', ':'))}")
     if status.budget is not None:
         lines.append(f"Budget:   {json.dumps(status.budget, separators=(',', ':'))}")
     if status.retry_policy is not None and status.status not in ("completed", "cancelled"):

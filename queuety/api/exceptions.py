@@ -1,0 +1,37 @@
+"""Domain errors mapped to HTTP answers, in one place."""
+
+from __future__ import annotations
+
+from rest_framework import status
+from rest_framework.exceptions import APIException
+
+from queuety import exceptions
+
+
+class QueuetyAPIError(APIException):
+    """An API error whose body may carry more than ``detail`` and ``code``."""
+
+    def __init__(self, detail: str, code: str, http_status: int, **extra) -> None:
+        super().__init__(detail=detail, code=code)
+        self.status_code = http_status
+        self.extra = extra
+
+
+def translate(error: Exception) -> QueuetyAPIError:
+    """Return the API error for a domain error raised by the service layer."""
+    if isinstance(error, exceptions.RunNotFound):
+        return QueuetyAPIError(str(error), "run_not_found", status.HTTP_404_NOT_FOUND)
+    if isinstance(error, exceptions.AlreadyAnswered):
+        return QueuetyAPIError(str(error), "already_answered", status.HTTP_409_CONFLICT)
+    if isinstance(error, exceptions.RunNotWaiting):
+        return QueuetyAPIError(str(error), "run_not_waiting", status.HTTP_409_CONFLICT)
+    if isinstance(error, exceptions.BudgetExceeded):
+        return QueuetyAPIError(str(error), "budget_exceeded", status.HTTP_409_CONFLICT,
+                               budget=error.budget, limit=error.limit, used=error.used)
+    if isinstance(error, exceptions.InvalidSignalData):
+        if error.too_large:
+            return QueuetyAPIError(str(error), "payload_too_large",
+                                   status.HTTP_413_REQUEST_ENTITY_TOO_LARGE)
+        return QueuetyAPIError(str(error), "invalid_payload", status.HTTP_400_BAD_REQUEST,
+                               errors=error.errors)
+    raise error

@@ -1,0 +1,33 @@
+"""Who may read runs and send them signals through the API."""
+
+from __future__ import annotations
+
+from django.utils.module_loading import import_string
+from rest_framework import permissions
+
+from queuety.conf import settings
+
+
+class RunPermission(permissions.BasePermission):
+    """Authenticated users with the model permission, and object access when the site asks.
+
+    Reads need ``queuety.view_workflowrun``; signals, approvals and input need
+    ``queuety.signal_workflowrun``. ``QUEUETY["RUN_ACCESS"]`` may name a function
+    ``(user, run) -> bool`` that scopes runs further (by owner, by team, ...).
+    """
+
+    message = "You do not have permission to act on workflow runs."
+
+    def has_permission(self, request, view) -> bool:
+        user = request.user
+        if not (user and user.is_authenticated):
+            return False
+        needed = ("queuety.view_workflowrun" if request.method in permissions.SAFE_METHODS
+                  else "queuety.signal_workflowrun")
+        return user.has_perm(needed)
+
+    def has_object_permission(self, request, view, run) -> bool:
+        check = settings.RUN_ACCESS
+        if check is None:
+            return True
+        return bool(import_string(check)(request.user, run))

@@ -1,0 +1,62 @@
+"""Response shapes, for the OpenAPI schema (validation of replies is the JSON Schema's job)."""
+
+from __future__ import annotations
+
+from rest_framework import serializers
+
+
+class WorkflowStatusSerializer(serializers.Serializer):
+    """The fields of ``queuety.workflow_status()``."""
+
+    id = serializers.IntegerField()
+    name = serializers.CharField()
+    status = serializers.CharField()
+    current_step = serializers.IntegerField()
+    total_steps = serializers.IntegerField()
+    current_step_name = serializers.CharField(allow_null=True)
+    state = serializers.DictField()
+    error = serializers.DictField(allow_null=True)
+    definition_hash = serializers.CharField()
+    definition_version = serializers.CharField(allow_null=True)
+    idempotency_key = serializers.CharField(allow_null=True)
+    budget = serializers.DictField(allow_null=True)
+    retry_policy = serializers.CharField(allow_null=True)
+    wait_type = serializers.CharField(allow_null=True)
+    waiting_for = serializers.ListField(child=serializers.CharField(), allow_null=True)
+    wait_mode = serializers.CharField(allow_null=True)
+    wait_details = serializers.DictField(allow_null=True)
+    created_at = serializers.DateTimeField()
+    updated_at = serializers.DateTimeField()
+    finished_at = serializers.DateTimeField(allow_null=True)
+
+
+class SignalReceiptSerializer(serializers.Serializer):
+    """What a delivered signal or reply did."""
+
+    signal_id = serializers.IntegerField()
+    run_id = serializers.IntegerField()
+    name = serializers.CharField()
+    settled = serializers.BooleanField()
+    status = serializers.CharField()
+
+
+class ErrorSerializer(serializers.Serializer):
+    """Every error: ``detail`` and ``code``; 400 adds ``errors``, a budget 409 its figures."""
+
+    detail = serializers.CharField()
+    code = serializers.CharField()
+    errors = serializers.ListField(child=serializers.DictField(), required=False)
+    budget = serializers.CharField(required=False)
+    limit = serializers.IntegerField(required=False)
+    used = serializers.IntegerField(required=False)
+
+
+class WaitingRunSerializer(serializers.Serializer):
+    """A run waiting on a person, for ``GET waits/``."""
+
+    id = serializers.IntegerField()
+    name = serializers.CharField()
+    step_name = serializers.CharField()
+    human_wait = serializers.CharField()
+    waiting_since = serializers.DateTimeField()
+    schema = serializers.DictField(allow_null=True)

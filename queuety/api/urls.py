@@ -1,0 +1,19 @@
+"""API URLs; mount under any prefix: ``path("queuety/api/", include("queuety.api.urls"))``."""
+
+from django.urls import path
+from drf_spectacular.views import SpectacularAPIView
+
+from queuety.api import views
+
+app_name = "queuety"
+
+urlpatterns = [
+    path("runs/<int:pk>/", views.RunDetailView.as_view(), name="run-detail"),
+    path("runs/<int:pk>/signals/<str:name>/", views.SignalView.as_view(), name="run-signal"),
+    path("runs/<int:pk>/approve/", views.ApproveView.as_view(), name="run-approve"),
+    path("runs/<int:pk>/reject/", views.RejectView.as_view(), name="run-reject"),
+    path("runs/<int:pk>/input/", views.InputView.as_view(), name="run-input"),
+    path("waits/", views.WaitsView.as_view(), name="waits"),
+    path("approvals/<str:token>/", views.ApprovalPageView.as_view(), name="approval-page"),
+    path("schema/", SpectacularAPIView.as_view(), name="schema"),
+]

@@ -1,0 +1,305 @@
+"""API views: thin over ``queuety.services`` (and ``queuety.approvals`` for links)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.db import IntegrityError, transaction
+from django.shortcuts import render
+from django.utils.module_loading import import_string
+from django.views import View
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from rest_framework import status
+from rest_framework.exceptions import ParseError
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from queuety import approvals, exceptions, services
+from queuety.api import exceptions as api_errors
+from queuety.api import serializers
+from queuety.conf import settings
+from queuety.models import ApiReply, RunStatus, WorkflowRun
+
+ERRORS = {code: OpenApiResponse(serializers.ErrorSerializer) for code in (400, 403, 404, 409, 413)}
+IDEMPOTENCY_KEY = OpenApiParameter(
+    "Idempotency-Key", str, OpenApiParameter.HEADER, required=False,
+    description="Retrying a POST with the same key returns the first answer and records "
+                "nothing new.")
+
+
+class RunAPIView(APIView):
+    """Base: permissions from settings, domain errors as JSON answers."""
+
+    def get_permissions(self):
+        return [import_string(path)() for path in settings.API_PERMISSION_CLASSES]
+
+    def handle_exception(self, exc):
+        if isinstance(exc, exceptions.QueuetyError):
+            exc = api_errors.translate(exc)
+        response = super().handle_exception(exc)
+        if isinstance(exc, api_errors.QueuetyAPIError):
+            response.data = {"detail": str(exc.detail), "code": exc.detail.code, **exc.extra}
+        elif isinstance(response.data, dict) and "detail" in response.data:
+            detail = response.data["detail"]
+            response.data = {"detail": str(detail), "code": getattr(detail, "code", "error")}
+        return response
+
+    def get_run(self, pk: int) -> WorkflowRun:
+        run = WorkflowRun.objects.filter(pk=pk).only("pk", "name", "status").first()
+        if run is None:
+            raise exceptions.RunNotFound(pk)
+        self.check_object_permissions(self.request, run)
+        return run
+
+
+class RunDetailView(RunAPIView):
+    """``GET runs/<id>/``: the run's status, as ``queuety.workflow_status()`` returns it."""
+
+    @extend_schema(responses={200: serializers.WorkflowStatusSerializer, **ERRORS})
+    def get(self, request, pk: int):
+        self.get_run(pk)
+        return Response(services.workflow_status(pk).to_dict())
+
+
+class PostReplyView(RunAPIView):
+    """A POST that delivers something to a run, replayable with ``Idempotency-Key``."""
+
+    def body(self, request) -> Any:
+        limit = settings.MAX_SIGNAL_BYTES
+        if len(request.body) > limit:
+            raise exceptions.InvalidSignalData(
+                f"The request body is {len(request.body)} bytes; the limit is {limit} "
+                "(QUEUETY['MAX_SIGNAL_BYTES']).", too_large=True)
+        if not request.body.strip():
+            return None
+        try:
+            return json.loads(request.body, parse_constant=_refuse_constant)
+        except ValueError as error:
+            raise ParseError(f"The request body is not valid JSON: {error}.") from None
+
+    def deliver(self, request, pk: int, **kwargs) -> services.SignalReceipt:
+        raise NotImplementedError
+
+    def post(self, request, pk: int, **kwargs):
+        self.get_run(pk)
+        key = request.headers.get("Idempotency-Key")
+        if key is None:
+            return self._answer(self.deliver(request, pk, **kwargs))
+        if len(key) > 255:
+            raise ParseError("The Idempotency-Key header is longer than 255 characters.")
+        try:
+            with transaction.atomic():
+                # The key row goes first: a concurrent retry blocks here until this answer is
+                # committed, then replays it instead of delivering twice.
+                ApiReply.objects.create(user_id=request.user.pk, key=key, method="POST",
+                                        path=request.path, status_code=0, body={})
+                response = self._answer(self.deliver(request, pk, **kwargs))
+                ApiReply.objects.filter(user_id=request.user.pk, key=key).update(
+                    status_code=response.status_code, body=response.data)
+                return response
+        except IntegrityError:
+            stored = ApiReply.objects.get(user_id=request.user.pk, key=key)
+            if stored.path != request.path:
+                raise api_errors.QueuetyAPIError(
+                    f"Idempotency-Key {key!r} was already used for {stored.path}; use a new "
+                    "key for a new request.", "idempotency_key_reused",
+                    status.HTTP_409_CONFLICT) from None
+            return Response(stored.body, status=stored.status_code,
+                            headers={"Idempotent-Replayed": "true"})
+
+    @staticmethod
+    def _answer(receipt: services.SignalReceipt) -> Response:
+        return Response({"signal_id": receipt.signal_id, "run_id": receipt.run_id,
+                         "name": receipt.name, "settled": receipt.settled,
+                         "status": receipt.status},
+                        status=status.HTTP_200_OK if receipt.settled
+                        else status.HTTP_202_ACCEPTED)
+
+
+def _refuse_constant(name: str):
+    raise ValueError(f"{name} is not JSON")
+
+
+def _sender(request) -> str:
+    return f"user:{request.user.pk}:{request.user.get_username()}"
+
+
+REPLY_DOC = {"request": {"application/json": {}}, "parameters": [IDEMPOTENCY_KEY],
+             "responses": {200: serializers.SignalReceiptSerializer,
+                           202: serializers.SignalReceiptSerializer, **ERRORS}}
+
+
+class SignalView(PostReplyView):
+    """``POST runs/<id>/signals/<name>/``: the JSON body is the signal's data.
+
+    200 when it completed the wait the run was parked at, 202 when it was stored for later.
+    """
+
+    @extend_schema(**REPLY_DOC)
+    def post(self, request, pk: int, name: str):
+        return super().post(request, pk, name=name)
+
+    def deliver(self, request, pk, name):
+        return services.send_signal(pk, name, self.body(request), sent_by=_sender(request))
+
+
+class ReplyView(PostReplyView):
+    """``POST runs/<id>/approve/``, ``reject/``, ``input/``: answer the run's human wait."""
+
+    kind = ""
+
+    @extend_schema(**REPLY_DOC)
+    def post(self, request, pk: int):
+        return super().post(request, pk)
+
+    def deliver(self, request, pk):
+        data = self.body(request)
+        if data is None and self.kind != "input":
+            data = {}
+        return services.reply(pk, self.kind, data, signal=request.query_params.get("signal"),
+                              sent_by=_sender(request))
+
+
+class ApproveView(ReplyView):
+    kind = "approve"
+
+
+class RejectView(ReplyView):
+    kind = "reject"
+
+
+class InputView(ReplyView):
+    kind = "input"
+
+
+class WaitsView(RunAPIView):
+    """``GET waits/``: runs waiting on a person, oldest first (at most 200)."""
+
+    @extend_schema(responses={200: serializers.WaitingRunSerializer(many=True), **ERRORS})
+    def get(self, request):
+        found = []
+        runs = (WorkflowRun.objects.filter(status=RunStatus.WAITING_FOR_SIGNAL)
+                .order_by("updated_at")[:1000])
+        for run in runs:
+            spec = services.load_spec(run.definition_id)
+            step = spec.steps[run.current_step]
+            if not (step.wait and step.wait.human):
+                continue
+            if not all(p.has_object_permission(request, self, run)
+                       for p in self.get_permissions()):
+                continue
+            found.append({"id": run.pk, "name": run.name, "step_name": step.name,
+                          "human_wait": step.wait.human, "waiting_since": run.updated_at,
+                          "schema": step.wait.schema})
+            if len(found) == 200:
+                break
+        return Response(serializers.WaitingRunSerializer(found, many=True).data)
+
+
+class ApprovalPageView(View):
+    """``GET``/``POST approvals/<token>/``: the page behind an approval link (no login)."""
+
+    template_name = "queuety/approval.html"
+
+    def get(self, request, token: str):
+        return self._page(request, token)
+
+    def post(self, request, token: str):
+        kind = request.POST.get("action", "")
+        if kind not in ("approve", "reject", "input"):
+            return self._page(request, token, error="Choose approve, reject or submit.",
+                              status=400)
+        try:
+            ticket = approvals.read_token(token)
+            wait = self._wait(ticket.run_id)
+            data = _form_reply(wait.schema if wait else None, request.POST) \
+                if kind == "input" else {"note": request.POST.get("note", "")}
+            receipt = approvals.redeem(token, kind, data)
+        except (approvals.InvalidLink, approvals.ExpiredLink, exceptions.QueuetyError,
+                ValueError) as error:
+            return self._page(request, token, error=str(error), status=_page_status(error))
+        return render(request, self.template_name, {"done": True, "kind": kind,
+                                                    "receipt": receipt})
+
+    def _wait(self, run_id: int):
+        run = WorkflowRun.objects.filter(pk=run_id).first()
+        if run is None:
+            return None
+        spec = services.load_spec(run.definition_id)
+        return spec.steps[run.current_step].wait if run.current_step < len(spec.steps) else None
+
+    def _page(self, request, token: str, error: str | None = None, status: int = 200):
+        context: dict[str, Any] = {"error": error, "token": token}
+        try:
+            ticket = approvals.read_token(token)
+        except (approvals.InvalidLink, approvals.ExpiredLink) as problem:
+            return render(request, self.template_name, {"error": str(problem), "dead": True},
+                          status=_page_status(problem))
+        run = WorkflowRun.objects.filter(pk=ticket.run_id).first()
+        if run is None:
+            return render(request, self.template_name,
+                          {"error": "This run no longer exists.", "dead": True}, status=410)
+        spec = services.load_spec(run.definition_id)
+        step = spec.steps[ticket.step_index]
+        live = (run.status == RunStatus.WAITING_FOR_SIGNAL
+                and run.current_step == ticket.step_index and run.transitions ==
+                ticket.transitions)
+        if not live and error is None:
+            return render(request, self.template_name, {
+                "error": "This request was already answered.", "dead": True}, status=410)
+        context.update(run=run, step=step, wait=step.wait, fields=_form_fields(step.wait.schema),
+                       state=json.dumps(run.state, indent=2, ensure_ascii=False)[:4000])
+        return render(request, self.template_name, context, status=status)
+
+
+def _page_status(error: Exception) -> int:
+    if isinstance(error, approvals.InvalidLink):
+        return 403
+    if isinstance(error, approvals.ExpiredLink | exceptions.RunNotWaiting):
+        return 410
+    return 400
+
+
+def _form_fields(schema: dict | None) -> list[dict[str, Any]] | None:
+    """Form fields for a flat object schema; None means 'one JSON text area'."""
+    if not schema or schema.get("type", "object") != "object" or "properties" not in schema:
+        return None
+    fields = []
+    required = set(schema.get("required", []))
+    for name, prop in schema["properties"].items():
+        kind = "select" if "enum" in prop else prop.get("type", "string")
+        if kind not in ("string", "integer", "number", "boolean", "select"):
+            return None
+        fields.append({"name": name, "kind": kind, "required": name in required,
+                       "choices": prop.get("enum", []), "title": prop.get("title", name)})
+    return fields
+
+
+def _form_reply(schema: dict | None, post) -> Any:
+    """Read a reply from the form: typed by each field's declared type, then the schema
+    validates it exactly (a number field holding 'abc' stays 'abc' and is refused)."""
+    fields = _form_fields(schema)
+    if fields is None:
+        text = post.get("reply", "")
+        try:
+            return json.loads(text, parse_constant=_refuse_constant)
+        except ValueError as error:
+            raise ValueError(f"The reply is not valid JSON: {error}.") from None
+    reply: dict[str, Any] = {}
+    for field in fields:
+        raw = post.get(field["name"])
+        if field["kind"] == "boolean":
+            reply[field["name"]] = raw == "on"
+        elif raw in (None, ""):
+            continue
+        elif field["kind"] == "integer" and raw.lstrip("-").isdigit():
+            reply[field["name"]] = int(raw)
+        elif field["kind"] == "number":
+            try:
+                reply[field["name"]] = float(raw) if "." in raw else int(raw)
+            except ValueError:
+                reply[field["name"]] = raw
+        else:
+            reply[field["name"]] = raw
+    return reply
