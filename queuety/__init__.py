@@ -26,6 +26,7 @@ from queuety.exceptions import (
     IdempotencyConflict,
     InvalidSignalData,
     InvalidStepOutput,
+    InvalidTransition,
     PermanentError,
     QueuetyError,
     RunNotFound,
@@ -44,6 +45,7 @@ __all__ = [
     "IdempotencyConflict",
     "InvalidSignalData",
     "InvalidStepOutput",
+    "InvalidTransition",
     "PermanentError",
     "QueuetyError",
     "RetryPolicy",
@@ -58,12 +60,22 @@ __all__ = [
     "WorkflowDefinitionError",
     "WorkflowStatus",
     "approve",
+    "cancel",
+    "export_workflow",
+    "fork",
     "list_workflows",
+    "pause",
     "reject",
+    "replay_workflow",
+    "resume",
+    "retry",
+    "rewind",
     "signal",
     "submit_input",
     "workflow",
+    "workflow_state_at",
     "workflow_status",
+    "workflow_timeline",
 ]
 
 __version__ = "0.1.0"
@@ -128,3 +140,77 @@ def submit_input(run_id: int, data=None, *, signal: str | None = None):
     from queuety import services
 
     return services.reply(run_id, "input", data, signal=signal)
+
+
+def cancel(run_id: int) -> None:
+    """Cancel a run; its compensations and ``on_cancel`` handler then run durably.
+
+    Raises:
+        InvalidTransition: the run is already completed or cancelled.
+    """
+    from queuety import operations
+
+    operations.cancel(run_id)
+
+
+def pause(run_id: int) -> None:
+    """Pause a running or waiting run (a step in flight finishes; nothing new starts)."""
+    from queuety import operations
+
+    operations.pause(run_id)
+
+
+def resume(run_id: int) -> str:
+    """Resume a paused run where it stands; return its new status."""
+    from queuety import operations
+
+    return operations.resume(run_id)
+
+
+def retry(run_id: int) -> None:
+    """Run a failed run again from its failed step, keeping earlier outputs."""
+    from queuety import operations
+
+    operations.retry(run_id)
+
+
+def rewind(run_id: int, step: int | str) -> None:
+    """Go back to the state recorded right after ``step`` and continue from the next step."""
+    from queuety import operations
+
+    operations.rewind(run_id, step)
+
+
+def fork(run_id: int) -> int:
+    """Start a new run from this run's current state and step; return its id."""
+    from queuety import operations
+
+    return operations.fork(run_id)
+
+
+def workflow_timeline(run_id: int, limit: int = 100, offset: int = 0) -> list[dict]:
+    """Return the run's events, oldest first."""
+    from queuety import history
+
+    return history.timeline(run_id, limit, offset)
+
+
+def workflow_state_at(run_id: int, step: int | str) -> dict:
+    """Return the public state right after ``step`` (index or name) last completed."""
+    from queuety import history
+
+    return history.state_at(run_id, step)
+
+
+def export_workflow(run_id: int) -> dict:
+    """Return the run as a versioned JSON document (``format_version`` 1)."""
+    from queuety import history
+
+    return history.export(run_id)
+
+
+def replay_workflow(document) -> int:
+    """Start a run that continues where an exported one stood; return its id."""
+    from queuety import history
+
+    return history.replay(document)

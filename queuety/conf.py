@@ -40,6 +40,9 @@ DEFAULTS: dict[str, Any] = {
     # Optional dotted path of ``f(user, run) -> bool``: object-level access to a run through
     # the API (e.g. runs scoped by owner). None: every run, given the model permissions.
     "RUN_ACCESS": None,
+    # Days after which finished runs (and their steps, events, signals) are purged by the
+    # sweeper; None keeps them forever. Dispatch keys are never purged.
+    "RETENTION_DAYS": None,
     # Seconds an approval link stays valid.
     "APPROVAL_LINK_MAX_AGE": 7 * 24 * 3600,
 }

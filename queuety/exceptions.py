@@ -100,6 +100,17 @@ class RunNotWaiting(QueuetyError):
         return (type(self), (self.run_id, self.args[0]))
 
 
+class InvalidTransition(QueuetyError):
+    """An operation the run's status does not allow (resume a run that is not paused, ...)."""
+
+    def __init__(self, run_id: int, message: str) -> None:
+        super().__init__(message)
+        self.run_id = run_id
+
+    def __reduce__(self):
+        return (type(self), (self.run_id, self.args[0]))
+
+
 class AlreadyAnswered(RunNotWaiting):
     """A reply reached a wait that a person has already answered; nothing was recorded."""
 

@@ -66,12 +66,21 @@ class WorkflowRun(models.Model):
     cost_units = models.PositiveIntegerField(default=0)
     started_workflows = models.PositiveIntegerField(default=0)
     error = models.JSONField(null=True, blank=True)
+    deadline_at = models.DateTimeField(null=True, blank=True)
+    # Compensations and hooks queued after a cancel, failure or deadline: the queue and the
+    # position of the next one. Set at most once per run.
+    cleanup = models.JSONField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
-        indexes = [models.Index(fields=["status", "-id"], name="queuety_run_status")]
+        indexes = [
+            models.Index(fields=["status", "-id"], name="queuety_run_status"),
+            models.Index(fields=["deadline_at"], name="queuety_run_deadline",
+                         condition=Q(deadline_at__isnull=False)),
+            models.Index(fields=["status", "finished_at"], name="queuety_run_finished"),
+        ]
         permissions = [
             ("signal_workflowrun", "Can send signals, approvals and input to workflow runs"),
         ]
@@ -109,6 +118,9 @@ class StepRun(models.Model):
     """
 
     run = models.ForeignKey(WorkflowRun, on_delete=models.CASCADE, related_name="steps")
+    # "step": a step of the workflow; "compensation" / "hook": cleanup after a cancel, failure
+    # or deadline, which runs whatever the run's status.
+    kind = models.CharField(max_length=16, default="step", db_default="step")
     seq = models.PositiveIntegerField()
     branch = models.PositiveIntegerField(default=0, help_text="Branch or item of a fan-out step.")
     step_index = models.PositiveIntegerField()
@@ -122,10 +134,13 @@ class StepRun(models.Model):
     # it is due). The sweeper re-publishes due rows whose message looks lost.
     published_at = models.DateTimeField(null=True, blank=True)
     claimed_at = models.DateTimeField(null=True, blank=True)
-    claimed_by = models.CharField(max_length=255, blank=True, default="",
+    claimed_by = models.CharField(max_length=255, blank=True, default="", db_default="",
                                   help_text="host:pid of the process running the attempt.")
     heartbeat_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    handler = models.CharField(max_length=255, blank=True, default="", db_default="",
+                               help_text="For cleanup rows: the handler to call.")
+    input = models.JSONField(null=True, blank=True, help_text="For cleanup rows: their input.")
     output = models.JSONField(null=True, blank=True)
     error = models.JSONField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -133,7 +148,7 @@ class StepRun(models.Model):
     class Meta:
         constraints = [
             models.UniqueConstraint(
-                fields=["run", "seq", "branch"], name="queuety_step_run_seq_branch"
+                fields=["run", "kind", "seq", "branch"], name="queuety_step_run_seq_branch"
             )
         ]
         indexes = [

@@ -141,6 +141,8 @@ def dispatch(spec: WorkflowSpec, payload: dict[str, Any] | None = None, *,
                 definition_id=definition_pk, name=spec.name, state=state,
                 total_steps=len(spec.steps), status=RunStatus.RUNNING,
                 idempotency_key=idempotency_key,
+                deadline_at=None if spec.deadline_seconds is None
+                else now + timedelta(seconds=spec.deadline_seconds),
             )
             if idempotency_key is not None:
                 with connection.cursor() as cursor:
@@ -213,12 +215,13 @@ def _message(spec: WorkflowSpec, step_run_id: int, index: int,
     return Message(step_run_id, countdown, spec.steps[index].timeout, spec.queue)
 
 
-def _new_step_run(run_pk: int, spec: WorkflowSpec, index: int, *, seq: int, now) -> StepRun:
+def _new_step_run(run_pk: int, spec: WorkflowSpec, index: int, *, seq: int, now,
+                  published: bool = True) -> StepRun:
     step = spec.steps[index]
     return StepRun.objects.create(
         run_id=run_pk, seq=seq, step_index=index, step_name=step.name,
         max_attempts=effective_policy(spec, index).max_attempts, timeout=step.timeout,
-        available_at=now, published_at=now,
+        available_at=now, published_at=now if published else None,
     )
 
 
@@ -239,6 +242,8 @@ class Claim:
     claimed_at: Any = None
     usage: budgets.Usage = budgets.Usage()
     """Budget counters of the run when the step was claimed."""
+    kind: str = "step"
+    """``step``, or ``compensation`` / ``hook`` for cleanup rows."""
 
 
 _CLAIM_SET = ("status = 'processing', attempt = attempt + 1, claimed_at = %s, heartbeat_at = %s, "
@@ -248,17 +253,18 @@ _CLAIM_POSTGRES = f"""
 UPDATE queuety_steprun AS s SET {_CLAIM_SET}
   FROM queuety_workflowrun AS r
  WHERE s.id = %s AND s.status = 'pending' AND s.available_at <= %s
-   AND r.id = s.run_id AND r.status = 'running'
+   AND r.id = s.run_id AND (r.status = 'running' OR s.kind <> 'step')
 RETURNING s.run_id, s.step_index, s.seq, s.attempt, r.definition_id, r.state, r.revision,
-          r.transitions, r.cost_units, r.started_workflows
+          r.transitions, r.cost_units, r.started_workflows, s.kind
 """
 
 # SQLite cannot return columns of a joined table, so it reads the run in a second query.
 _CLAIM_SQLITE = f"""
 UPDATE queuety_steprun SET {_CLAIM_SET}
  WHERE id = %s AND status = 'pending' AND available_at <= %s
-   AND run_id IN (SELECT id FROM queuety_workflowrun WHERE status = 'running')
-RETURNING run_id, step_index, seq, attempt
+   AND (kind <> 'step'
+        OR run_id IN (SELECT id FROM queuety_workflowrun WHERE status = 'running'))
+RETURNING run_id, step_index, seq, attempt, kind
 """
 
 
@@ -281,20 +287,21 @@ def claim(step_run_id: int, now=None) -> Claim | None:
             row = cursor.fetchone()
             if row is None:
                 return None
-            run_id, step_index, seq, attempt, definition_pk, state, revision, *counters = row
+            (run_id, step_index, seq, attempt, definition_pk, state, revision,
+             *counters, kind) = row
         else:
             cursor.execute(_CLAIM_SQLITE, [stamp, stamp, worker_id(), step_run_id, stamp])
             row = cursor.fetchone()
             if row is None:
                 return None
-            run_id, step_index, seq, attempt = row
+            run_id, step_index, seq, attempt, kind = row
             cursor.execute(
                 "SELECT definition_id, state, revision, transitions, cost_units, "
                 "started_workflows FROM queuety_workflowrun WHERE id = %s", [run_id],
             )
             definition_pk, state, revision, *counters = cursor.fetchone()
     return Claim(step_run_id, run_id, step_index, seq, attempt, definition_pk, _json(state),
-                 revision, now, budgets.Usage(*counters))
+                 revision, now, budgets.Usage(*counters), kind)
 
 
 @dataclass(frozen=True, slots=True)
@@ -318,6 +325,9 @@ def execute_step(step_run_id: int) -> AttemptReport:
         _requeue_if_early(step_run_id)
         return AttemptReport(claimed=False)
     spec = load_spec(held.definition_id)
+    if held.kind != "step":
+        _execute_cleanup(held, spec)
+        return AttemptReport(claimed=True)
     step = spec.steps[held.step_index]
     threads_before = set(threading.enumerate())
     started = time.monotonic()
@@ -340,6 +350,35 @@ def execute_step(step_run_id: int) -> AttemptReport:
     except exceptions.BudgetExceeded as error:  # found under the lock: the run had moved on
         record_failure(held, spec, error, _ms_since(started))
     return AttemptReport(claimed=True)
+
+
+def _execute_cleanup(held: Claim, spec: WorkflowSpec) -> None:
+    """Run a compensation or hook row: its handler gets the recorded state; output ignored."""
+    from queuety import operations
+
+    row = StepRun.objects.only("handler", "input").get(pk=held.step_run_id)
+    started = time.monotonic()
+    try:
+        with _heartbeat(held.step_run_id, held.attempt):
+            call_handler(row.handler, dict(row.input or {}))
+    except Exception as error:  # noqa: BLE001 - recorded, then retried or skipped
+        record_failure(held, spec, error, _ms_since(started))
+        return
+    now = timezone.now()
+    with transaction.atomic():
+        if not StepRun.objects.filter(pk=held.step_run_id, status=StepStatus.PROCESSING,
+                                      attempt=held.attempt).update(
+                status=StepStatus.COMPLETED, finished_at=now):
+            return
+        Event.objects.create(run_id=held.run_id, step_run_id=held.step_run_id,
+                             kind=f"{held.kind}_completed", step_index=held.step_index,
+                             step_name=_row_name(held), attempt=held.attempt,
+                             duration_ms=_ms_since(started))
+        operations.cleanup_done(held.run_id, spec, now)
+
+
+def _row_name(held: Claim) -> str:
+    return StepRun.objects.values_list("step_name", flat=True).get(pk=held.step_run_id)
 
 
 def _usage_now(spec: WorkflowSpec, held: Claim) -> budgets.Usage:
@@ -389,9 +428,13 @@ def _record_success(held: Claim, spec: WorkflowSpec, outcome: engine.Advance,
         else:
             owned, advanced = _mark_completed(held, outcome.output, now), False
         if not owned:
-            # The sweeper took this attempt for lost and another attempt owns the row now.
-            logger.warning("Step run id=%s attempt=%s finished after it was recovered; "
+            # The run was cancelled or rewound, or the sweeper took this attempt for lost and
+            # another attempt owns the row now: the outcome must not count.
+            logger.warning("Step run id=%s attempt=%s finished after its row was taken back; "
                            "its outcome is discarded.", held.step_run_id, held.attempt)
+            completed.kind = "step_discarded"
+            completed.data["reason"] = "the attempt no longer owned its step row"
+            completed.save()
             return
         if advanced:
             return
@@ -411,14 +454,16 @@ def _transition_locked(held: Claim, spec: WorkflowSpec, output: dict[str, Any],
         BudgetExceeded: rolls back the caller's transaction, completed step row included.
     """
     run = _locked_run(held.run_id)
-    if run.status != RunStatus.RUNNING or run.current_step != held.step_index:
+    if run.status not in (RunStatus.RUNNING, RunStatus.PAUSED) or \
+            run.current_step != held.step_index:
         return False
     outcome = engine.advance(spec, held.run_id, run.state, held.step_index, output)
     usage = budgets.Usage(run.transitions + 1,
                           run.cost_units + spec.steps[held.step_index].cost_units,
                           run.started_workflows)
     _check(spec, run.pk, outcome.state, usage)
-    _land(spec, run.pk, outcome.next_index, outcome.state, usage, now, [completed])
+    _land(spec, run.pk, outcome.next_index, outcome.state, usage, now, [completed],
+          paused=run.status == RunStatus.PAUSED)
     return True
 
 
@@ -438,6 +483,10 @@ def _fail_parked(spec: WorkflowSpec, run_id: int, index: int, state: dict[str, A
                         step_name=step.name, data={"error": error}))
     Event.objects.bulk_create(events)
     logger.warning("Run id=%s failed at wait %r: %s", run_id, step.name, breach)
+    if spec.compensate_on_failure:
+        from queuety import operations
+
+        operations.start_cleanup(WorkflowRun.objects.get(pk=run_id), spec, "failure", now)
     return RunStatus.FAILED
 
 
@@ -456,7 +505,8 @@ def _check(spec: WorkflowSpec, run_id: int, state: dict[str, Any],
 
 
 def _land(spec: WorkflowSpec, run_id: int, index: int | None, state: dict[str, Any],
-          usage: budgets.Usage, now, events: list[Event], *, fail_on_breach: bool = True) -> str:
+          usage: budgets.Usage, now, events: list[Event], *, fail_on_breach: bool = True,
+          paused: bool = False) -> str:
     """Move a run (whose row this transaction has locked or created) onto step ``index``.
 
     Waits at ``index`` are settled at once from stored signals, consuming them, as long as
@@ -465,13 +515,15 @@ def _land(spec: WorkflowSpec, run_id: int, index: int | None, state: dict[str, A
 
     A wait whose settling would breach the budget fails the run there (``fail_on_breach``,
     the worker's path), keeping the state from before the wait; or raises.
+    A paused run moves but stays paused: its next task row is created unpublished and a wait
+    is not evaluated, until ``resume()``.
 
     Raises:
         BudgetExceeded: with ``fail_on_breach=False`` (a caller of ``signal()``), whose
             transaction then rolls back, so nothing is consumed or recorded.
     """
-    status = RunStatus.RUNNING
-    while index is not None and spec.steps[index].kind == "wait":
+    status = RunStatus.PAUSED if paused else RunStatus.RUNNING
+    while not paused and index is not None and spec.steps[index].kind == "wait":
         step = spec.steps[index]
         stored = list(Signal.objects.filter(
             run_id=run_id, consumed_at__isnull=True, name__in=step.wait.signals,
@@ -514,6 +566,9 @@ def _land(spec: WorkflowSpec, run_id: int, index: int | None, state: dict[str, A
     if status == RunStatus.RUNNING:
         following = _new_step_run(run_id, spec, index, seq=usage.transitions, now=now)
         publish_on_commit([_message(spec, following.pk, index)])
+    elif status == RunStatus.PAUSED and spec.steps[index].kind == "task":
+        # Ready for resume(), which publishes it; until then claims skip it.
+        _new_step_run(run_id, spec, index, seq=usage.transitions, now=now, published=False)
     Event.objects.bulk_create(events)
     return status
 
@@ -598,16 +653,23 @@ def _complete_postgres(held: Claim, spec: WorkflowSpec, outcome: engine.Advance,
 def record_failure(held: Claim, spec: WorkflowSpec, error: BaseException,
                    duration_ms: float | None) -> None:
     """Record a failed attempt: schedule the next attempt, or fail the step and its run."""
+    from queuety import operations
+
     now = timezone.now()
-    step = spec.steps[held.step_index]
-    policy = effective_policy(spec, held.step_index)
+    cleanup = held.kind != "step"
+    if cleanup:
+        row = StepRun.objects.only("handler", "step_name").get(pk=held.step_run_id)
+        policy, name = operations.cleanup_policy(spec, row.handler), row.step_name
+    else:
+        policy, name = effective_policy(spec, held.step_index), spec.steps[held.step_index].name
+    step = spec.steps[held.step_index] if held.step_index < len(spec.steps) else None
     delay = engine.retry_delay(policy, error, held.attempt)
     record = engine.describe_error(error)
     guard = StepRun.objects.filter(
         pk=held.step_run_id, status=StepStatus.PROCESSING, attempt=held.attempt
     )
     event = Event(run_id=held.run_id, step_run_id=held.step_run_id, step_index=held.step_index,
-                  step_name=step.name, attempt=held.attempt, duration_ms=duration_ms)
+                  step_name=name, attempt=held.attempt, duration_ms=duration_ms)
     with transaction.atomic():
         if delay is not None:
             due = now + timedelta(seconds=delay)
@@ -616,16 +678,23 @@ def record_failure(held: Claim, spec: WorkflowSpec, error: BaseException,
                                 published_at=due if on_broker else None, error=record,
                                 claimed_at=None, heartbeat_at=None):
                 return
-            event.kind = "step_retried"
+            event.kind = f"{held.kind}_retried"
             event.data = {"error": record, "retry_in": round(delay, 6),
                           "retry_at": due.isoformat(), "max_attempts": policy.max_attempts}
             event.save()
             if on_broker:
-                publish_on_commit([_message(spec, held.step_run_id, held.step_index, delay)])
+                publish_on_commit([Message(held.step_run_id, delay,
+                                           None if cleanup else step.timeout, spec.queue)])
             logger.info("Step run id=%s attempt=%s failed (%s); retry in %.3fs",
                         held.step_run_id, held.attempt, record["type"], delay)
             return
         if not guard.update(status=StepStatus.FAILED, finished_at=now, error=record):
+            return
+        if cleanup:  # a failed compensation is recorded and skipped; the next one runs
+            event.kind = f"{held.kind}_failed"
+            event.data = {"error": record, "max_attempts": policy.max_attempts}
+            event.save()
+            operations.cleanup_done(held.run_id, spec, now)
             return
         run_error = {
             "type": record["type"], "message": record["message"], "step": step.name,
@@ -634,7 +703,8 @@ def record_failure(held: Claim, spec: WorkflowSpec, error: BaseException,
         }
         if isinstance(error, exceptions.BudgetExceeded):
             run_error.update(budget=error.budget, limit=error.limit, used=error.used)
-        WorkflowRun.objects.filter(pk=held.run_id, status=RunStatus.RUNNING).update(
+        failed = WorkflowRun.objects.filter(
+            pk=held.run_id, status__in=(RunStatus.RUNNING, RunStatus.PAUSED)).update(
             status=RunStatus.FAILED, error=run_error, finished_at=now, updated_at=now,
             revision=F("revision") + 1,
         )
@@ -643,6 +713,9 @@ def record_failure(held: Claim, spec: WorkflowSpec, error: BaseException,
         Event.objects.bulk_create([
             event, Event(run_id=held.run_id, kind="workflow_failed", data={"error": run_error}),
         ])
+        if failed and spec.compensate_on_failure:
+            operations.start_cleanup(WorkflowRun.objects.get(pk=held.run_id), spec, "failure",
+                                     now)
     logger.warning("Run id=%s failed at step %r attempt %s: %s: %s", held.run_id, step.name,
                    held.attempt, record["type"], record["message"])
 
@@ -729,7 +802,7 @@ def _claim_of(row: StepRun) -> Claim:
     return Claim(row.pk, row.run_id, row.step_index, row.seq, row.attempt,
                  row.run.definition_id, row.run.state, row.run.revision, row.claimed_at,
                  budgets.Usage(row.run.transitions, row.run.cost_units,
-                               row.run.started_workflows))
+                               row.run.started_workflows), row.kind)
 
 
 def _interruption(row: StepRun, timed_out: bool) -> BaseException:
@@ -760,12 +833,14 @@ def sweep(now=None) -> dict[str, int]:
     Safe to run concurrently with workers and with itself: every change is guarded by the row's
     status and attempt. Returns counts of what it did.
     """
+    from queuety import operations
+
     now = now or timezone.now()
-    recovered = _recover_lost(now)
-    republished = _republish_due(now)
-    if recovered or republished:
-        logger.info("Sweep recovered=%s republished=%s", recovered, republished)
-    return {"recovered": recovered, "republished": republished}
+    report = {"recovered": _recover_lost(now), "republished": _republish_due(now),
+              "overdue": operations.fail_overdue(now), "purged": operations.purge_finished(now)}
+    if any(report.values()):
+        logger.info("Sweep %s", " ".join(f"{k}={v}" for k, v in report.items()))
+    return report
 
 
 def _recover_lost(now) -> int:
@@ -791,15 +866,17 @@ def _republish_due(now) -> int:
     with transaction.atomic():
         rows = list(
             StepRun.objects.select_for_update(skip_locked=True, of=("self",))
-            .filter(status=StepStatus.PENDING, available_at__lte=now,
-                    run__status=RunStatus.RUNNING)
+            .filter(Q(run__status=RunStatus.RUNNING) | ~Q(kind="step"),
+                    status=StepStatus.PENDING, available_at__lte=now)
             .filter(Q(published_at__isnull=True) | Q(published_at__lt=silent_since))
-            .values_list("pk", "step_index", "run__definition_id")[:1000]
+            .values_list("pk", "step_index", "run__definition_id", "kind")[:1000]
         )
         if rows:
-            StepRun.objects.filter(pk__in=[pk for pk, _, _ in rows]).update(published_at=now)
+            StepRun.objects.filter(pk__in=[row[0] for row in rows]).update(published_at=now)
             publish_on_commit([_message(load_spec(definition_pk), pk, index)
-                               for pk, index, definition_pk in rows])
+                               if kind == "step" else
+                               Message(pk, None, None, load_spec(definition_pk).queue)
+                               for pk, index, definition_pk, kind in rows])
     return len(rows)
 
 

@@ -194,3 +194,32 @@ def interfere_then_jump(state):
 def deny_all(user, run):
     """A QUEUETY["RUN_ACCESS"] hook that grants nothing."""
     return False
+
+
+def undo(state):
+    """A compensation: records the state it was given."""
+    import json as _json
+
+    mark(f"{state['token']}-undo", _json.dumps(state.get("log", [])))
+
+
+class FlakyUndo(queuety.Step):
+    """A compensation that fails on its first attempt, with a retry policy of its own."""
+
+    retry = queuety.RetryPolicy(max_attempts=3, initial_delay=0.2, jitter=0)
+
+    def handle(self, state):
+        token = f"{state['token']}-flakyundo"
+        first = not marks(token)
+        mark(token)
+        if first:
+            raise ConnectionError("compensation backend unavailable")
+
+
+def broken_undo(state):
+    mark(f"{state['token']}-broken")
+    raise RuntimeError("this compensation always fails")
+
+
+def hook(state):
+    mark(f"{state['token']}-hook", ",".join(sorted(state)))

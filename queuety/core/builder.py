@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from queuety import exceptions
+from queuety.core import waits
 from queuety.core.budget import Budget
 from queuety.core.definition import StepSpec, WorkflowSpec
 from queuety.core.handlers import resolve_handler
 from queuety.core.retry import RetryPolicy
-from queuety.core import waits
 
 
 class WorkflowBuilder:
@@ -21,17 +22,13 @@ class WorkflowBuilder:
         full = base.then(Charge).then(Ship)     # ``base`` still has one step
     """
 
-    __slots__ = ("_name", "_steps", "_retry", "_queue", "_version", "_budget", "_key",
-                 "_on_conflict")
+    __slots__ = ("_name", "_steps", "_options", "_key", "_on_conflict")
 
     def __init__(
         self,
         name: str,
         steps: tuple[StepSpec, ...] = (),
-        retry: RetryPolicy | None = None,
-        queue: str | None = None,
-        version: str | None = None,
-        budget: Budget | None = None,
+        options: dict[str, Any] | None = None,
         key: str | None = None,
         on_conflict: str = "report",
     ) -> None:
@@ -41,18 +38,22 @@ class WorkflowBuilder:
             )
         self._name = name.strip()
         self._steps = steps
-        self._retry = retry
-        self._queue = queue
-        self._version = version
-        self._budget = budget or Budget()
+        # Workflow-level fields of the WorkflowSpec (retry, queue, version, budget, ...).
+        self._options: dict[str, Any] = options or {}
         self._key = key
         self._on_conflict = on_conflict
 
     def _copy(self, **changes: Any) -> WorkflowBuilder:
-        values = {"name": self._name, "steps": self._steps, "retry": self._retry,
-                  "queue": self._queue, "version": self._version, "budget": self._budget,
+        values = {"name": self._name, "steps": self._steps, "options": self._options,
                   "key": self._key, "on_conflict": self._on_conflict, **changes}
         return WorkflowBuilder(**values)
+
+    def _with(self, **options: Any) -> WorkflowBuilder:
+        return self._copy(options={**self._options, **options})
+
+    @property
+    def _budget(self) -> Budget:
+        return self._options.get("budget", Budget())
 
     def then(
         self,
@@ -195,7 +196,7 @@ class WorkflowBuilder:
             raise exceptions.WorkflowDefinitionError(
                 f".retry() takes a queuety.RetryPolicy (got {policy!r})."
             )
-        return self._copy(retry=policy)
+        return self._with(retry=policy)
 
     def on_queue(self, queue: str) -> WorkflowBuilder:
         """Send this workflow's step messages to the Celery queue ``queue``.
@@ -206,7 +207,7 @@ class WorkflowBuilder:
             raise exceptions.WorkflowDefinitionError(
                 f"on_queue() needs a non-blank queue name (got {queue!r})."
             )
-        return self._copy(queue=queue.strip())
+        return self._with(queue=queue.strip())
 
     def version(self, label: str) -> WorkflowBuilder:
         """Label this definition (``"research.v2"``); shown by status, the admin and exports."""
@@ -214,7 +215,7 @@ class WorkflowBuilder:
             raise exceptions.WorkflowDefinitionError(
                 f"Workflow {self._name!r}: version() needs a non-blank label (got {label!r})."
             )
-        return self._copy(version=label.strip())
+        return self._with(version=label.strip())
 
     def idempotency_key(self, key: str, *, on_conflict: str = "report") -> WorkflowBuilder:
         """Make dispatch idempotent: a second dispatch with ``key`` returns the first run's id.
@@ -241,7 +242,7 @@ class WorkflowBuilder:
         return self._copy(key=key.strip(), on_conflict=on_conflict)
 
     def _limit(self, name: str, value: int) -> WorkflowBuilder:
-        return self._copy(budget=Budget(**{**self._budget.to_dict(), name: value}))
+        return self._with(budget=Budget(**{**self._budget.to_dict(), name: value}))
 
     def max_transitions(self, limit: int) -> WorkflowBuilder:
         """Fail the run when it would complete more than ``limit`` step boundaries."""
@@ -263,10 +264,42 @@ class WorkflowBuilder:
         """Fail the run when it would start more than ``limit`` child workflows."""
         return self._limit("max_started_workflows", limit)
 
+    # -- compensation, cancellation, deadlines ------------------------------------------------
+
+    def compensate_with(self, handler: Any) -> WorkflowBuilder:
+        """Undo the last added step with ``handler`` if the run is cancelled (or fails, with
+        :meth:`compensate_on_failure`). It gets the state as it was right after that step."""
+        if not self._steps:
+            raise exceptions.WorkflowDefinitionError(
+                "Cannot attach a compensation before adding a step.")
+        path, _ = resolve_handler(handler)
+        last = replace(self._steps[-1], compensation=path)
+        return self._copy(steps=self._steps[:-1] + (last,))
+
+    def compensate_on_failure(self) -> WorkflowBuilder:
+        """Also run compensations when the run fails (by default only a cancel runs them)."""
+        return self._with(compensate_on_failure=True)
+
+    def on_cancel(self, handler: Any) -> WorkflowBuilder:
+        """Call ``handler(state)`` (durably, after compensations) when the run is cancelled."""
+        return self._with(on_cancel=resolve_handler(handler)[0])
+
+    def must_complete_within(self, seconds: float = 0, minutes: float = 0, hours: float = 0,
+                             days: float = 0) -> WorkflowBuilder:
+        """Fail the run (waiting or paused too) if it has not completed in this long."""
+        total = seconds + 60 * minutes + 3600 * hours + 86400 * days
+        if total <= 0:
+            raise exceptions.WorkflowDefinitionError(
+                f"must_complete_within() needs a positive duration (got {total:g}s).")
+        return self._with(deadline_seconds=float(total))
+
+    def on_deadline(self, handler: Any) -> WorkflowBuilder:
+        """Call ``handler(state)`` (durably) when the run misses its deadline."""
+        return self._with(on_deadline=resolve_handler(handler)[0])
+
     def build(self) -> WorkflowSpec:
         """Return the immutable definition (validated)."""
-        return WorkflowSpec(name=self._name, steps=self._steps, retry=self._retry,
-                            queue=self._queue, version=self._version, budget=self._budget)
+        return WorkflowSpec(name=self._name, steps=self._steps, **self._options)
 
     def dispatch(self, payload: dict[str, Any] | None = None) -> int:
         """Start a run of this workflow with ``payload`` as its initial state; return its id.

@@ -42,6 +42,8 @@ class StepSpec:
     """Units added to the run's ``cost_units`` when the step completes (resolved at build)."""
     wait: WaitSpec | None = None
     """For ``wait`` steps: what they wait for."""
+    compensation: str | None = None
+    """Dotted path of the handler that undoes this step (``compensate_with()``)."""
 
     def to_dict(self) -> dict[str, Any]:
         """Return the JSON form."""
@@ -53,6 +55,7 @@ class StepSpec:
             "timeout": self.timeout,
             "cost_units": self.cost_units,
             "wait": None if self.wait is None else self.wait.to_dict(),
+            "compensation": self.compensation,
         }
 
     @classmethod
@@ -68,6 +71,7 @@ class StepSpec:
             retry=None if retry is None else RetryPolicy.from_dict(retry),
             timeout=data.get("timeout"),
             cost_units=data.get("cost_units", 1),
+            compensation=data.get("compensation"),
         )
 
 
@@ -84,6 +88,14 @@ class WorkflowSpec:
     version: str | None = None
     """The label given with ``.version()``, shown by status, admin and exports."""
     budget: Budget = field(default_factory=Budget)
+    compensate_on_failure: bool = False
+    """Run compensations when the run fails, not only when it is cancelled."""
+    on_cancel: str | None = None
+    """Dotted path of a handler called (durably) after a cancel's compensations."""
+    deadline_seconds: float | None = None
+    """The run fails if it has not completed this many seconds after dispatch."""
+    on_deadline: str | None = None
+    """Dotted path of a handler called (durably) when the deadline fails the run."""
     _index: dict[str, int] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -125,6 +137,10 @@ class WorkflowSpec:
             "version": self.version,
             "budget": self.budget.to_dict(),
             "queue": self.queue,
+            "compensate_on_failure": self.compensate_on_failure,
+            "on_cancel": self.on_cancel,
+            "deadline_seconds": self.deadline_seconds,
+            "on_deadline": self.on_deadline,
             "retry": None if self.retry is None else self.retry.to_dict(),
             "steps": [step.to_dict() for step in self.steps],
         }
@@ -145,6 +161,10 @@ class WorkflowSpec:
             queue=data.get("queue"),
             version=data.get("version"),
             budget=Budget.from_dict(data.get("budget")),
+            compensate_on_failure=data.get("compensate_on_failure", False),
+            on_cancel=data.get("on_cancel"),
+            deadline_seconds=data.get("deadline_seconds"),
+            on_deadline=data.get("on_deadline"),
         )
 
     def canonical_json(self) -> str:

@@ -57,8 +57,8 @@ def test_attempt_recovered_meanwhile__late_outcome_is_discarded_and_retry_owns_t
     step = StepRun.objects.get(run_id=run_id, seq=0)
     assert (step.status, step.attempt) == ("completed", 2)
     timeline = kinds(run_id)
-    assert timeline == ["workflow_started", "step_retried", "step_completed", "step_completed",
-                        "workflow_completed"]
+    assert timeline == ["workflow_started", "step_retried", "step_discarded", "step_completed",
+                        "step_completed", "workflow_completed"]
     retried = Event.objects.get(run_id=run_id, kind="step_retried")
     assert retried.data["error"]["type"] == "queuety.exceptions.WorkerLost"
 

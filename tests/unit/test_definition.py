@@ -31,7 +31,7 @@ spec = (queuety.workflow("golden")
 
 # Pinned: a change here means every stored definition changes identity. Bump DEFINITION_FORMAT
 # and say so in the changelog if it is ever intended.
-GOLDEN_HASH = "cad009a2df7c76e9c6cd97957753a401b3a448c50580d898bb17534bd79edc23"
+GOLDEN_HASH = "51dd5979d3144ee359daba165755340e4a1ad0c81268f9ef0ff6964a893dea8c"
 
 
 def reference_spec() -> WorkflowSpec:
@@ -51,7 +51,7 @@ def test_definition_hash__golden_value():
     assert spec.definition_hash == GOLDEN_HASH
     assert json.loads(spec.canonical_json())["steps"][1] == {
         "handler": "tests.workflows.StepB", "kind": "task", "name": "b", "timeout": 30.0,
-        "cost_units": 1, "wait": None,
+        "cost_units": 1, "wait": None, "compensation": None,
         "retry": {"backoff_factor": 2.0, "initial_delay": 0.5, "jitter": 0.1,
                   "max_attempts": 4, "max_delay": 60.0,
                   "retry_on": ["builtins.ConnectionError", "queuety.exceptions.StepTimeout"]},

@@ -8,7 +8,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from queuety import exceptions, services
+from queuety import exceptions, history, operations, services
 from queuety.core.status import WorkflowStatus
 
 
@@ -57,10 +57,13 @@ class Command(BaseCommand):
     help = "Inspect and operate Queuety workflow runs."
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        groups = parser.add_subparsers(dest="group", required=True, metavar="{workflow,sweep}")
+        groups = parser.add_subparsers(dest="group", required=True,
+                                       metavar="{workflow,status,sweep}")
         workflow = groups.add_parser("workflow", help="Workflow runs.")
         actions = workflow.add_subparsers(dest="action", required=True,
-                                          metavar="{status,list,approve,reject,input,signal}")
+                                          metavar="{status,list,retry,pause,resume,cancel,"
+                                                  "approve,reject,input,signal,timeline,"
+                                                  "state-at,rewind,fork,export,replay}")
 
         status = actions.add_parser("status", help="Show one run.")
         status.add_argument("run_id", type=_run_id)
@@ -84,6 +87,35 @@ class Command(BaseCommand):
         signal.add_argument("name")
         signal.add_argument("--data", default=None, help="JSON data of the signal.")
 
+        for action, what in (("retry", "Run a failed run again from its failed step."),
+                             ("pause", "Pause a running or waiting run."),
+                             ("resume", "Resume a paused run."),
+                             ("cancel", "Cancel a run (compensations run afterwards)."),
+                             ("fork", "Start a new run from this run's current state.")):
+            op = actions.add_parser(action, help=what)
+            op.add_argument("run_id", type=_run_id)
+        timeline = actions.add_parser("timeline", help="Show a run's events.")
+        timeline.add_argument("run_id", type=_run_id)
+        timeline.add_argument("--limit", type=_limit, default=100)
+        timeline.add_argument("--offset", type=int, default=0)
+        timeline.add_argument("--format", choices=["table", "json"], default="table")
+        for action, what in (("state-at", "Show the state right after a step completed."),
+                             ("rewind", "Go back to the state right after a step.")):
+            op = actions.add_parser(action, help=what)
+            op.add_argument("run_id", type=_run_id)
+            op.add_argument("step", help="Step index or name.")
+            if action == "state-at":
+                op.add_argument("--format", choices=["text", "json"], default="text")
+        export = actions.add_parser("export", help="Export a run as JSON.")
+        export.add_argument("run_id", type=_run_id)
+        export.add_argument("--output", default=None, help="File to write (default stdout).")
+        replay = actions.add_parser("replay", help="Start a run from an export file.")
+        replay.add_argument("file")
+
+        overview = groups.add_parser("status", help="Runs per status and the oldest due "
+                                                    "pending step's age.")
+        overview.add_argument("--format", choices=["text", "json"], default="text")
+
         groups.add_parser("sweep", help="Run the sweeper once (recover lost steps, re-publish "
                                         "due ones) and print what it did.")
 
@@ -91,7 +123,109 @@ class Command(BaseCommand):
         if options["group"] == "sweep":
             self.stdout.write(_json(services.sweep()))
             return
-        getattr(self, f"_{options['action']}")(**options)
+        if options["group"] == "status":
+            self._overview(**options)
+            return
+        getattr(self, f"_{options['action'].replace('-', '_')}")(**options)
+
+    def _overview(self, format: str, **options: Any) -> None:
+        data = operations.overview()
+        if format == "json":
+            self.stdout.write(_json(data))
+            return
+        for status, count in data["runs"].items():
+            self.stdout.write(f"{status + ':':<23}{count}")
+        age = data["oldest_pending_step_age_seconds"]
+        self.stdout.write(f"{'Oldest pending step:':<23}" + ("-" if age is None else f"{age}s"))
+
+    def _retry(self, run_id: int, **options: Any) -> None:
+        self._call(operations.retry, run_id, actor="manage.py")
+        self.stdout.write(f"Success: Workflow #{run_id} scheduled for retry.")
+
+    def _pause(self, run_id: int, **options: Any) -> None:
+        self._call(operations.pause, run_id, actor="manage.py")
+        self.stdout.write(f"Success: Workflow #{run_id} paused.")
+
+    def _resume(self, run_id: int, **options: Any) -> None:
+        self._call(operations.resume, run_id, actor="manage.py")
+        self.stdout.write(f"Success: Workflow #{run_id} resumed.")
+
+    def _cancel(self, run_id: int, **options: Any) -> None:
+        self._call(operations.cancel, run_id, actor="manage.py")
+        self.stdout.write(f"Success: Workflow #{run_id} cancelled.")
+
+    def _fork(self, run_id: int, **options: Any) -> None:
+        new = self._call(operations.fork, run_id, actor="manage.py")
+        self.stdout.write(f"Success: Workflow #{run_id} forked. New workflow ID: {new}.")
+
+    def _timeline(self, run_id: int, limit: int, offset: int, format: str,
+                  **options: Any) -> None:
+        events = self._call(history.timeline, run_id, limit, offset)
+        if format == "json":
+            self.stdout.write(_json(events))
+            return
+        if not events:
+            self.stdout.write(f"No events found for workflow #{run_id}.")
+            return
+        header = ["ID", "Step", "Event", "Attempt", "Duration_ms", "Error", "Created_at"]
+        rows = [[str(e["id"]), e["step_name"] or "-", e["kind"], str(e["attempt"] or "-"),
+                 "-" if e["duration_ms"] is None else f"{e['duration_ms']:g}",
+                 ((e["data"] or {}).get("error") or {}).get("message", "-")[:60],
+                 e["created_at"]] for e in events]
+        self._table(header, rows)
+
+    def _state_at(self, run_id: int, step: str, format: str = "text", **options: Any) -> None:
+        where = int(step) if step.isdigit() else step
+        try:
+            state = self._call(history.state_at, run_id, where)
+        except LookupError:
+            raise Error(f"No recorded state found for workflow #{run_id} at step "
+                        f"{step}.") from None
+        if format == "json":
+            self.stdout.write(_json(state))
+            return
+        self.stdout.write(f"State at step {step} for workflow #{run_id}:")
+        self.stdout.write(_json(state))
+
+    def _rewind(self, run_id: int, step: str, **options: Any) -> None:
+        where = int(step) if step.isdigit() else step
+        try:
+            self._call(operations.rewind, run_id, where, actor="manage.py")
+        except LookupError:
+            raise Error(f"No recorded state found for workflow #{run_id} at step "
+                        f"{step}.") from None
+        self.stdout.write(f"Success: Workflow #{run_id} rewound to step {step}.")
+
+    def _export(self, run_id: int, output: str | None, **options: Any) -> None:
+        document = self._call(history.export, run_id)
+        text = json.dumps(document, indent=4, ensure_ascii=False)
+        if output is None:
+            self.stdout.write(text)
+            return
+        try:
+            with open(output, "w") as handle:
+                handle.write(text + "\n")
+        except OSError as error:
+            raise Error(f"Unable to write workflow export to {output}: {error}.") from None
+        self.stdout.write(f"Success: Workflow #{run_id} exported to {output}.")
+
+    def _replay(self, file: str, **options: Any) -> None:
+        try:
+            with open(file) as handle:
+                text = handle.read()
+        except FileNotFoundError:
+            raise Error(f"File not found: {file}") from None
+        try:
+            document = json.loads(text)
+        except ValueError as error:
+            raise Error(f"Invalid JSON: {error}") from None
+        new = self._call(history.replay, document)
+        self.stdout.write(f"Success: Workflow replayed. New workflow ID: {new}.")
+
+    def _table(self, header: list[str], rows: list[list[str]]) -> None:
+        widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+        for row in [header, *rows]:
+            self.stdout.write("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
 
     def _approve(self, **options: Any) -> None:
         self._reply("approve", "Approval sent to", **options)
@@ -153,9 +287,7 @@ class Command(BaseCommand):
                  run.definition_hash[:12], run.status,
                  f"{run.current_step}/{run.total_steps}", run.current_step_name or "-"]
                 for run in runs]
-        widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
-        for row in [header, *rows]:
-            self.stdout.write("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+        self._table(header, rows)
 
 
 def format_status(status: WorkflowStatus) -> list[str]:

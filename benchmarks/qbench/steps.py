@@ -1,0 +1,33 @@
+"""Queuety step handlers of the benchmark workflows (imported by the workers by dotted path)."""
+
+from __future__ import annotations
+
+_redis = None
+
+
+def noop(state):
+    """A step that does nothing and returns nothing."""
+    return None
+
+
+def noop2(state):
+    """A second no-op (step names must be unique within a workflow)."""
+    return None
+
+
+def noop3(state):
+    """A third no-op."""
+    return None
+
+
+def notify(state):
+    """LPUSH to ``state["done_key"]``: the latency client BLPOPs on it."""
+    global _redis
+    if _redis is None:
+        import redis
+
+        from qbench import env
+
+        _redis = redis.Redis.from_url(env.REDIS_URL)
+    _redis.lpush(state["done_key"], 1)
+    return None

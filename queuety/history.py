@@ -1,0 +1,278 @@
+"""A run's history: the timeline, the state at a step, export and replay.
+
+The timeline is the ``Event`` table. Every transition records what it merged (``output``), and
+every event that resets the state (rewind, fork, replay) records the whole public state, so the
+state after any step can be rebuilt from the events alone.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any
+
+import jsonschema
+from django.db import transaction
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
+
+from queuety import __version__, exceptions
+from queuety.core.definition import WorkflowSpec
+from queuety.core.handlers import resolve_handler
+from queuety.models import Event, RunStatus, Signal, StepRun, WorkflowRun
+
+#: Version of the export document's shape; bumped on incompatible changes.
+EXPORT_FORMAT = 1
+
+#: Event kinds that carry the run's whole public state in ``data["state"]``.
+STATE_RESETS = ("workflow_started", "workflow_rewound", "workflow_forked", "workflow_replayed")
+#: Event kinds whose ``data["output"]`` was merged into the state.
+MERGES = ("step_completed", "wait_settled")
+
+
+def _get_run(run_id: int) -> WorkflowRun:
+    try:
+        return WorkflowRun.objects.get(pk=run_id)
+    except (WorkflowRun.DoesNotExist, ValueError, TypeError):
+        raise exceptions.RunNotFound(run_id) from None
+
+
+def _event_dict(event: Event) -> dict[str, Any]:
+    return {"id": event.pk, "kind": event.kind, "step_index": event.step_index,
+            "step_name": event.step_name, "attempt": event.attempt,
+            "duration_ms": event.duration_ms, "data": event.data,
+            "created_at": event.created_at.isoformat()}
+
+
+def timeline(run_id: int, limit: int = 100, offset: int = 0) -> list[dict[str, Any]]:
+    """Return run ``run_id``'s events, oldest first (``queuety.workflow_timeline()``).
+
+    Raises:
+        RunNotFound: no such run.
+    """
+    _get_run(run_id)
+    events = Event.objects.filter(run_id=run_id).order_by("pk")[offset:offset + limit]
+    return [_event_dict(event) for event in events]
+
+
+def states_after_steps(run_id: int) -> dict[int, dict[str, Any]]:
+    """Rebuild, from the timeline, the public state after each step's latest completion."""
+    state: dict[str, Any] = {}
+    after: dict[int, dict[str, Any]] = {}
+    for kind, step_index, data in (Event.objects.filter(run_id=run_id).order_by("pk")
+                                   .values_list("kind", "step_index", "data")):
+        if kind in STATE_RESETS and "state" in (data or {}):
+            state = dict(data["state"])
+        elif kind in MERGES:
+            output = data.get("output") or {}
+            state = {**state, **{k: v for k, v in output.items() if not k.startswith("_")}}
+            after[step_index] = dict(state)
+    return after
+
+
+def state_at(run_id: int, step: int | str) -> dict[str, Any]:
+    """Return the public state right after step ``step`` (index or name) last completed.
+
+    Raises:
+        RunNotFound: no such run.
+        LookupError: the step never completed in this run.
+    """
+    from queuety import services
+
+    run = _get_run(run_id)
+    spec = services.load_spec(run.definition_id)
+    index = step if isinstance(step, int) else spec.index_of(step)
+    after = states_after_steps(run_id)
+    if index not in after:
+        raise LookupError(f"No recorded state found for workflow run {run_id} at step {step}.")
+    return after[index]
+
+
+# -- export -----------------------------------------------------------------------------------
+
+def _iso(value: datetime | None) -> str | None:
+    return None if value is None else value.isoformat()
+
+
+def export(run_id: int) -> dict[str, Any]:
+    """Return run ``run_id`` as a versioned JSON document (``queuety.export_workflow()``)."""
+    from queuety import services
+
+    run = _get_run(run_id)
+    spec = services.load_spec(run.definition_id)
+    status = services.workflow_status(run_id)
+    steps = StepRun.objects.filter(run_id=run_id).order_by("pk")
+    return {
+        "format_version": EXPORT_FORMAT,
+        "queuety_version": __version__,
+        "exported_at": timezone.now().isoformat(),
+        "run": {
+            "id": run.pk, "name": run.name, "status": run.status, "state": run.state,
+            "current_step": run.current_step, "total_steps": run.total_steps,
+            "current_step_name": status.current_step_name,
+            "definition_version": spec.version, "definition_hash": spec.definition_hash,
+            "idempotency_key": run.idempotency_key, "budget": status.budget,
+            "counters": {"transitions": run.transitions, "cost_units": run.cost_units,
+                         "started_workflows": run.started_workflows},
+            "error": run.error, "deadline_at": _iso(run.deadline_at),
+            "created_at": _iso(run.created_at), "finished_at": _iso(run.finished_at),
+        },
+        "definition": spec.to_dict(),
+        "steps": [{
+            "id": s.pk, "kind": s.kind, "seq": s.seq, "branch": s.branch,
+            "step_index": s.step_index, "step_name": s.step_name, "status": s.status,
+            "attempt": s.attempt, "max_attempts": s.max_attempts, "timeout": s.timeout,
+            "available_at": _iso(s.available_at), "claimed_at": _iso(s.claimed_at),
+            "finished_at": _iso(s.finished_at), "output": s.output, "error": s.error,
+        } for s in steps],
+        "events": [_event_dict(e) for e in Event.objects.filter(run_id=run_id).order_by("pk")],
+        "signals": [{
+            "id": s.pk, "name": s.name, "payload": s.payload, "sent_by": s.sent_by,
+            "received_at": _iso(s.received_at), "consumed_at": _iso(s.consumed_at),
+            "consumed_by_step": s.consumed_by_step,
+        } for s in Signal.objects.filter(run_id=run_id).order_by("pk")],
+    }
+
+
+# -- replay -----------------------------------------------------------------------------------
+
+_NULLABLE_STRING = {"type": ["string", "null"]}
+
+#: The shape replay accepts; anything else is refused before a row is written.
+EXPORT_SCHEMA = {
+    "type": "object",
+    "required": ["format_version", "run", "definition", "events", "signals"],
+    "properties": {
+        "format_version": {"const": EXPORT_FORMAT},
+        "run": {
+            "type": "object",
+            "required": ["name", "status", "state", "current_step", "definition_hash",
+                         "counters"],
+            "properties": {
+                "name": {"type": "string", "minLength": 1},
+                "status": {"enum": list(RunStatus.values)},
+                "state": {"type": "object"},
+                "current_step": {"type": "integer", "minimum": 0},
+                "definition_hash": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
+                "counters": {"type": "object", "properties": {
+                    name: {"type": "integer", "minimum": 0}
+                    for name in ("transitions", "cost_units", "started_workflows")}},
+                "error": {"type": ["object", "null"]},
+            },
+        },
+        "definition": {"type": "object", "required": ["name", "steps"]},
+        "events": {"type": "array", "items": {
+            "type": "object", "required": ["kind", "data"],
+            "properties": {"kind": {"type": "string"}, "data": {"type": ["object", "null"]},
+                           "step_name": _NULLABLE_STRING, "created_at": _NULLABLE_STRING}}},
+        "signals": {"type": "array", "items": {
+            "type": "object", "required": ["name"],
+            "properties": {"name": {"type": "string", "minLength": 1},
+                           "consumed_at": _NULLABLE_STRING}}},
+    },
+}
+
+
+def _refuse(problem: str) -> exceptions.WorkflowDefinitionError:
+    return exceptions.WorkflowDefinitionError(f"Invalid export document: {problem}")
+
+
+def read_document(document: Any) -> tuple[dict[str, Any], WorkflowSpec]:
+    """Validate an export document; return it with its definition, or raise naming the fault."""
+    if isinstance(document, str | bytes):
+        try:
+            document = json.loads(document)
+        except ValueError as error:
+            raise _refuse(f"not JSON ({error}).") from None
+    errors = sorted(jsonschema.Draft202012Validator(EXPORT_SCHEMA).iter_errors(document),
+                    key=lambda e: list(e.absolute_path))
+    if errors:
+        where = "/".join(str(p) for p in errors[0].absolute_path) or "(root)"
+        raise _refuse(f"at {where}: {errors[0].message}.")
+    try:
+        spec = WorkflowSpec.from_dict(document["definition"])
+    except (exceptions.WorkflowDefinitionError, KeyError, TypeError, ValueError) as error:
+        raise _refuse(f"its definition cannot be read ({error}).") from None
+    run = document["run"]
+    if spec.definition_hash != run["definition_hash"]:
+        raise _refuse(f"the definition's hash is {spec.definition_hash}, not the "
+                      f"{run['definition_hash']} the run names; the document was altered.")
+    if spec.name != run["name"]:
+        raise _refuse(f"the run is named {run['name']!r} but its definition {spec.name!r}.")
+    if run["current_step"] > len(spec.steps):
+        raise _refuse(f"current_step {run['current_step']} is past the definition's "
+                      f"{len(spec.steps)} steps.")
+    for step in spec.steps:
+        for path in filter(None, (step.handler, step.compensation)):
+            try:
+                resolve_handler(path)
+            except exceptions.WorkflowDefinitionError as error:
+                raise _refuse(f"step {step.name!r} names a handler this site cannot run: "
+                              f"{error}") from None
+    return document, spec
+
+
+def replay(document: Any) -> int:
+    """Start a new run that continues where an exported run stood; return its id.
+
+    A waiting run waits again (its unconsumed signals come along); a running run gets its
+    current step scheduled; paused, failed, completed and cancelled runs keep their status.
+    The timeline is copied, then a ``workflow_replayed`` event is added. The idempotency key
+    stays with the original run.
+
+    Raises:
+        WorkflowDefinitionError: the document is malformed, altered, or names handlers this
+            site cannot import; nothing is written.
+    """
+    from queuety import services
+
+    document, spec = read_document(document)
+    source = document["run"]
+    now = timezone.now()
+    definition_pk = services.definition_id(spec)
+    counters = source["counters"]
+    status = source["status"]
+    with transaction.atomic():
+        run = WorkflowRun.objects.create(
+            definition_id=definition_pk, name=spec.name, state=source["state"],
+            total_steps=len(spec.steps), current_step=source["current_step"],
+            status=RunStatus.PAUSED if status in (RunStatus.RUNNING,
+                                                  RunStatus.WAITING_FOR_SIGNAL) else status,
+            error=source.get("error"), transitions=counters.get("transitions", 0),
+            cost_units=counters.get("cost_units", 0),
+            started_workflows=counters.get("started_workflows", 0),
+            finished_at=now if status in services.FINISHED else None,
+            deadline_at=(now + _deadline_left(source, now)) if spec.deadline_seconds else None,
+        )
+        Event.objects.bulk_create([Event(
+            run_id=run.pk, kind=e["kind"], step_index=e.get("step_index"),
+            step_name=e.get("step_name") or "", attempt=e.get("attempt"),
+            duration_ms=e.get("duration_ms"), data=e.get("data") or {},
+        ) for e in document["events"]])
+        Signal.objects.bulk_create([Signal(
+            run_id=run.pk, name=s["name"], payload=s.get("payload"),
+            sent_by=s.get("sent_by") or "", consumed_at=_when(s.get("consumed_at")),
+            consumed_by_step=s.get("consumed_by_step") or "",
+        ) for s in document["signals"]])
+        Event.objects.create(run=run, kind="workflow_replayed", data={
+            "source_run_id": source.get("id"), "source_status": status,
+            "definition_hash": spec.definition_hash, "state": source["state"]})
+        if status in (RunStatus.RUNNING, RunStatus.WAITING_FOR_SIGNAL):
+            # Created paused, then resumed: resuming lands the run on its current step
+            # (a task gets its row and message, a wait is evaluated), exactly once.
+            from queuety import operations
+
+            operations.resume(run.pk, actor="replay")
+    return run.pk
+
+
+def _when(text: str | None):
+    return parse_datetime(text) if text else None
+
+
+def _deadline_left(source: dict[str, Any], now):
+    from datetime import timedelta
+
+    deadline = _when(source.get("deadline_at"))
+    exported = _when(source.get("exported_at")) or now
+    return max(deadline - exported, timedelta(0)) if deadline else timedelta(0)
