@@ -13,13 +13,11 @@ the service layer when called.
 
 from __future__ import annotations
 
-
+from queuety.core.budget import Budget, BudgetView
 from queuety.core.builder import WorkflowBuilder, workflow
-from queuety.core.handlers import Step
+from queuety.core.handlers import Step, StepContext
 from queuety.core.retry import RetryPolicy
 from queuety.core.status import WorkflowStatus
-from queuety.core.budget import Budget, BudgetView
-from queuety.core.handlers import StepContext
 from queuety.exceptions import (
     AlreadyAnswered,
     BudgetExceeded,

@@ -46,8 +46,8 @@ from queuety.core.status import WorkflowStatus
 from queuety.models import (
     DispatchKey,
     Event,
-    Signal,
     RunStatus,
+    Signal,
     StepRun,
     StepStatus,
     WorkflowDefinition,

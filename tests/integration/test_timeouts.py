@@ -61,7 +61,7 @@ def test_T1_T2_T3_every_body_shape_is_interrupted_at_the_deadline(pyworker, sema
         runs[variant] = (token, dispatch(pyworker, variant, token, timeout=2, body=10))
 
     outcomes = {}
-    for variant, (token, run_id) in runs.items():
+    for variant, (_token, run_id) in runs.items():
         status = wait_for(run_id, timeout=30, worker=pyworker)
         outcomes[variant] = (status, attempt_seconds(run_id))
     # Wait out the bodies: an orphaned body (or thread) would mark 'after' by now.
