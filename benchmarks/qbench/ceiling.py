@@ -71,7 +71,7 @@ def pgbench(script: str, clients: int, seconds: int, runs: int = RUNS) -> dict[s
 STEP_SQL = (
     """UPDATE queuety_workflowrun
           SET state = jsonb_set(state, '{i}', to_jsonb(transitions + 1)),
-              current_step = (current_step + 1) % 3, transitions = transitions + 1,
+              current_step = (current_step + 1) %% 3, transitions = transitions + 1,
               revision = revision + 1, updated_at = now()
         WHERE id = %(rid)s
     RETURNING transitions, current_step""",

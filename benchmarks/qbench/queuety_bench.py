@@ -23,7 +23,7 @@ import redis
 
 import queuety
 from qbench import env
-from qbench.util import Worker, percentile
+from qbench.util import Worker, db_counters, percentile
 
 STEPS = ("qbench.steps.noop", "qbench.steps.noop2", "qbench.steps.noop3")
 LATENCY_STEPS = ("qbench.steps.noop", "qbench.steps.noop2", "qbench.steps.notify")
@@ -48,13 +48,11 @@ class Stats:
         self.queries += 1
         return self.conn.execute(sql, params).fetchone()
 
-    def counters(self) -> dict[str, int]:
-        """Database-wide counters of queuety_bench (flushed: waits 1.1 s first)."""
-        time.sleep(1.1)
-        self.one("SELECT pg_stat_clear_snapshot()")
-        row = self.one("SELECT xact_commit, sessions, tup_inserted, tup_updated "
-                       "FROM pg_stat_database WHERE datname = %s", [env.QUEUETY_DB])
-        return dict(zip(("xact_commit", "sessions", "tup_inserted", "tup_updated"), row))
+    def counters(self, settle: bool = True) -> dict[str, int]:
+        """pg_stat_database counters of queuety_bench (see :func:`qbench.util.db_counters`)."""
+        found = db_counters(self.conn, env.QUEUETY_DB, settle)
+        self.queries += found["reads"]
+        return found
 
     def close(self) -> None:
         self.conn.close()
@@ -100,32 +98,38 @@ def warm_up(worker: Worker, runs: int = 40) -> None:
         worker.ignore(queue)
 
 
-def throughput(worker: Worker, n: int) -> dict[str, float]:
-    """N three-step runs through ``worker``: runs/s, steps/s and database cost per step."""
+def throughput(worker: Worker, n: int, account: bool = False) -> dict[str, float]:
+    """N three-step runs through ``worker``: runs/s, steps/s; with ``account``, also the
+    committed transactions, new sessions and rows written per step (waits for statistics to
+    settle, ~10 s more)."""
     queue = f"qbench-tp-{uuid.uuid4().hex[:6]}"
     first, last, dispatch_rate = preload(n, queue)
     stats = Stats()
     try:
-        before = stats.counters()
+        before = stats.counters() if account else None
         polls_before = stats.queries
         started = time.time()
         worker.consume(queue)
         end = wait_done(stats, first, last, timeout=120 + n * 3 / 10)
         elapsed = end - started
-        after = stats.counters()
+        after = stats.counters() if account else None
         polls = stats.queries - polls_before
     finally:
         stats.close()
         worker.ignore(queue)
     steps = 3 * n
-    return {
-        "runs_per_s": n / elapsed, "steps_per_s": steps / elapsed, "seconds": elapsed,
-        "preload_dispatch_per_s": dispatch_rate,
-        "xact_per_step": (after["xact_commit"] - before["xact_commit"] - polls) / steps,
-        "sessions_per_step": (after["sessions"] - before["sessions"]) / steps,
-        "tup_inserted_per_step": (after["tup_inserted"] - before["tup_inserted"]) / steps,
-        "tup_updated_per_step": (after["tup_updated"] - before["tup_updated"]) / steps,
-    }
+    result = {"runs_per_s": n / elapsed, "steps_per_s": steps / elapsed, "seconds": elapsed,
+              "preload_dispatch_per_s": dispatch_rate}
+    if account:
+        # The runs were dispatched before ``before`` was read (and settled): these are the
+        # workers' transactions only, our polls subtracted.
+        result.update({
+            "xact_per_step": (after["xact_commit"] - before["xact_commit"] - polls) / steps,
+            "sessions_per_step": (after["sessions"] - before["sessions"]) / steps,
+            "rows_inserted_per_step": (after["tup_inserted"] - before["tup_inserted"]) / steps,
+            "rows_updated_per_step": (after["tup_updated"] - before["tup_updated"]) / steps,
+        })
+    return result
 
 
 def latency(worker: Worker, samples: int, warmup: int = 20) -> dict[str, float]:

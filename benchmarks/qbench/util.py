@@ -207,3 +207,24 @@ class Worker:
         if self.proc is not None:
             stop(self.proc)
             self.proc = None
+
+
+# -- PostgreSQL statistics --------------------------------------------------------------------
+
+COUNTERS = ("xact_commit", "sessions", "tup_inserted", "tup_updated")
+
+
+def db_counters(conn, db: str, settle: bool = True) -> dict[str, int]:
+    """``pg_stat_database`` counters of ``db``, read over autocommit psycopg ``conn``.
+
+    A backend flushes its statistics when idle, at most once a second, and one that flushed
+    less than a second ago waits 10 s of idleness before the next flush (PostgreSQL 15,
+    PGSTAT_IDLE_INTERVAL). With ``settle`` this waits 11 s first, so every idle connection
+    (workers', driver's) has flushed. Each read is two transactions on ``conn``'s database,
+    returned as ``reads`` for the caller to subtract.
+    """
+    sql = "SELECT " + ", ".join(COUNTERS) + " FROM pg_stat_database WHERE datname = %s"
+    time.sleep(11 if settle else 1.05)
+    conn.execute("SELECT pg_stat_clear_snapshot()")
+    row = conn.execute(sql, [db]).fetchone()
+    return {**dict(zip(COUNTERS, row)), "reads": 2}
