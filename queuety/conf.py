@@ -43,6 +43,9 @@ DEFAULTS: dict[str, Any] = {
     # Days after which finished runs (and their steps, events, signals) are purged by the
     # sweeper; None keeps them forever. Dispatch keys are never purged.
     "RETENTION_DAYS": None,
+    # Module prefixes whose code a replayed document may name when this site has never stored
+    # its definition (see history.replay); the default trusts only known definitions.
+    "REPLAY_MODULES": [],
     # Seconds an approval link stays valid.
     "APPROVAL_LINK_MAX_AGE": 7 * 24 * 3600,
 }

@@ -7,6 +7,7 @@ state after any step can be rebuilt from the events alone.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from datetime import datetime
 from typing import Any
@@ -17,7 +18,7 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from queuety import __version__, exceptions
-from queuety.core.definition import WorkflowSpec
+from queuety.core.definition import WorkflowSpec, canonical_json
 from queuety.core.handlers import resolve_handler
 from queuety.models import Event, RunStatus, Signal, StepRun, WorkflowRun
 
@@ -189,14 +190,20 @@ def read_document(document: Any) -> tuple[dict[str, Any], WorkflowSpec]:
     if errors:
         where = "/".join(str(p) for p in errors[0].absolute_path) or "(root)"
         raise _refuse(f"at {where}: {errors[0].message}.")
+    run = document["run"]
+    # Checked on the raw JSON, before anything in the document is imported.
+    try:
+        digest = hashlib.sha256(canonical_json(document["definition"]).encode("ascii"))
+    except (TypeError, ValueError) as error:
+        raise _refuse(f"its definition is not canonical JSON ({error}).") from None
+    if digest.hexdigest() != run["definition_hash"]:
+        raise _refuse(f"the definition's hash is {digest.hexdigest()}, not the "
+                      f"{run['definition_hash']} the run names; the document was altered.")
+    _check_trusted(document["definition"], run["definition_hash"])
     try:
         spec = WorkflowSpec.from_dict(document["definition"])
     except (exceptions.WorkflowDefinitionError, KeyError, TypeError, ValueError) as error:
         raise _refuse(f"its definition cannot be read ({error}).") from None
-    run = document["run"]
-    if spec.definition_hash != run["definition_hash"]:
-        raise _refuse(f"the definition's hash is {spec.definition_hash}, not the "
-                      f"{run['definition_hash']} the run names; the document was altered.")
     if spec.name != run["name"]:
         raise _refuse(f"the run is named {run['name']!r} but its definition {spec.name!r}.")
     if run["current_step"] > len(spec.steps):
@@ -210,6 +217,40 @@ def read_document(document: Any) -> tuple[dict[str, Any], WorkflowSpec]:
                 raise _refuse(f"step {step.name!r} names a handler this site cannot run: "
                               f"{error}") from None
     return document, spec
+
+
+def _dotted_paths(definition: dict[str, Any]) -> list[str]:
+    """Every dotted path a definition would make this site import."""
+    paths = [definition.get("on_cancel"), definition.get("on_deadline")]
+    for policy in [definition.get("retry")] + [s.get("retry") for s in definition["steps"]]:
+        paths += (policy or {}).get("retry_on") or []
+    for step in definition["steps"]:
+        paths += [step.get("handler"), step.get("compensation")]
+    return [p for p in paths if p]
+
+
+def _check_trusted(definition: dict[str, Any], definition_hash: str) -> None:
+    """Refuse to import code a document names unless this site trusts that definition.
+
+    Trusted: a definition this site has stored itself (it built or dispatched it), or one whose
+    every dotted path lies under a module prefix of ``QUEUETY["REPLAY_MODULES"]``. Anything else
+    could make a worker import and call arbitrary functions.
+    """
+    from queuety.conf import settings
+    from queuety.models import WorkflowDefinition
+
+    if WorkflowDefinition.objects.filter(definition_hash=definition_hash,
+                                         name=definition.get("name")).exists():
+        return
+    allowed = tuple(settings.REPLAY_MODULES)
+    untrusted = [p for p in _dotted_paths(definition)
+                 if not any(p == m or p.startswith(m + ".") for m in allowed)]
+    if untrusted:
+        raise _refuse(
+            f"this site has never stored definition {definition_hash[:12]} of workflow "
+            f"{definition.get('name')!r}, and it names code outside QUEUETY['REPLAY_MODULES']: "
+            f"{', '.join(untrusted[:3])}. Dispatch that workflow here once, or list its "
+            "modules in QUEUETY['REPLAY_MODULES'].")
 
 
 def replay(document: Any) -> int:
@@ -242,7 +283,8 @@ def replay(document: Any) -> int:
             cost_units=counters.get("cost_units", 0),
             started_workflows=counters.get("started_workflows", 0),
             finished_at=now if status in services.FINISHED else None,
-            deadline_at=(now + _deadline_left(source, now)) if spec.deadline_seconds else None,
+            deadline_at=(now + _deadline_left(source, document.get("exported_at"), now))
+            if spec.deadline_seconds else None,
         )
         Event.objects.bulk_create([Event(
             run_id=run.pk, kind=e["kind"], step_index=e.get("step_index"),
@@ -270,9 +312,10 @@ def _when(text: str | None):
     return parse_datetime(text) if text else None
 
 
-def _deadline_left(source: dict[str, Any], now):
+def _deadline_left(source: dict[str, Any], exported_at: str | None, now):
+    """Time the exported run had left before its deadline (kept across the replay)."""
     from datetime import timedelta
 
     deadline = _when(source.get("deadline_at"))
-    exported = _when(source.get("exported_at")) or now
+    exported = _when(exported_at) or now
     return max(deadline - exported, timedelta(0)) if deadline else timedelta(0)

@@ -31,7 +31,15 @@ logger = logging.getLogger("queuety")
 LIVE = (StepStatus.PENDING, StepStatus.PROCESSING)
 
 
-def _locked(run_id: int) -> WorkflowRun:
+def _locked(run_id: int, steps_first: bool = False) -> WorkflowRun:
+    """Lock the run row; with ``steps_first``, its live step rows before it.
+
+    A worker finishing a step locks its step row, then the run row: operations that also
+    write live step rows take the locks in the same order, so the two cannot deadlock.
+    """
+    if steps_first:
+        list(StepRun.objects.select_for_update().filter(run_id=run_id, kind="step",
+                                                        status__in=LIVE).values_list("pk"))
     try:
         return WorkflowRun.objects.select_for_update().get(pk=run_id)
     except (WorkflowRun.DoesNotExist, ValueError, TypeError):
@@ -60,7 +68,7 @@ def cancel(run_id: int, *, actor: str = "") -> None:
     """
     now = timezone.now()
     with transaction.atomic():
-        run = _locked(run_id)
+        run = _locked(run_id, steps_first=True)
         if run.status in (RunStatus.COMPLETED, RunStatus.CANCELLED):
             raise _refuse(run, "cancel", f"it is already {run.status}")
         spec = services.load_spec(run.definition_id)
@@ -109,8 +117,11 @@ def resume(run_id: int, *, actor: str = "") -> str:
         return _continue(run, spec, now)
 
 
-def _continue(run: WorkflowRun, spec: WorkflowSpec, now) -> str:
-    """Put a (locked) run back to work at its current step; return its status."""
+def _continue(run: WorkflowRun, spec: WorkflowSpec, now, paused: bool = False) -> str:
+    """Put a (locked) run back to work at its current step; return its status.
+
+    With ``paused`` it only gets ready: its next row is created unpublished, for ``resume()``.
+    """
     if run.current_step >= len(spec.steps):
         WorkflowRun.objects.filter(pk=run.pk).update(
             status=RunStatus.COMPLETED, finished_at=run.finished_at or now, updated_at=now,
@@ -129,14 +140,15 @@ def _continue(run: WorkflowRun, spec: WorkflowSpec, now) -> str:
         return RunStatus.RUNNING
     usage = budgets.Usage(run.transitions, run.cost_units, run.started_workflows)
     return services._land(spec, run.pk, run.current_step, run.state, usage, now, [],
-                          fail_on_breach=True)
+                          fail_on_breach=True, paused=paused)
 
 
 def retry(run_id: int, *, actor: str = "") -> None:
     """Run a failed run again from its failed step, keeping what earlier steps merged.
 
     The failed step gets a fresh attempt budget on its own row (no new row). Budgets are not
-    reset: a run failed by a budget fails again unless the budget was the problem's cause.
+    reset: a run failed by a budget fails again unless the budget was the problem's cause. A
+    run failed by its deadline gets a fresh deadline window.
 
     Raises:
         InvalidTransition: the run is not failed, or its compensations already ran.
@@ -146,21 +158,28 @@ def retry(run_id: int, *, actor: str = "") -> None:
         run = _locked(run_id)
         if run.status != RunStatus.FAILED:
             raise _refuse(run, "retry", f"it is {run.status}, not failed")
-        if run.cleanup and run.cleanup.get("cause") in ("failure", "deadline"):
+        if run.cleanup:
             raise _refuse(run, "retry", "its compensations already ran")
         spec = services.load_spec(run.definition_id)
-        failed = (StepRun.objects.filter(run_id=run.pk, kind="step",
-                                         step_index=run.current_step,
-                                         status=StepStatus.FAILED).order_by("-pk").first())
+        # The row of this visit of the step: failed, or cancelled when a deadline struck.
+        latest = (StepRun.objects.filter(run_id=run.pk, kind="step", seq=run.transitions,
+                                         step_index=run.current_step)
+                  .exclude(status=StepStatus.COMPLETED).order_by("-pk").first())
         _event(run, "workflow_retried", actor, error=run.error)
+        deadline = run.deadline_at
+        if deadline is not None and deadline <= now and spec.deadline_seconds:
+            deadline = now + timedelta(seconds=spec.deadline_seconds)
         WorkflowRun.objects.filter(pk=run.pk).update(
             status=RunStatus.PAUSED, error=None, finished_at=None, updated_at=now,
-            revision=F("revision") + 1)
-        if failed is not None and spec.steps[run.current_step].kind == "task":
-            StepRun.objects.filter(pk=failed.pk).update(
-                status=StepStatus.PENDING, attempt=0, error=None, finished_at=None,
-                claimed_at=None, heartbeat_at=None, available_at=now, published_at=now,
-                max_attempts=services.effective_policy(spec, run.current_step).max_attempts)
+            deadline_at=deadline, revision=F("revision") + 1)
+        if latest is not None and spec.steps[run.current_step].kind == "task":
+            # A fresh budget: attempts count again from the row's current number, so an old,
+            # abandoned attempt can never match the new one's guard.
+            StepRun.objects.filter(pk=latest.pk).update(
+                status=StepStatus.PENDING, error=None, finished_at=None, claimed_at=None,
+                heartbeat_at=None, available_at=now, published_at=now,
+                max_attempts=latest.attempt
+                + services.effective_policy(spec, run.current_step).max_attempts)
         run.refresh_from_db()
         _continue(run, spec, now)
 
@@ -176,12 +195,15 @@ def rewind(run_id: int, step: int | str, *, actor: str = "") -> None:
 
     now = timezone.now()
     with transaction.atomic():
-        run = _locked(run_id)
+        run = _locked(run_id, steps_first=True)
         if run.status == RunStatus.CANCELLED:
             raise _refuse(run, "rewind", "it is cancelled")
+        if run.cleanup:
+            raise _refuse(run, "rewind", "its compensations already ran")
         spec = services.load_spec(run.definition_id)
         index = step if isinstance(step, int) else spec.index_of(step)
         state = history.state_at(run.pk, index)
+        was_paused = run.status == RunStatus.PAUSED
         _stop_live_steps(run, now)
         target = index + 1
         Event.objects.create(run_id=run.pk, kind="workflow_rewound", step_index=index,
@@ -192,7 +214,7 @@ def rewind(run_id: int, step: int | str, *, actor: str = "") -> None:
             finished_at=None, transitions=F("transitions") + 1, updated_at=now,
             revision=F("revision") + 1)
         run.refresh_from_db()
-        _continue(run, spec, now)
+        _continue(run, spec, now, paused=was_paused)
 
 
 def fork(run_id: int, *, actor: str = "") -> int:
@@ -227,7 +249,8 @@ def start_cleanup(run: WorkflowRun, spec: WorkflowSpec, cause: str, now) -> None
                    .order_by("-pk").values_list("step_index", flat=True))
     queue: list[dict[str, Any]] = []
     if cause == "cancel" or spec.compensate_on_failure:
-        for index in completions:
+        # Newest completion first, each step at most once (a loop completes a step again).
+        for index in dict.fromkeys(completions):
             step = spec.steps[index]
             if step.compensation:
                 queue.append({"kind": "compensation", "step_index": index,
@@ -258,10 +281,14 @@ def _cleanup_row(run_id: int, spec: WorkflowSpec, queue: list[dict[str, Any]], p
 
 def cleanup_policy(spec: WorkflowSpec, handler: str):
     """Retry policy of a compensation or hook: the handler class's, the workflow's, the
-    global default."""
+    global default (also when the handler no longer imports: its failure is then recorded)."""
     from queuety.core.imports import import_path
 
-    return getattr(import_path(handler), "retry", None) or spec.retry or settings.DEFAULT_RETRY
+    try:
+        own = getattr(import_path(handler), "retry", None)
+    except ImportError:
+        own = None
+    return own or spec.retry or settings.DEFAULT_RETRY
 
 
 def cleanup_done(run_id: int, spec: WorkflowSpec, now) -> None:
@@ -288,7 +315,7 @@ def fail_overdue(now=None) -> int:
     ).values_list("pk", flat=True)[:200])
     for run_id in overdue:
         with transaction.atomic():
-            run = _locked(run_id)
+            run = _locked(run_id, steps_first=True)
             if run.status in services.FINISHED or run.deadline_at is None or \
                     run.deadline_at > now:
                 continue

@@ -244,6 +244,8 @@ class Claim:
     """Budget counters of the run when the step was claimed."""
     kind: str = "step"
     """``step``, or ``compensation`` / ``hook`` for cleanup rows."""
+    claimed_by: str = ""
+    """``host:pid`` of the process holding the attempt: with ``attempt``, the row's guard."""
 
 
 _CLAIM_SET = ("status = 'processing', attempt = attempt + 1, claimed_at = %s, heartbeat_at = %s, "
@@ -281,16 +283,17 @@ def claim(step_run_id: int, now=None) -> Claim | None:
     """Claim a due pending step for this worker; return ``None`` when it is not claimable."""
     now = now or timezone.now()
     stamp = connection.ops.adapt_datetimefield_value(now)
+    me = worker_id()
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
-            cursor.execute(_CLAIM_POSTGRES, [stamp, stamp, worker_id(), step_run_id, stamp])
+            cursor.execute(_CLAIM_POSTGRES, [stamp, stamp, me, step_run_id, stamp])
             row = cursor.fetchone()
             if row is None:
                 return None
             (run_id, step_index, seq, attempt, definition_pk, state, revision,
              *counters, kind) = row
         else:
-            cursor.execute(_CLAIM_SQLITE, [stamp, stamp, worker_id(), step_run_id, stamp])
+            cursor.execute(_CLAIM_SQLITE, [stamp, stamp, me, step_run_id, stamp])
             row = cursor.fetchone()
             if row is None:
                 return None
@@ -301,7 +304,7 @@ def claim(step_run_id: int, now=None) -> Claim | None:
             )
             definition_pk, state, revision, *counters = cursor.fetchone()
     return Claim(step_run_id, run_id, step_index, seq, attempt, definition_pk, _json(state),
-                 revision, now, budgets.Usage(*counters), kind)
+                 revision, now, budgets.Usage(*counters), kind, me)
 
 
 @dataclass(frozen=True, slots=True)
@@ -324,7 +327,11 @@ def execute_step(step_run_id: int) -> AttemptReport:
     if held is None:
         _requeue_if_early(step_run_id)
         return AttemptReport(claimed=False)
-    spec = load_spec(held.definition_id)
+    try:
+        spec = load_spec(held.definition_id)
+    except Exception as error:  # noqa: BLE001 - e.g. a retry_on class a deploy removed
+        fail_unloadable(held.step_run_id, held.run_id, error)
+        return AttemptReport(claimed=True)
     if held.kind != "step":
         _execute_cleanup(held, spec)
         return AttemptReport(claimed=True)
@@ -367,7 +374,7 @@ def _execute_cleanup(held: Claim, spec: WorkflowSpec) -> None:
     now = timezone.now()
     with transaction.atomic():
         if not StepRun.objects.filter(pk=held.step_run_id, status=StepStatus.PROCESSING,
-                                      attempt=held.attempt).update(
+                                      attempt=held.attempt, claimed_by=held.claimed_by).update(
                 status=StepStatus.COMPLETED, finished_at=now):
             return
         Event.objects.create(run_id=held.run_id, step_run_id=held.step_run_id,
@@ -401,7 +408,7 @@ def _ms_since(started: float) -> float:
 
 def _requeue_if_early(step_run_id: int) -> None:
     row = (StepRun.objects.filter(pk=step_run_id, status=StepStatus.PENDING)
-           .values("available_at", "step_index", "run__definition_id").first())
+           .values("available_at", "step_index", "kind", "run__definition_id").first())
     if row is None:
         return
     wait = (row["available_at"] - timezone.now()).total_seconds()
@@ -409,7 +416,8 @@ def _requeue_if_early(step_run_id: int) -> None:
         from queuety.publish import publish
 
         spec = load_spec(row["run__definition_id"])
-        publish([_message(spec, step_run_id, row["step_index"], wait)])
+        publish([_message(spec, step_run_id, row["step_index"], wait) if row["kind"] == "step"
+                 else Message(step_run_id, wait, None, spec.queue)])
 
 
 def _record_success(held: Claim, spec: WorkflowSpec, outcome: engine.Advance,
@@ -575,7 +583,8 @@ def _land(spec: WorkflowSpec, run_id: int, index: int | None, state: dict[str, A
 
 def _mark_completed(held: Claim, output: dict[str, Any], now) -> bool:
     return bool(StepRun.objects.filter(
-        pk=held.step_run_id, status=StepStatus.PROCESSING, attempt=held.attempt
+        pk=held.step_run_id, status=StepStatus.PROCESSING, attempt=held.attempt,
+        claimed_by=held.claimed_by,
     ).update(status=StepStatus.COMPLETED, finished_at=now, output=output))
 
 
@@ -587,6 +596,7 @@ WITH step AS (
     UPDATE queuety_steprun SET status = 'completed', finished_at = %(now)s,
            output = %(output)s::jsonb
      WHERE id = %(step_run_id)s AND status = 'processing' AND attempt = %(attempt)s
+       AND claimed_by = %(claimed_by)s
     RETURNING id
 ), run AS (
     UPDATE queuety_workflowrun
@@ -629,6 +639,7 @@ def _complete_postgres(held: Claim, spec: WorkflowSpec, outcome: engine.Advance,
         events.append({"kind": "workflow_completed"})
     params = {
         "now": now, "step_run_id": held.step_run_id, "attempt": held.attempt,
+        "claimed_by": held.claimed_by,
         "output": json.dumps(outcome.output), "state": json.dumps(outcome.state),
         "run_id": held.run_id, "revision": held.revision, "step_index": held.step_index,
         "current_step": len(spec.steps) if following is None else outcome.next_index,
@@ -663,10 +674,15 @@ def record_failure(held: Claim, spec: WorkflowSpec, error: BaseException,
     else:
         policy, name = effective_policy(spec, held.step_index), spec.steps[held.step_index].name
     step = spec.steps[held.step_index] if held.step_index < len(spec.steps) else None
-    delay = engine.retry_delay(policy, error, held.attempt)
+    # After an operator's retry() the row's budget is max_attempts = attempts so far + the
+    # policy's; the policy counts the attempts of this budget only.
+    row_max = StepRun.objects.values_list("max_attempts", flat=True).get(pk=held.step_run_id)
+    attempt = held.attempt - max(0, row_max - policy.max_attempts)
+    delay = engine.retry_delay(policy, error, attempt)
     record = engine.describe_error(error)
     guard = StepRun.objects.filter(
-        pk=held.step_run_id, status=StepStatus.PROCESSING, attempt=held.attempt
+        pk=held.step_run_id, status=StepStatus.PROCESSING, attempt=held.attempt,
+        claimed_by=held.claimed_by,
     )
     event = Event(run_id=held.run_id, step_run_id=held.step_run_id, step_index=held.step_index,
                   step_name=name, attempt=held.attempt, duration_ms=duration_ms)
@@ -730,11 +746,13 @@ def _heartbeat(step_run_id: int, attempt: int):
 
         try:
             while not stop.wait(settings.HEARTBEAT_INTERVAL):
-                StepRun.objects.filter(
-                    pk=step_run_id, status=StepStatus.PROCESSING, attempt=attempt
-                ).update(heartbeat_at=timezone.now())
-        except Exception:  # noqa: BLE001 - a missed beat only risks a needless recovery
-            logger.exception("Heartbeat of step run id=%s failed", step_run_id)
+                try:
+                    StepRun.objects.filter(
+                        pk=step_run_id, status=StepStatus.PROCESSING, attempt=attempt
+                    ).update(heartbeat_at=timezone.now())
+                except Exception:  # noqa: BLE001 - beat again next time, on a new connection
+                    logger.exception("Heartbeat of step run id=%s failed", step_run_id)
+                    thread_connection.close()
         finally:
             thread_connection.close()
 
@@ -802,7 +820,7 @@ def _claim_of(row: StepRun) -> Claim:
     return Claim(row.pk, row.run_id, row.step_index, row.seq, row.attempt,
                  row.run.definition_id, row.run.state, row.run.revision, row.claimed_at,
                  budgets.Usage(row.run.transitions, row.run.cost_units,
-                               row.run.started_workflows), row.kind)
+                               row.run.started_workflows), row.kind, row.claimed_by)
 
 
 def _interruption(row: StepRun, timed_out: bool) -> BaseException:
@@ -836,8 +854,15 @@ def sweep(now=None) -> dict[str, int]:
     from queuety import operations
 
     now = now or timezone.now()
-    report = {"recovered": _recover_lost(now), "republished": _republish_due(now),
-              "overdue": operations.fail_overdue(now), "purged": operations.purge_finished(now)}
+    report = {}
+    for name, phase in (("recovered", _recover_lost), ("republished", _republish_due),
+                        ("overdue", operations.fail_overdue),
+                        ("purged", operations.purge_finished)):
+        try:
+            report[name] = phase(now)
+        except Exception:  # noqa: BLE001 - the other phases still run
+            logger.exception("Sweeper phase %r failed", name)
+            report[name] = -1
     if any(report.values()):
         logger.info("Sweep %s", " ".join(f"{k}={v}" for k, v in report.items()))
     return report
@@ -855,10 +880,43 @@ def _recover_lost(now) -> int:
             row.claimed_at + timedelta(seconds=row.timeout + grace) < now)
         if not timed_out and not (row.heartbeat_at and row.heartbeat_at < stale_before):
             continue
-        record_failure(_claim_of(row), load_spec(row.run.definition_id),
-                       _interruption(row, timed_out), None)
+        # One bad row must not stop the sweeper for every other run.
+        try:
+            record_failure(_claim_of(row), load_spec(row.run.definition_id),
+                           _interruption(row, timed_out), None)
+        except Exception as error:  # noqa: BLE001
+            logger.exception("Could not recover step run id=%s; failing it.", row.pk)
+            fail_unloadable(row.pk, row.run_id, error)
         recovered += 1
     return recovered
+
+
+def fail_unloadable(step_run_id: int, run_id: int, error: BaseException) -> None:
+    """Fail a step (and, for a workflow step, its run) whose definition or handler this
+    process cannot load: nothing else could ever finish it."""
+    now = timezone.now()
+    record = engine.describe_error(error)
+    with transaction.atomic():
+        row = StepRun.objects.select_for_update().filter(
+            pk=step_run_id, status__in=(StepStatus.PENDING, StepStatus.PROCESSING)).first()
+        if row is None:
+            return
+        StepRun.objects.filter(pk=row.pk).update(status=StepStatus.FAILED, finished_at=now,
+                                                 error=record)
+        Event.objects.create(run_id=run_id, step_run_id=row.pk, kind=f"{row.kind}_failed",
+                             step_index=row.step_index, step_name=row.step_name,
+                             attempt=row.attempt, data={"error": record})
+        if row.kind == "step":
+            run_error = {"type": record["type"], "message": record["message"],
+                         "step": row.step_name, "step_index": row.step_index,
+                         "attempt": row.attempt, "max_attempts": row.max_attempts}
+            if WorkflowRun.objects.filter(pk=run_id, status__in=(
+                    RunStatus.RUNNING, RunStatus.PAUSED)).update(
+                    status=RunStatus.FAILED, error=run_error, finished_at=now,
+                    updated_at=now, revision=F("revision") + 1):
+                Event.objects.create(run_id=run_id, kind="workflow_failed",
+                                     data={"error": run_error})
+    logger.error("Step run id=%s of run id=%s failed: %s", step_run_id, run_id, record["message"])
 
 
 def _republish_due(now) -> int:
@@ -1034,8 +1092,8 @@ def reply(run_id: int, kind: str, data: Any = None, *, signal: str | None = None
         name = None
         if run.status == RunStatus.WAITING_FOR_SIGNAL and step is not None and step.wait:
             name = _reply_signal(step.wait, kind)
-            if signal is not None:
-                name = signal if signal in step.wait.signals else None
+            if signal is not None and signal != name:
+                name = None  # a reply of this kind cannot send another signal
         pinned = (step_index is None or step_index == run.current_step) and (
             transitions is None or transitions == run.transitions)
         if name is None or not pinned:

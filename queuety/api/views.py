@@ -92,13 +92,18 @@ class PostReplyView(RunAPIView):
             with transaction.atomic():
                 # The key row goes first: a concurrent retry blocks here until this answer is
                 # committed, then replays it instead of delivering twice.
-                ApiReply.objects.create(user_id=request.user.pk, key=key, method="POST",
-                                        path=request.path, status_code=0, body={})
+                try:
+                    with transaction.atomic():
+                        ApiReply.objects.create(user_id=request.user.pk, key=key,
+                                                method="POST", path=request.path,
+                                                status_code=0, body={})
+                except IntegrityError:
+                    raise _Replay from None
                 response = self._answer(self.deliver(request, pk, **kwargs))
                 ApiReply.objects.filter(user_id=request.user.pk, key=key).update(
                     status_code=response.status_code, body=response.data)
                 return response
-        except IntegrityError:
+        except _Replay:
             stored = ApiReply.objects.get(user_id=request.user.pk, key=key)
             if stored.path != request.path:
                 raise api_errors.QueuetyAPIError(
@@ -115,6 +120,10 @@ class PostReplyView(RunAPIView):
                          "status": receipt.status},
                         status=status.HTTP_200_OK if receipt.settled
                         else status.HTTP_202_ACCEPTED)
+
+
+class _Replay(Exception):
+    """Internal: this Idempotency-Key already has an answer."""
 
 
 def _refuse_constant(name: str):
@@ -245,7 +254,10 @@ class ApprovalPageView(View):
         live = (run.status == RunStatus.WAITING_FOR_SIGNAL
                 and run.current_step == ticket.step_index and run.transitions ==
                 ticket.transitions)
-        if not live and error is None:
+        if not live:  # never show a used link the run's later state
+            if error is not None and "already" not in error:
+                return render(request, self.template_name, {"error": error, "dead": True},
+                              status=status)
             return render(request, self.template_name, {
                 "error": "This request was already answered.", "dead": True}, status=410)
         context.update(run=run, step=step, wait=step.wait, fields=_form_fields(step.wait.schema),

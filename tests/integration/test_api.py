@@ -288,3 +288,24 @@ def test_approval_link__input_form_from_the_schema(worker, token):
     assert done.status_code == 200
     assert wait_for(run_id, worker=worker).state["input"] == {"decision": "reject",
                                                               "amount": 12}
+
+
+def test_approval_link__an_answered_link_never_shows_later_state(worker, token):
+    run_id = waiting_run(token, queuety.workflow("linked_later").wait_for_approval()
+                         .wait_for_approval(name="second"))
+    link = approvals.approval_link(run_id)
+    Client().post(link, {"action": "approve"})
+    queuety.workflow_status(run_id)  # parked at the second approval now
+    for response in (Client().post(link, {"action": "bogus"}), Client().get(link),
+                     Client().post(link, {"action": "approve"})):
+        html = response.content.decode()
+        assert response.status_code in (400, 410) and token not in html
+        assert "What the run knows" not in html
+
+
+def test_signal_override__a_reply_cannot_send_another_kind(operator, worker, token):
+    run_id = waiting_run(token, queuety.workflow("api_override").wait_for_decision())
+    response = operator.post(f"{API}/runs/{run_id}/approve/?signal=rejection", data="{}",
+                             content_type="application/json")
+    assert response.status_code == 409
+    assert queuety.workflow_status(run_id).status == "waiting_for_signal"

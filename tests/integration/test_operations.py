@@ -178,7 +178,8 @@ def test_retry__from_the_failed_step_keeping_outputs_on_the_same_row(worker, tok
     assert final.state["log"] == ["a", "c"] and final.state["succeeded_on"] == 2
     assert len(workflows.marks(f"{token}-a")) == 1
     rows = StepRun.objects.filter(run_id=run_id, step_name="flaky")
-    assert rows.count() == 1 and rows.get().attempt == 1
+    assert rows.count() == 1 and rows.get().attempt == 2  # numbers go on: no reuse
+    assert rows.get().max_attempts == 1 + 3
     assert "workflow_retried" in kinds(run_id)
     with pytest.raises(queuety.InvalidTransition, match="it is completed, not failed"):
         queuety.retry(run_id)
@@ -237,6 +238,66 @@ def test_deadline__the_sweeper_fails_waiting_and_paused_runs_and_calls_the_hook(
     quick = (queuety.workflow("in_time").must_complete_within(minutes=5)
              .then(workflows.step_a).dispatch({"token": token}))
     assert wait_for(quick, worker=worker).status == "completed"
+
+
+def test_deadline__retry_after_a_deadline_gets_a_fresh_window(worker, token):
+    run_id = (queuety.workflow("late_retry").must_complete_within(seconds=2)
+              .then(workflows.slow).then(workflows.step_a)
+              .dispatch({"token": token, "sleep": 4}))
+    status = wait_for(run_id, ("failed",), timeout=15, worker=worker)
+    assert status.error["type"] == "queuety.exceptions.DeadlineExceeded"
+    # The deadline struck mid-step; make the step quick, then retry: same row, no duplicate.
+    WorkflowRun.objects.filter(pk=run_id).update(state={"token": token, "sleep": 0})
+    queuety.retry(run_id)
+    final = wait_for(run_id, timeout=15, worker=worker)
+    assert final.status == "completed", final.error
+    rows = StepRun.objects.filter(run_id=run_id, step_name="slow")
+    assert rows.count() == 1 and rows.get().status == "completed"
+
+
+def test_rewind__refused_after_compensations_and_a_paused_run_stays_paused(worker, token):
+    comp = (queuety.workflow("rewind_comp").then(workflows.step_a)
+            .compensate_with(workflows.undo).wait_for_approval().dispatch({"token": token}))
+    wait_for(comp, ("waiting_for_signal",), worker=worker)
+    queuety.cancel(comp)
+    with pytest.raises(queuety.InvalidTransition, match="it is cancelled"):
+        queuety.rewind(comp, "step_a")
+    paused = (queuety.workflow("rewind_paused").then(workflows.step_a).wait_for_approval()
+              .then(workflows.step_b).dispatch({"token": token}))
+    wait_for(paused, ("waiting_for_signal",), worker=worker)
+    queuety.pause(paused)
+    queuety.rewind(paused, "step_a")
+    assert queuety.workflow_status(paused).status == "paused"
+    queuety.resume(paused)
+    assert queuety.workflow_status(paused).status == "waiting_for_signal"
+
+
+def test_sweeper__a_step_whose_definition_cannot_load_fails_alone(worker, token):
+    from queuety import services
+    from queuety.models import WorkflowDefinition
+
+    broken = queuety.workflow("unloadable").then(workflows.slow).dispatch(
+        {"token": token, "sleep": 0})
+    wait_for(broken, worker=worker)
+    definition = WorkflowRun.objects.get(pk=broken).definition
+    bad = dict(definition.definition, retry={"max_attempts": 1, "initial_delay": 1.0,
+                                             "backoff_factor": 2.0, "max_delay": 60.0,
+                                             "jitter": 0.0, "retry_on": ["gone.Module"]})
+    ghost = WorkflowDefinition.objects.create(name="unloadable", definition=bad,
+                                              definition_hash="0" * 64)
+    run = WorkflowRun.objects.create(definition=ghost, name="unloadable", total_steps=1,
+                                     state={"token": token})
+    stale = timezone.now() - timedelta(hours=1)
+    StepRun.objects.create(run=run, seq=0, step_index=0, step_name="slow", status="processing",
+                           attempt=1, available_at=stale, claimed_at=stale, heartbeat_at=stale)
+    healthy = queuety.workflow("healthy").then(workflows.step_a).dispatch({"token": token})
+
+    report = services.sweep()
+
+    assert report["recovered"] >= 1 and report["republished"] >= 0
+    assert WorkflowRun.objects.get(pk=run.pk).status == "failed"
+    assert "gone.Module" in WorkflowRun.objects.get(pk=run.pk).error["message"]
+    assert wait_for(healthy, worker=worker).status == "completed"
 
 
 def test_deadline__a_zero_duration_is_refused():
@@ -362,9 +423,38 @@ def test_replay__a_consistent_document_naming_an_unknown_handler_is_refused(work
     document["definition"]["steps"][0]["handler"] = "no_such_package.evil.Step"
     document["run"]["definition_hash"] = WorkflowSpec.from_dict(
         document["definition"]).definition_hash
-    with pytest.raises(queuety.WorkflowDefinitionError, match="names a handler this site "
-                                                              "cannot run"):
+    with pytest.raises(queuety.WorkflowDefinitionError, match="has never stored definition .* "
+                       "outside QUEUETY\\['REPLAY_MODULES'\\]: no_such_package.evil.Step"):
         queuety.replay_workflow(document)
+
+
+def test_replay__never_imports_code_of_an_unknown_definition(worker, token):
+    from queuety.core.definition import canonical_json
+
+    run_id = queuety.workflow("hostile").then(workflows.step_a).dispatch({"token": token})
+    wait_for(run_id, worker=worker)
+    document = queuety.export_workflow(run_id)
+    document["definition"]["steps"][0]["handler"] = "subprocess.getoutput"
+    document["definition"]["retry"] = {"max_attempts": 1, "initial_delay": 1.0,
+                                       "backoff_factor": 2.0, "max_delay": 60.0,
+                                       "jitter": 0.0, "retry_on": ["antigravity.fly"]}
+    import hashlib
+
+    document["run"]["definition_hash"] = hashlib.sha256(
+        canonical_json(document["definition"]).encode()).hexdigest()
+    with pytest.raises(queuety.WorkflowDefinitionError, match="has never stored"):
+        queuety.replay_workflow(document)
+    import sys
+
+    assert "antigravity" not in sys.modules
+
+    # A site may trust whole modules explicitly.
+    allowed = queuety.export_workflow(run_id)
+    allowed["definition"]["steps"][0]["handler"] = "tests.workflows.step_b"
+    allowed["run"]["definition_hash"] = hashlib.sha256(
+        canonical_json(allowed["definition"]).encode()).hexdigest()
+    with override_settings(QUEUETY={**TEST_QUEUETY, "REPLAY_MODULES": ["tests"]}):
+        assert queuety.workflow_status(queuety.replay_workflow(allowed)).status == "completed"
 
 
 # -- retention and overview -------------------------------------------------------------------
