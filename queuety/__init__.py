@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from queuety.core.budget import Budget, BudgetView
 from queuety.core.builder import WorkflowBuilder, workflow
+from queuety.core.engine import DEFAULT, Route
 from queuety.core.handlers import Step, StepContext
 from queuety.core.retry import RetryPolicy
 from queuety.core.status import WorkflowStatus
@@ -31,11 +32,13 @@ from queuety.exceptions import (
     RunNotWaiting,
     StepTimeout,
     UnknownStep,
+    UnmatchedRoute,
     WorkerLost,
     WorkflowDefinitionError,
 )
 
 __all__ = [
+    "DEFAULT",
     "AlreadyAnswered",
     "Budget",
     "BudgetExceeded",
@@ -47,12 +50,14 @@ __all__ = [
     "PermanentError",
     "QueuetyError",
     "RetryPolicy",
+    "Route",
     "RunNotFound",
     "RunNotWaiting",
     "Step",
     "StepContext",
     "StepTimeout",
     "UnknownStep",
+    "UnmatchedRoute",
     "WorkerLost",
     "WorkflowBuilder",
     "WorkflowDefinitionError",

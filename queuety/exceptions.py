@@ -132,6 +132,17 @@ class InvalidSignalData(QueuetyError, ValueError):
         return (type(self), (self.args[0], self.errors, self.too_large))
 
 
+class UnmatchedRoute(WorkflowDefinitionError):
+    """A route step returned a label that matches none of its routes, and it has no DEFAULT."""
+
+    def __init__(self, message: str, label: str = "", labels: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.label, self.labels = label, labels
+
+    def __reduce__(self):
+        return (type(self), (self.args[0], self.label, self.labels))
+
+
 class RunNotFound(QueuetyError, LookupError):
     """No workflow run has the given id."""
 

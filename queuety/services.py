@@ -342,7 +342,8 @@ def execute_step(step_run_id: int) -> AttemptReport:
                           budgets.BudgetView(spec.budget, _usage_now(spec, held)))
     try:
         with _heartbeat(step_run_id, held.attempt), _deadline(step, held):
-            output = call_handler(step.handler, dict(held.state), context)
+            output = None if step.kind == "delay" else call_handler(
+                step.handler, dict(held.state), context)
         outcome = engine.advance(spec, held.run_id, held.state, held.step_index, output)
         _check_budget(spec, held, outcome)
     except Exception as error:  # noqa: BLE001 - every step failure is recorded, none escapes
@@ -427,7 +428,8 @@ def _record_success(held: Claim, spec: WorkflowSpec, outcome: engine.Advance,
     completed = Event(
         run_id=held.run_id, step_run_id=held.step_run_id, kind="step_completed",
         step_index=held.step_index, step_name=step.name, attempt=held.attempt,
-        duration_ms=duration_ms, data={"output": outcome.output},
+        duration_ms=duration_ms, data={"output": outcome.output, **(
+            {"route": outcome.route} if outcome.route else {})},
     )
     lands_on_task = outcome.next_index is None or spec.steps[outcome.next_index].kind == "task"
     with transaction.atomic():
@@ -571,7 +573,18 @@ def _land(spec: WorkflowSpec, run_id: int, index: int | None, state: dict[str, A
     else:
         fields["current_step"] = index
     WorkflowRun.objects.filter(pk=run_id).update(**fields)
-    if status == RunStatus.RUNNING:
+    if status == RunStatus.RUNNING and spec.steps[index].kind == "delay":
+        # The due time lives in the row; long delays are published by the sweeper when due.
+        wait = spec.steps[index].delay_seconds
+        due = now + timedelta(seconds=wait)
+        on_broker = wait <= settings.MAX_ETA
+        following = StepRun.objects.create(
+            run_id=run_id, seq=usage.transitions, step_index=index,
+            step_name=spec.steps[index].name, max_attempts=3, available_at=due,
+            published_at=due if on_broker else None)
+        if on_broker:
+            publish_on_commit([_message(spec, following.pk, index, wait or None)])
+    elif status == RunStatus.RUNNING:
         following = _new_step_run(run_id, spec, index, seq=usage.transitions, now=now)
         publish_on_commit([_message(spec, following.pk, index)])
     elif status == RunStatus.PAUSED and spec.steps[index].kind == "task":

@@ -223,3 +223,18 @@ def broken_undo(state):
 
 def hook(state):
     mark(f"{state['token']}-hook", ",".join(sorted(state)))
+
+
+def classify(state):
+    """A route step: returns the label in the state, or a Route with output."""
+    mark(f"{state['token']}-classify")
+    label = state["label"]
+    if state.get("with_output"):
+        return queuety.Route(label, output={"classified_as": label})
+    return label
+
+
+def when_stamp(state):
+    """Record when it ran (for delays)."""
+    mark(f"{state['token']}-stamp", repr(time.time()))
+    return {"stamped": True}

@@ -6,7 +6,7 @@ from dataclasses import replace
 from typing import Any
 
 from queuety import exceptions
-from queuety.core import waits
+from queuety.core import engine, waits
 from queuety.core.budget import Budget
 from queuety.core.definition import StepSpec, WorkflowSpec
 from queuety.core.handlers import resolve_handler
@@ -101,8 +101,57 @@ class WorkflowBuilder:
             timeout = float(timeout)
         spec = StepSpec(name=step_name.strip(), handler=path, retry=retry, timeout=timeout,
                         cost_units=_cost_units(step_name, obj, cost_units))
-        # Building validates the whole definition, so a duplicate name fails at this call.
-        WorkflowSpec(name=self._name, steps=self._steps + (spec,))
+        _check_name(self._name, self._steps, spec)
+        return self._copy(steps=self._steps + (spec,))
+
+    def route(self, step: Any, routes: dict[Any, str], name: str | None = None, *,
+              retry: RetryPolicy | None = None, timeout: float | None = None,
+              cost_units: int | None = None) -> WorkflowBuilder:
+        """Add a step that picks the next step: it returns a label (a string), or
+        ``queuety.Route(label, output={...})`` to merge output too.
+
+        Args:
+            routes: ``{"label": "target step name", ..., queuety.DEFAULT: "target"}``. A label
+                matching none, with no DEFAULT, fails the run with ``UnmatchedRoute``. Targets
+                are checked when the workflow is built, as is that every step stays reachable.
+        """
+        if not isinstance(routes, dict) or not routes:
+            raise exceptions.WorkflowDefinitionError(
+                f"route() needs a non-empty dict of label -> target step name (got {routes!r})."
+            )
+        labels: dict[str, str] = {}
+        default = None
+        for label, target in routes.items():
+            if not isinstance(target, str) or not target.strip():
+                raise exceptions.WorkflowDefinitionError(
+                    f"Route {label!r} must target a step name (got {target!r}).")
+            if label is engine.DEFAULT:
+                default = target
+            elif isinstance(label, str) and label:
+                labels[label] = target
+            else:
+                raise exceptions.WorkflowDefinitionError(
+                    f"Route labels are non-empty strings or queuety.DEFAULT, one per entry "
+                    f"(got {label!r}); list a shared target under each label.")
+        built = self.then(step, name, retry=retry, timeout=timeout, cost_units=cost_units)
+        last = replace(built._steps[-1], routes=labels, default_route=default)
+        return self._copy(steps=self._steps + (last,))
+
+    def delay(self, seconds: float = 0, minutes: float = 0, hours: float = 0, days: float = 0,
+              *, name: str | None = None) -> WorkflowBuilder:
+        """Sleep durably: the next step becomes due this long after the run gets here.
+
+        The due time lives in the database (long delays are published by the sweeper), so it
+        survives a restart of every worker.
+        """
+        total = seconds + 60 * minutes + 3600 * hours + 86400 * days
+        if total < 0:
+            raise exceptions.WorkflowDefinitionError(
+                f"delay() needs a duration of 0 or more (got {total:g}s).")
+        count = sum(1 for s in self._steps if s.kind == "delay")
+        spec = StepSpec(name=name or f"delay_{count}", kind="delay", cost_units=0,
+                        delay_seconds=float(total))
+        _check_name(self._name, self._steps, spec)
         return self._copy(steps=self._steps + (spec,))
 
     # -- waits ---------------------------------------------------------------------------------
@@ -120,7 +169,7 @@ class WorkflowBuilder:
             )
         spec = StepSpec(name=step_name.strip(), kind="wait", cost_units=0,
                         wait=waits.WaitSpec(signals=tuple(s.strip() for s in signals), **options))
-        WorkflowSpec(name=self._name, steps=self._steps + (spec,))
+        _check_name(self._name, self._steps, spec)
         return self._copy(steps=self._steps + (spec,))
 
     def wait_for_signal(self, signal: str, result_key: str | None = None, *,
@@ -298,7 +347,7 @@ class WorkflowBuilder:
         return self._with(on_deadline=resolve_handler(handler)[0])
 
     def build(self) -> WorkflowSpec:
-        """Return the immutable definition (validated)."""
+        """Return the immutable definition (validated, route targets included)."""
         return WorkflowSpec(name=self._name, steps=self._steps, **self._options)
 
     def dispatch(self, payload: dict[str, Any] | None = None) -> int:
@@ -315,6 +364,17 @@ class WorkflowBuilder:
     def __repr__(self) -> str:
         names = ", ".join(step.name for step in self._steps)
         return f"<WorkflowBuilder {self._name!r}: {names}>"
+
+
+def _check_name(workflow: str, steps: tuple[StepSpec, ...], new: StepSpec) -> None:
+    """Fail at the call that adds a duplicate step name (routes are checked at build)."""
+    for position, step in enumerate(steps):
+        if step.name == new.name:
+            raise exceptions.WorkflowDefinitionError(
+                f"Workflow {workflow!r} has two steps named {new.name!r} (positions {position} "
+                f"and {len(steps)}); step names must be unique: pass name='...' to tell them "
+                "apart."
+            )
 
 
 def _cost_units(step_name: str, obj: Any, explicit: int | None) -> int:

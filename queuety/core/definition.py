@@ -44,6 +44,12 @@ class StepSpec:
     """For ``wait`` steps: what they wait for."""
     compensation: str | None = None
     """Dotted path of the handler that undoes this step (``compensate_with()``)."""
+    routes: dict[str, str] | None = None
+    """For route steps: label -> target step name (``route()``)."""
+    default_route: str | None = None
+    """For route steps: the target when the label matches none (``queuety.DEFAULT``)."""
+    delay_seconds: float | None = None
+    """For ``delay`` steps: how long the run sleeps (durably) there."""
 
     def to_dict(self) -> dict[str, Any]:
         """Return the JSON form."""
@@ -56,6 +62,9 @@ class StepSpec:
             "cost_units": self.cost_units,
             "wait": None if self.wait is None else self.wait.to_dict(),
             "compensation": self.compensation,
+            **({} if self.routes is None else {"routes": self.routes,
+                                                "default_route": self.default_route}),
+            **({} if self.delay_seconds is None else {"delay_seconds": self.delay_seconds}),
         }
 
     @classmethod
@@ -72,6 +81,9 @@ class StepSpec:
             timeout=data.get("timeout"),
             cost_units=data.get("cost_units", 1),
             compensation=data.get("compensation"),
+            routes=data.get("routes"),
+            default_route=data.get("default_route"),
+            delay_seconds=data.get("delay_seconds"),
         )
 
 
@@ -113,6 +125,43 @@ class WorkflowSpec:
                     "step names must be unique: pass name='...' to tell them apart."
                 )
             self._index[step.name] = position
+        self._check_routes()
+
+    def _check_routes(self) -> None:
+        """Refuse route targets that name no step, and steps no path can reach."""
+        routed = [step for step in self.steps if step.routes is not None]
+        if not routed:
+            return
+        for step in routed:
+            targets = [*step.routes.values()] + ([step.default_route] if step.default_route
+                                                 else [])
+            unknown = [t for t in targets if t not in self._index]
+            if unknown:
+                raise exceptions.WorkflowDefinitionError(
+                    f"Route step {step.name!r} of workflow {self.name!r} targets "
+                    f"{', '.join(map(repr, unknown))}, which name no step; its steps are "
+                    f"{', '.join(repr(s.name) for s in self.steps)}."
+                )
+        reached, todo = set(), [0]
+        while todo:
+            position = todo.pop()
+            if position in reached or position >= len(self.steps):
+                continue
+            reached.add(position)
+            step = self.steps[position]
+            if step.routes is not None:
+                todo += [self._index[t] for t in step.routes.values()]
+                if step.default_route:
+                    todo.append(self._index[step.default_route])
+            else:
+                todo.append(position + 1)
+        stranded = [s.name for i, s in enumerate(self.steps) if i not in reached]
+        if stranded:
+            raise exceptions.WorkflowDefinitionError(
+                f"Workflow {self.name!r} has steps no route or sequence leads to: "
+                f"{', '.join(map(repr, stranded))}. Make them route targets, or move them "
+                "before the route step."
+            )
 
     def index_of(self, name: str) -> int:
         """Return the position of the step called ``name``.

@@ -31,8 +31,28 @@ class Advance:
     next_index: int | None
     """Position of the step to run next, or ``None`` when the run is complete."""
     jumped: bool = False
-    raw: dict[str, Any] | None = None
+    raw: Any = None
     """The step's output as returned (reserved keys included), to re-apply under a lock."""
+    route: dict[str, Any] | None = None
+    """For route steps: the label returned and the target it chose."""
+
+
+class _Default:
+    """The route key for 'any other label' (``queuety.DEFAULT``)."""
+
+    def __repr__(self) -> str:
+        return "queuety.DEFAULT"
+
+
+DEFAULT = _Default()
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """What a route step may return: its label and, optionally, output to merge."""
+
+    label: str
+    output: dict[str, Any] | None = None
 
 
 def public(mapping: dict[str, Any]) -> dict[str, Any]:
@@ -77,6 +97,11 @@ def advance(
         UnknownStep: ``_next_step`` names no step of the workflow.
     """
     step = spec.steps[step_index]
+    if step.routes is not None:
+        return _advance_route(spec, run_id, state, step_index, output)
+    if step.kind == "delay":
+        output = None
+    raw = output
     output = check_output(step.name, run_id, output)
     merged = public(output)
     jump = output.get(NEXT_STEP_KEY)
@@ -95,7 +120,32 @@ def advance(
             ) from None
     else:
         next_index = step_index + 1 if step_index + 1 < len(spec.steps) else None
-    return Advance({**state, **merged}, merged, next_index, jumped=jump is not None, raw=output)
+    return Advance({**state, **merged}, merged, next_index, jumped=jump is not None, raw=raw)
+
+
+def _advance_route(spec: WorkflowSpec, run_id: int, state: dict[str, Any], step_index: int,
+                   returned: Any) -> Advance:
+    step = spec.steps[step_index]
+    label, output = (returned.label, returned.output) if isinstance(returned, Route) \
+        else (returned, None)
+    if not isinstance(label, str):
+        raise exceptions.InvalidStepOutput(
+            f"Route step {step.name!r} of run {run_id} returned {label!r} "
+            f"({type(label).__name__}); a route label must be a string, compared exactly."
+        )
+    output = check_output(step.name, run_id, output)
+    if label in step.routes:
+        target, defaulted = step.routes[label], False
+    elif step.default_route is not None:
+        target, defaulted = step.default_route, True
+    else:
+        known = list(step.routes)
+        raise exceptions.UnmatchedRoute(
+            f"Route step {step.name!r} of run {run_id} returned label {label!r}, which matches "
+            f"none of its routes {known} and it has no DEFAULT route.", label, tuple(known))
+    merged = public(output)
+    return Advance({**state, **merged}, merged, spec.index_of(target), raw=returned,
+                   route={"label": label, "target": target, "default": defaulted})
 
 
 def retry_delay(

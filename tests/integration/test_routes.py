@@ -1,0 +1,127 @@
+"""Routes and durable delays (criteria RT1-RT5 of shared/reference/adk-lessons.md)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+import queuety
+from queuety.models import Event, StepRun
+from tests import workflows
+from tests.integration.conftest import wait_for
+
+pytestmark = pytest.mark.worker
+
+
+def test_RT1_unmatched_label_fails_the_run_naming_it(worker, token, semantics):
+    run_id = (queuety.workflow("rt1").route(workflows.classify, {"yes": "yes_step"})
+              .then(workflows.step_b, name="yes_step")
+              .dispatch({"token": token, "label": "nope"}))
+
+    status = wait_for(run_id, worker=worker)
+
+    semantics.record("RT1 label 'nope' against {'yes'}, no DEFAULT",
+                     "run failed, UnmatchedRoute naming 'nope' and ['yes']; 0 downstream",
+                     f"{status.status}, {status.error['type'].rsplit('.', 1)[-1]}: "
+                     f"{status.error['message']}")
+    assert status.status == "failed"
+    assert status.error["type"] == "queuety.exceptions.UnmatchedRoute"
+    assert "'nope'" in status.error["message"] and "['yes']" in status.error["message"]
+    assert workflows.marks(f"{token}-b") == []
+    assert len(workflows.marks(f"{token}-classify")) == 1  # a definition error: no retry
+
+
+def test_RT3_default_runs_the_fallback_once_and_the_timeline_says_so(worker, token, semantics):
+    run_id = (queuety.workflow("rt3").route(workflows.classify,
+                                            {"yes": "yes_step", queuety.DEFAULT: "fallback"})
+              .then(workflows.step_b, name="yes_step").then(workflows.step_c, name="fallback")
+              .dispatch({"token": token, "label": "nope"}))
+
+    status = wait_for(run_id, worker=worker)
+
+    route = Event.objects.get(run_id=run_id, kind="step_completed",
+                              step_name="classify").data["route"]
+    semantics.record("RT3 label 'nope' with DEFAULT", "fallback runs once; timeline records "
+                     "'nope' -> DEFAULT", f"fallback ran {len(workflows.marks(f'{token}-c'))} "
+                     f"time(s); timeline {route}")
+    assert status.status == "completed" and status.state["log"] == ["c"]
+    assert route == {"label": "nope", "target": "fallback", "default": True}
+    assert workflows.marks(f"{token}-b") == [] and len(workflows.marks(f"{token}-c")) == 1
+
+
+def test_route__a_matching_label_with_output(worker, token):
+    run_id = (queuety.workflow("rt_match").route(workflows.classify,
+                                                 {"yes": "yes_step", "no": "fallback"})
+              .then(workflows.step_b, name="yes_step").then(workflows.step_c, name="fallback")
+              .dispatch({"token": token, "label": "yes", "with_output": True}))
+    status = wait_for(run_id, worker=worker)
+    # yes_step then, sequentially, fallback (routes choose where to go, then flow goes on).
+    assert status.state["classified_as"] == "yes" and status.state["log"] == ["b", "c"]
+
+
+@pytest.mark.parametrize("label", [True, 1, 1.0, None, ["yes"]])
+def test_RT4_labels_are_strings_compared_exactly(worker, token, label):
+    run_id = (queuety.workflow("rt4").route(workflows.classify, {"1": "one", "True": "one"})
+              .then(workflows.step_b, name="one").dispatch({"token": token, "label": label}))
+    status = wait_for(run_id, worker=worker)
+    assert status.status == "failed"
+    assert status.error["type"] == "queuety.exceptions.InvalidStepOutput"
+    assert "a route label must be a string" in status.error["message"]
+    assert workflows.marks(f"{token}-b") == []
+
+
+def test_RT5_build_time_checks(semantics):
+    cases = {
+        "unknown target": lambda: queuety.workflow("w").route(
+            workflows.classify, {"yes": "nowhere"}).then(workflows.step_b).build(),
+        "tuple label with DEFAULT": lambda: queuety.workflow("w").route(
+            workflows.classify, {("yes", queuety.DEFAULT): "b"}),
+        "non-string label": lambda: queuety.workflow("w").route(
+            workflows.classify, {1: "b"}),
+        "empty routes": lambda: queuety.workflow("w").route(workflows.classify, {}),
+        "unreachable step": lambda: queuety.workflow("w").route(
+            workflows.classify, {"yes": "step_c"}).then(workflows.step_b)
+        .then(workflows.step_c).build(),
+    }
+    refused = {}
+    for case, build in cases.items():
+        with pytest.raises(queuety.WorkflowDefinitionError) as error:
+            build()
+        refused[case] = str(error.value)
+    semantics.record("RT5 unknown target, DEFAULT mixed into a label, non-string label, empty "
+                     "routes, unreachable step", "5/5 refused at build",
+                     f"{len(refused)}/5 refused at build")
+    assert "targets 'nowhere', which name no step" in refused["unknown target"]
+    assert "steps no route or sequence leads to: 'step_b'" in refused["unreachable step"]
+    # Targets may name steps added after the route step.
+    spec = (queuety.workflow("w").route(workflows.classify, {"a": "late"})
+            .then(workflows.step_b, name="late").build())
+    assert spec.steps[0].routes == {"a": "late"}
+
+
+def test_delay__short_on_the_broker_long_in_the_database(worker, token):
+    short = (queuety.workflow("nap").then(workflows.step_a).delay(seconds=1)
+             .then(workflows.when_stamp).dispatch({"token": token}))
+    status = wait_for(short, worker=worker)
+    assert status.status == "completed"
+    delay_row = StepRun.objects.get(run_id=short, step_name="delay_0")
+    slept = (delay_row.finished_at - delay_row.created_at).total_seconds()
+    assert 1.0 <= slept <= 1.0 * 1.1 + 0.5
+
+    token2 = token + "x"
+    long = (queuety.workflow("long_nap").delay(seconds=6).then(workflows.when_stamp)
+            .dispatch({"token": token2}))
+    row = StepRun.objects.get(run_id=long, step_name="delay_0")
+    assert row.published_at is None and row.status == "pending"
+    started = time.time()
+    wait_for(long, timeout=20, worker=worker)
+    stamped = float(workflows.marks(f"{token2}-stamp")[0].split()[1])
+    assert 6 <= stamped - started <= 6 + 3
+
+
+def test_delay__negative_is_refused_and_zero_advances():
+    with pytest.raises(queuety.WorkflowDefinitionError, match="0 or more"):
+        queuety.workflow("w").delay(seconds=-1)
+    spec = queuety.workflow("w").delay(seconds=30, minutes=2, hours=1, days=1).delay().build()
+    assert spec.steps[0].delay_seconds == 90150 and spec.steps[1].name == "delay_1"
