@@ -11,7 +11,8 @@ from tests.conftest import RESULTS
 
 HEADER = """# Retry and timeout semantics, measured
 
-Each row is a test in `tests/integration/test_retries.py` or `test_timeouts.py`, run against
+Each row is a test in `tests/integration/test_retries.py`, `test_timeouts.py`, `test_routes.py`
+or `test_signals.py` (H rows), run against
 PostgreSQL with real prefork Celery workers. The criteria (R1-R6, S1-S5, T1-T5) are those of
 `shared/reference/adk-lessons.md`. Timeout cases run on a worker of each Python version;
 retry cases and the pure policy checks run on the main interpreter only ("—" elsewhere).
@@ -25,7 +26,7 @@ def main() -> None:
     by_case: dict[str, dict] = defaultdict(dict)
     expected: dict[str, str] = {}
     for row in rows:
-        if not re.match(r"[RST]\d", row["case"]):
+        if not re.match(r"(R|S|T|RT|H)\d", row["case"]):
             continue
         by_case[row["case"]][row["python"][:4]] = row["measured"]
         expected[row["case"]] = row["expected"]
