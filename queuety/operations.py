@@ -130,7 +130,7 @@ def _continue(run: WorkflowRun, spec: WorkflowSpec, now, paused: bool = False) -
     step = spec.steps[run.current_step]
     live = list(StepRun.objects.filter(run_id=run.pk, kind="step", status__in=LIVE)
                 .values_list("pk", "status", "step_index"))
-    if step.kind == "task" and live:
+    if step.kind in ("task", "delay", "parallel", "for_each") and live:
         WorkflowRun.objects.filter(pk=run.pk).update(
             status=RunStatus.RUNNING, updated_at=now, revision=F("revision") + 1)
         pending = [pk for pk, status, _ in live if status == StepStatus.PENDING]
@@ -172,14 +172,22 @@ def retry(run_id: int, *, actor: str = "") -> None:
         WorkflowRun.objects.filter(pk=run.pk).update(
             status=RunStatus.PAUSED, error=None, finished_at=None, updated_at=now,
             deadline_at=deadline, revision=F("revision") + 1)
-        if latest is not None and spec.steps[run.current_step].kind == "task":
-            # A fresh budget: attempts count again from the row's current number, so an old,
+        kind = spec.steps[run.current_step].kind
+        if kind in ("parallel", "for_each"):
+            # Only the branches or items that did not succeed run again.
+            redo = list(StepRun.objects.filter(run_id=run.pk, kind="step", seq=run.transitions,
+                                               step_index=run.current_step)
+                        .exclude(status=StepStatus.COMPLETED))
+        else:
+            redo = [latest] if latest is not None and kind in ("task", "delay") else []
+        policy = services.effective_policy(spec, run.current_step)
+        for row in redo:
+            # A fresh budget: attempts count on from the row's current number, so an old,
             # abandoned attempt can never match the new one's guard.
-            StepRun.objects.filter(pk=latest.pk).update(
+            StepRun.objects.filter(pk=row.pk).update(
                 status=StepStatus.PENDING, error=None, finished_at=None, claimed_at=None,
                 heartbeat_at=None, available_at=now, published_at=now,
-                max_attempts=latest.attempt
-                + services.effective_policy(spec, run.current_step).max_attempts)
+                max_attempts=row.attempt + policy.max_attempts)
         run.refresh_from_db()
         _continue(run, spec, now)
 

@@ -32,15 +32,15 @@ from datetime import timedelta
 from typing import Any
 
 from django.db import connection, transaction
-from django.db.models import F, Q
+from django.db.models import Count, F, Q
 from django.utils import timezone
 
 from queuety import exceptions
 from queuety.conf import settings
 from queuety.core import budget as budgets
-from queuety.core import engine, waits
+from queuety.core import engine, fanout, waits
 from queuety.core.definition import StepSpec, WorkflowSpec, canonical_json
-from queuety.core.handlers import StepContext, call_handler
+from queuety.core.handlers import StepContext, call_handler, call_item_handler
 from queuety.core.retry import RetryPolicy
 from queuety.core.status import WorkflowStatus
 from queuety.models import (
@@ -340,38 +340,80 @@ def execute_step(step_run_id: int) -> AttemptReport:
     started = time.monotonic()
     context = StepContext(held.run_id, spec.name, step.name, held.attempt,
                           budgets.BudgetView(spec.budget, _usage_now(spec, held)))
-    try:
-        with _heartbeat(step_run_id, held.attempt), _deadline(step, held):
-            output = None if step.kind == "delay" else call_handler(
-                step.handler, dict(held.state), context)
-        outcome = engine.advance(spec, held.run_id, held.state, held.step_index, output)
-        _check_budget(spec, held, outcome)
-    except Exception as error:  # noqa: BLE001 - every step failure is recorded, none escapes
-        record_failure(held, spec, error, _ms_since(started))
-        if not isinstance(error, exceptions.StepTimeout):
-            return AttemptReport(claimed=True)
-        leftovers = tuple(t.name for t in threading.enumerate()
-                          if t not in threads_before and t.is_alive())
-        return AttemptReport(claimed=True, timed_out=True, leftover_threads=leftovers)
-    try:
-        _record_success(held, spec, outcome, _ms_since(started))
-    except exceptions.BudgetExceeded as error:  # found under the lock: the run had moved on
-        record_failure(held, spec, error, _ms_since(started))
-    return AttemptReport(claimed=True)
+    if step.kind in ("parallel", "for_each"):
+        return _execute_branch(held, spec, step, context)
+    timed_out = False
+    # The heartbeat covers recording the outcome too: under contention for the run row, the
+    # transition can wait for a lock, and the sweeper must not take this attempt for lost.
+    with _heartbeat(step_run_id, held.attempt):
+        try:
+            with _deadline(step, held):
+                output = None if step.kind == "delay" else call_handler(
+                    step.handler, dict(held.state), context)
+            outcome = engine.advance(spec, held.run_id, held.state, held.step_index, output)
+            _check_budget(spec, held, outcome)
+        except Exception as error:  # noqa: BLE001 - every step failure is recorded
+            record_failure(held, spec, error, _ms_since(started))
+            timed_out = isinstance(error, exceptions.StepTimeout)
+        else:
+            try:
+                _record_success(held, spec, outcome, _ms_since(started))
+            except (exceptions.BudgetExceeded, exceptions.WorkflowDefinitionError) as error:
+                # Found while landing on the next step (the run had moved on, or a for_each's
+                # items are not a list or too many): this step's outcome cannot stand.
+                record_failure(held, spec, error, _ms_since(started))
+    return _report(threads_before, timed_out)
+
+
+def _report(threads_before: set, timed_out: bool) -> AttemptReport:
+    if not timed_out:
+        return AttemptReport(claimed=True)
+    leftovers = tuple(t.name for t in threading.enumerate()
+                      if t not in threads_before and t.is_alive())
+    return AttemptReport(claimed=True, timed_out=True, leftover_threads=leftovers)
+
+
+def _execute_branch(held: Claim, spec: WorkflowSpec, step: StepSpec,
+                    context: StepContext) -> AttemptReport:
+    """Run one parallel branch or for_each item, then record it (and maybe settle the join)."""
+    row = StepRun.objects.only("handler", "input").get(pk=held.step_run_id)
+    threads_before = set(threading.enumerate())
+    started = time.monotonic()
+    timed_out = False
+    with _heartbeat(held.step_run_id, held.attempt):
+        try:
+            with _deadline(step, held):
+                if step.kind == "parallel":
+                    output = engine.check_output(step.name, held.run_id, call_handler(
+                        row.handler, dict(held.state), context))
+                else:
+                    output = call_item_handler(row.handler, dict(held.state),
+                                               row.input["item"], row.input["index"], context)
+                    engine.check_output(step.name, held.run_id, {"item": output})
+            _branch_done(held, spec, output, _ms_since(started))
+        except Exception as error:  # noqa: BLE001 - recorded like any step failure
+            record_failure(held, spec, error, _ms_since(started))
+            timed_out = isinstance(error, exceptions.StepTimeout)
+    return _report(threads_before, timed_out)
 
 
 def _execute_cleanup(held: Claim, spec: WorkflowSpec) -> None:
     """Run a compensation or hook row: its handler gets the recorded state; output ignored."""
-    from queuety import operations
 
     row = StepRun.objects.only("handler", "input").get(pk=held.step_run_id)
     started = time.monotonic()
-    try:
-        with _heartbeat(held.step_run_id, held.attempt):
+    with _heartbeat(held.step_run_id, held.attempt):
+        try:
             call_handler(row.handler, dict(row.input or {}))
-    except Exception as error:  # noqa: BLE001 - recorded, then retried or skipped
-        record_failure(held, spec, error, _ms_since(started))
-        return
+        except Exception as error:  # noqa: BLE001 - recorded, then retried or skipped
+            record_failure(held, spec, error, _ms_since(started))
+            return
+        _cleanup_done(held, spec, started)
+
+
+def _cleanup_done(held: Claim, spec: WorkflowSpec, started: float) -> None:
+    from queuety import operations
+
     now = timezone.now()
     with transaction.atomic():
         if not StepRun.objects.filter(pk=held.step_run_id, status=StepStatus.PROCESSING,
@@ -477,6 +519,135 @@ def _transition_locked(held: Claim, spec: WorkflowSpec, output: dict[str, Any],
     return True
 
 
+def _items(spec: WorkflowSpec, run_id: int, step: StepSpec, state: dict[str, Any]) -> list:
+    """The items a for_each step fans out to, checked against ``max_for_each_items``."""
+    items = state.get(step.fanout.items_key)
+    if not isinstance(items, list):
+        raise exceptions.InvalidStepOutput(
+            f"For-each step {step.name!r} of run {run_id} expected state key "
+            f"{step.fanout.items_key!r} to hold a list (got {type(items).__name__}).")
+    limit = spec.budget.max_for_each_items
+    if limit is not None and len(items) > limit:
+        raise exceptions.BudgetExceeded(
+            "max_for_each_items", limit, len(items), run_id, spec.name,
+            message=f"For-each step {step.name!r} of run {run_id} planned {len(items)} items, "
+                    f"over its max_for_each_items budget of {limit}.")
+    if not items and step.fanout.mode != fanout.ALL:
+        raise exceptions.InvalidStepOutput(
+            f"For-each step {step.name!r} of run {run_id} has no items, so mode "
+            f"{step.fanout.mode!r} can never be satisfied.")
+    return items
+
+
+def _fan_out(spec: WorkflowSpec, run_id: int, index: int, state: dict[str, Any], seq: int,
+             now, items: list | None) -> None:
+    """Create one row per branch or item of the step at ``index`` and publish them all."""
+    step = spec.steps[index]
+    common = {"run_id": run_id, "seq": seq, "step_index": index, "step_name": step.name,
+              "max_attempts": effective_policy(spec, index).max_attempts,
+              "timeout": step.timeout, "available_at": now, "published_at": now}
+    if step.kind == "parallel":
+        rows = [StepRun(branch=i, handler=path, **common)
+                for i, path in enumerate(step.fanout.branches)]
+    else:
+        items = items if items is not None else _items(spec, run_id, step, state)
+        rows = [StepRun(branch=i, handler=step.handler, input={"item": item, "index": i},
+                        **common) for i, item in enumerate(items)]
+    created = StepRun.objects.bulk_create(rows)
+    publish_on_commit([_message(spec, row.pk, index) for row in created])
+
+
+def _fanout_output(spec: WorkflowSpec, step: StepSpec, state: dict[str, Any],
+                   rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """What a settled fan-out merges: branch outputs in order, or the for_each aggregate
+    (plus what the reducer adds)."""
+    if step.kind == "parallel":
+        return fanout.merge_branches([r["output"] for r in sorted(rows, key=lambda r: r["index"])])
+    aggregate = fanout.aggregate(step.fanout, rows)
+    output = {step.fanout.result_key: aggregate}
+    if step.fanout.reducer:
+        reduced = _reduce(step.fanout.reducer, {**state, **output}, aggregate)
+        output.update(engine.check_output(step.name, 0, reduced))
+    return output
+
+
+def _reduce(path: str, state: dict[str, Any], aggregate: dict[str, Any]) -> Any:
+    from queuety.core.imports import import_path
+
+    reducer = import_path(path)
+    return reducer().reduce(state, aggregate) if isinstance(reducer, type) \
+        else reducer(state, aggregate)
+
+
+def _fanout_rows(run_id: int, seq: int, index: int) -> list[dict[str, Any]]:
+    rows = (StepRun.objects.filter(run_id=run_id, kind="step", seq=seq, step_index=index)
+            .order_by("branch").values("branch", "status", "output", "error", "input",
+                                       "finished_at"))
+    return [{"index": r["branch"], "item": (r["input"] or {}).get("item"),
+             "status": r["status"], "output": r["output"],
+             "error": None if not r["error"] else {k: r["error"].get(k) for k in
+                                                  ("type", "message")},
+             "finished_at": r["finished_at"]} for r in rows]
+
+
+def _branch_done(held: Claim, spec: WorkflowSpec, output: Any, duration_ms: float) -> None:
+    """Record one branch or item; settle the join, under the run's row lock, when it can."""
+    now = timezone.now()
+    step = spec.steps[held.step_index]
+    event = Event(run_id=held.run_id, step_run_id=held.step_run_id,
+                  kind="branch_completed" if step.kind == "parallel" else "item_completed",
+                  step_index=held.step_index, step_name=step.name, attempt=held.attempt,
+                  duration_ms=duration_ms, data={"output": output})
+    with transaction.atomic():
+        if not _mark_completed(held, output, now):
+            event.kind, event.data["reason"] = "step_discarded", "no longer owned its row"
+            event.save()
+            return
+        run = _locked_run(held.run_id)
+        if run.status not in (RunStatus.RUNNING, RunStatus.PAUSED) or \
+                run.current_step != held.step_index:
+            event.kind, event.data["reason"] = "step_discarded", "the join had settled"
+            event.save()
+            return
+        # Counting is enough until the join settles; only then are the outputs read.
+        total, succeeded, failed = _fanout_counts(held.run_id, held.seq, held.step_index)
+        mode = fanout.ALL if step.kind == "parallel" else step.fanout.mode
+        if fanout.progress(mode, step.fanout.quorum, total, succeeded, failed) != \
+                fanout.SATISFIED:
+            event.save()
+            return
+        rows = _fanout_rows(held.run_id, held.seq, held.step_index)
+        _settle(spec, run, held.step_index, held.seq, rows, [event], now)
+
+
+def _fanout_counts(run_id: int, seq: int, index: int) -> tuple[int, int, int]:
+    """Rows of one pass of a fan-out step: (all, completed, failed)."""
+    counts = dict(StepRun.objects.filter(run_id=run_id, kind="step", seq=seq, step_index=index)
+                  .values_list("status").annotate(n=Count("pk")).values_list("status", "n"))
+    return (sum(counts.values()), counts.get(StepStatus.COMPLETED, 0),
+            counts.get(StepStatus.FAILED, 0))
+
+
+def _settle(spec: WorkflowSpec, run: WorkflowRun, index: int, seq: int,
+            rows: list[dict[str, Any]], events: list[Event], now) -> None:
+    """Settle a fan-out step: cancel the rows still live, merge, count one transition."""
+    step = spec.steps[index]
+    cancelled = StepRun.objects.filter(
+        run_id=run.pk, kind="step", seq=seq, step_index=index,
+        status__in=(StepStatus.PENDING, StepStatus.PROCESSING),
+    ).update(status=StepStatus.CANCELLED, finished_at=now)
+    output = _fanout_output(spec, step, run.state, rows)
+    state = {**run.state, **engine.public(output)}
+    succeeded = sum(r["status"] == StepStatus.COMPLETED for r in rows)
+    cost = step.cost_units if step.kind == "parallel" else step.cost_units * succeeded
+    usage = budgets.Usage(run.transitions + 1, run.cost_units + cost, run.started_workflows)
+    _check(spec, run.pk, state, usage)
+    events.append(Event(run_id=run.pk, kind="step_completed", step_index=index,
+                        step_name=step.name, data={"output": output, "cancelled": cancelled}))
+    _land(spec, run.pk, index + 1 if index + 1 < len(spec.steps) else None, state, usage, now,
+          events, paused=run.status == RunStatus.PAUSED)
+
+
 def _fail_parked(spec: WorkflowSpec, run_id: int, index: int, state: dict[str, Any],
                  usage: budgets.Usage, now, events: list[Event],
                  breach: exceptions.BudgetExceeded) -> str:
@@ -533,8 +704,22 @@ def _land(spec: WorkflowSpec, run_id: int, index: int | None, state: dict[str, A
             transaction then rolls back, so nothing is consumed or recorded.
     """
     status = RunStatus.PAUSED if paused else RunStatus.RUNNING
-    while not paused and index is not None and spec.steps[index].kind == "wait":
+    items: list[Any] | None = None
+    while not paused and index is not None and spec.steps[index].kind in ("wait", "for_each"):
         step = spec.steps[index]
+        if step.kind == "for_each":
+            items = _items(spec, run_id, step, state)
+            if items:
+                break
+            # Nothing to fan out to: the join settles at once, as a transition.
+            output = _fanout_output(spec, step, state, [])
+            state = {**state, **engine.public(output)}
+            usage = replace(usage, transitions=usage.transitions + 1)
+            _check(spec, run_id, state, usage)
+            events.append(Event(run_id=run_id, kind="for_each_settled", step_index=index,
+                                step_name=step.name, data={"output": output}))
+            index = index + 1 if index + 1 < len(spec.steps) else None
+            continue
         stored = list(Signal.objects.filter(
             run_id=run_id, consumed_at__isnull=True, name__in=step.wait.signals,
         ).order_by("pk").values_list("pk", "name", "payload"))
@@ -573,7 +758,9 @@ def _land(spec: WorkflowSpec, run_id: int, index: int | None, state: dict[str, A
     else:
         fields["current_step"] = index
     WorkflowRun.objects.filter(pk=run_id).update(**fields)
-    if status == RunStatus.RUNNING and spec.steps[index].kind == "delay":
+    if status == RunStatus.RUNNING and spec.steps[index].kind in ("parallel", "for_each"):
+        _fan_out(spec, run_id, index, state, usage.transitions, now, items)
+    elif status == RunStatus.RUNNING and spec.steps[index].kind == "delay":
         # The due time lives in the row; long delays are published by the sweeper when due.
         wait = spec.steps[index].delay_seconds
         due = now + timedelta(seconds=wait)
@@ -725,6 +912,22 @@ def record_failure(held: Claim, spec: WorkflowSpec, error: BaseException,
             event.save()
             operations.cleanup_done(held.run_id, spec, now)
             return
+        if step.kind == "for_each" and not isinstance(error, exceptions.BudgetExceeded):
+            # One item failing fails the run only if the join can no longer be satisfied.
+            run = _locked_run(held.run_id)
+            total, succeeded, failed = _fanout_counts(held.run_id, held.seq, held.step_index)
+            verdict = fanout.progress(step.fanout.mode, step.fanout.quorum, total, succeeded,
+                                      failed)
+            if verdict != fanout.IMPOSSIBLE or run.current_step != held.step_index:
+                event.kind = "item_failed"
+                event.data = {"error": record, "max_attempts": policy.max_attempts}
+                event.save()
+                return
+        if step.kind in ("parallel", "for_each"):
+            StepRun.objects.filter(
+                run_id=held.run_id, kind="step", seq=held.seq, step_index=held.step_index,
+                status__in=(StepStatus.PENDING, StepStatus.PROCESSING),
+            ).exclude(pk=held.step_run_id).update(status=StepStatus.CANCELLED, finished_at=now)
         run_error = {
             "type": record["type"], "message": record["message"], "step": step.name,
             "step_index": held.step_index, "attempt": held.attempt,

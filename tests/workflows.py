@@ -238,3 +238,39 @@ def when_stamp(state):
     """Record when it ran (for delays)."""
     mark(f"{state['token']}-stamp", repr(time.time()))
     return {"stamped": True}
+
+
+def sleeper(state):
+    """A parallel branch that blocks (not cooperatively) for state['nap'] seconds."""
+    mark(f"{state['token']}-branch", repr(time.time()))
+    time.sleep(state["nap"])
+    return {"slept_by": "sleeper", "shared": "first"}
+
+
+def sleeper_two(state):
+    mark(f"{state['token']}-branch", repr(time.time()))
+    time.sleep(state["nap"])
+    return {"slept_two": True, "shared": "second"}
+
+
+def plan_tasks(state):
+    return {"tasks": state["planned"]}
+
+
+def run_task(state, item, index):
+    """A for_each item: fails when asked to, sleeps when asked to."""
+    mark(f"{state['token']}-item", f"{index} {item['id']}")
+    if item.get("sleep"):
+        time.sleep(item["sleep"])
+    if item.get("action") == "fail":
+        raise ValueError(f"item {item['id']} failed")
+    if item.get("action") == "fail_once" and len(
+            [m for m in marks(f"{state['token']}-item") if m.endswith(f" {item['id']}")]) == 1:
+        raise ValueError(f"item {item['id']} failed once")
+    return {"id": item["id"], "value": index * 10}
+
+
+def summarise(state, aggregate):
+    """A for_each reducer."""
+    return {"for_each_count": aggregate["succeeded"],
+            "winner_id": aggregate["winner"]["output"]["id"] if aggregate["winner"] else None}

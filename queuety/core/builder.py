@@ -9,6 +9,7 @@ from queuety import exceptions
 from queuety.core import engine, waits
 from queuety.core.budget import Budget
 from queuety.core.definition import StepSpec, WorkflowSpec
+from queuety.core.fanout import FanOutSpec
 from queuety.core.handlers import resolve_handler
 from queuety.core.retry import RetryPolicy
 
@@ -151,6 +152,51 @@ class WorkflowBuilder:
         count = sum(1 for s in self._steps if s.kind == "delay")
         spec = StepSpec(name=name or f"delay_{count}", kind="delay", cost_units=0,
                         delay_seconds=float(total))
+        _check_name(self._name, self._steps, spec)
+        return self._copy(steps=self._steps + (spec,))
+
+    # -- fan-out -------------------------------------------------------------------------------
+
+    def parallel(self, steps: list[Any], name: str | None = None, *,
+                 retry: RetryPolicy | None = None) -> WorkflowBuilder:
+        """Run ``steps`` at the same time, each its own task; continue when all completed.
+
+        Outputs merge in declaration order (not completion order); one branch failing for good
+        fails the run and cancels the others.
+        """
+        if isinstance(steps, str) or len(steps) < 2:
+            raise exceptions.WorkflowDefinitionError(
+                "parallel() needs a list of at least two steps.")
+        resolved = [resolve_handler(step) for step in steps]
+        cost = sum(_cost_units(path, obj, None) for path, obj in resolved)
+        spec = StepSpec(name=name or f"parallel_{len(self._steps)}", kind="parallel",
+                        retry=retry, cost_units=cost,
+                        fanout=FanOutSpec(branches=tuple(path for path, _ in resolved)))
+        _check_name(self._name, self._steps, spec)
+        return self._copy(steps=self._steps + (spec,))
+
+    def for_each(self, items_key: str, handler: Any, result_key: str | None = None,
+                 mode: str = "all", quorum: int | None = None, reducer: Any = None,
+                 name: str | None = None, *, retry: RetryPolicy | None = None,
+                 timeout: float | None = None) -> WorkflowBuilder:
+        """Run ``handler(state, item, index)`` for each item of ``state[items_key]``, each its own
+        task, and join them by ``mode``: ``all``, ``first_success`` or ``quorum`` (``quorum=n``).
+
+        The aggregate ``{mode, quorum, total, succeeded, failed, settled, winner, results,
+        failures}`` goes to ``result_key`` (default ``"<name>_results"``); ``reducer(state,
+        aggregate) -> dict`` may add keys. Items still running when the join settles are
+        cancelled. ``max_for_each_items`` is checked when the step is reached.
+        """
+        if not isinstance(items_key, str) or not items_key:
+            raise exceptions.WorkflowDefinitionError("for_each() needs a non-empty items_key.")
+        path, obj = resolve_handler(handler)
+        step_name = name or f"{items_key}_for_each"
+        fanout = FanOutSpec(items_key=items_key, result_key=result_key or f"{step_name}_results",
+                            mode=mode, quorum=quorum,
+                            reducer=None if reducer is None else resolve_handler(reducer)[0])
+        spec = StepSpec(name=step_name, kind="for_each", handler=path, fanout=fanout,
+                        retry=retry if retry is not None else getattr(obj, "retry", None),
+                        timeout=timeout, cost_units=_cost_units(step_name, obj, None))
         _check_name(self._name, self._steps, spec)
         return self._copy(steps=self._steps + (spec,))
 

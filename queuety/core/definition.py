@@ -17,6 +17,7 @@ from typing import Any
 
 from queuety import exceptions
 from queuety.core.budget import Budget
+from queuety.core.fanout import FanOutSpec
 from queuety.core.retry import RetryPolicy
 from queuety.core.waits import WaitSpec
 
@@ -50,6 +51,8 @@ class StepSpec:
     """For route steps: the target when the label matches none (``queuety.DEFAULT``)."""
     delay_seconds: float | None = None
     """For ``delay`` steps: how long the run sleeps (durably) there."""
+    fanout: FanOutSpec | None = None
+    """For ``parallel`` and ``for_each`` steps: what they fan out to."""
 
     def to_dict(self) -> dict[str, Any]:
         """Return the JSON form."""
@@ -65,6 +68,7 @@ class StepSpec:
             **({} if self.routes is None else {"routes": self.routes,
                                                 "default_route": self.default_route}),
             **({} if self.delay_seconds is None else {"delay_seconds": self.delay_seconds}),
+            **({} if self.fanout is None else {"fanout": self.fanout.to_dict()}),
         }
 
     @classmethod
@@ -84,6 +88,7 @@ class StepSpec:
             routes=data.get("routes"),
             default_route=data.get("default_route"),
             delay_seconds=data.get("delay_seconds"),
+            fanout=FanOutSpec.from_dict(data["fanout"]) if data.get("fanout") else None,
         )
 
 

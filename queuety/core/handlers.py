@@ -122,6 +122,22 @@ def call_handler(path: str, state: dict[str, Any], context: StepContext | None =
     return result
 
 
+def call_item_handler(path: str, state: dict[str, Any], item: Any, index: int,
+                      context: StepContext | None = None) -> Any:
+    """Run a ``for_each`` handler on one item: ``f(state, item, index)`` or a Step's
+    ``handle_item(state, item, index)``."""
+    obj = import_path(path)
+    if inspect.isclass(obj):
+        instance = obj()
+        instance.context = context
+        result = instance.handle_item(state, item, index)
+    else:
+        result = obj(state, item, index)
+    if inspect.isawaitable(result):
+        result = _run_awaitable(result)
+    return result
+
+
 @functools.lru_cache(maxsize=1024)
 def _wants_context(function: Any) -> bool:
     try:
