@@ -70,6 +70,8 @@ class WorkflowRun(models.Model):
     # Compensations and hooks queued after a cancel, failure or deadline: the queue and the
     # position of the next one. Set at most once per run.
     cleanup = models.JSONField(null=True, blank=True)
+    # Iterations of each repeat step's current loop ({step index: n}); reset when it exits.
+    loops = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
     finished_at = models.DateTimeField(null=True, blank=True)

@@ -519,6 +519,35 @@ def _transition_locked(held: Claim, spec: WorkflowSpec, output: dict[str, Any],
     return True
 
 
+def _repeat(spec: WorkflowSpec, run_id: int, index: int, state: dict[str, Any],
+            loops: dict[str, int]) -> tuple[bool, dict[str, int]]:
+    """Evaluate a repeat step: go back again? Returns that and the updated loop counters.
+
+    Raises:
+        BudgetExceeded: the loop would pass its ``max_iterations``.
+    """
+    step = spec.steps[index]
+    rule = step.repeat
+    if rule["condition"]:
+        from queuety.core.imports import import_path
+
+        matched = bool(import_path(rule["condition"])(dict(state)))
+    else:
+        matched = waits.same_json(state.get(rule["state_key"]), rule["expected"])
+    again = matched if rule["mode"] == "while" else not matched
+    key = str(index)
+    if not again:  # the loop is over: an enclosing loop that comes back starts it afresh
+        return False, {k: v for k, v in loops.items() if k != key}
+    iterations = loops.get(key, 0) + 1
+    limit = rule["max_iterations"]
+    if limit is not None and iterations > limit:
+        raise exceptions.BudgetExceeded(
+            "max_iterations", limit, iterations, run_id, spec.name,
+            message=f"Repeat step {step.name!r} of run {run_id} exceeded its max_iterations "
+                    f"of {limit}.")
+    return True, {**loops, key: iterations}
+
+
 def _items(spec: WorkflowSpec, run_id: int, step: StepSpec, state: dict[str, Any]) -> list:
     """The items a for_each step fans out to, checked against ``max_for_each_items``."""
     items = state.get(step.fanout.items_key)
@@ -705,8 +734,22 @@ def _land(spec: WorkflowSpec, run_id: int, index: int | None, state: dict[str, A
     """
     status = RunStatus.PAUSED if paused else RunStatus.RUNNING
     items: list[Any] | None = None
-    while not paused and index is not None and spec.steps[index].kind in ("wait", "for_each"):
+    loops: dict[str, int] | None = None
+    while not paused and index is not None and \
+            spec.steps[index].kind in ("wait", "for_each", "repeat"):
         step = spec.steps[index]
+        if step.kind == "repeat":
+            if loops is None:
+                loops = dict(WorkflowRun.objects.values_list("loops", flat=True).get(pk=run_id))
+            again, loops = _repeat(spec, run_id, index, state, loops)
+            usage = replace(usage, transitions=usage.transitions + 1)
+            _check(spec, run_id, state, usage)
+            events.append(Event(run_id=run_id, kind="repeat_evaluated", step_index=index,
+                                step_name=step.name, data={
+                                    "again": again, "iterations": loops.get(str(index), 0)}))
+            index = spec.index_of(step.repeat["target"]) if again else (
+                index + 1 if index + 1 < len(spec.steps) else None)
+            continue
         if step.kind == "for_each":
             items = _items(spec, run_id, step, state)
             if items:
@@ -750,6 +793,7 @@ def _land(spec: WorkflowSpec, run_id: int, index: int | None, state: dict[str, A
     fields: dict[str, Any] = {
         "state": state, "transitions": usage.transitions, "cost_units": usage.cost_units,
         "revision": F("revision") + 1, "updated_at": now, "status": status,
+        **({} if loops is None else {"loops": loops}),
     }
     if index is None:
         status = RunStatus.COMPLETED

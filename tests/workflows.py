@@ -274,3 +274,22 @@ def summarise(state, aggregate):
     """A for_each reducer."""
     return {"for_each_count": aggregate["succeeded"],
             "winner_id": aggregate["winner"]["output"]["id"] if aggregate["winner"] else None}
+
+
+def increment(state):
+    mark(f"{state['token']}-inc")
+    return {"counter": state.get("counter", 0) + 1}
+
+
+def poll(state):
+    counter = state.get("counter", 0) + 1
+    return {"counter": counter, "should_repeat": counter < state["limit"]}
+
+
+def counter_at_least_3(state):
+    """A repeat condition."""
+    return state.get("counter", 0) >= 3
+
+
+def always(state):
+    return True

@@ -155,6 +155,50 @@ class WorkflowBuilder:
         _check_name(self._name, self._steps, spec)
         return self._copy(steps=self._steps + (spec,))
 
+    # -- loops ---------------------------------------------------------------------------------
+
+    def _repeat(self, mode: str, target: str, state_key: str | None, expected: Any,
+                condition: Any, max_iterations: int | None, name: str | None
+                ) -> WorkflowBuilder:
+        if not isinstance(target, str) or not target:
+            raise exceptions.WorkflowDefinitionError(
+                "Repeat steps need the name of an earlier step to go back to.")
+        if (state_key is None) == (condition is None):
+            raise exceptions.WorkflowDefinitionError(
+                "Repeat steps need either a state_key or a condition, not both.")
+        if max_iterations is not None and (not isinstance(max_iterations, int)
+                                           or max_iterations < 1):
+            raise exceptions.WorkflowDefinitionError(
+                f"max_iterations must be at least 1 (got {max_iterations!r}).")
+        if target not in [s.name for s in self._steps]:
+            raise exceptions.WorkflowDefinitionError(
+                f"Repeat target {target!r} must name an earlier step of workflow "
+                f"{self._name!r}.")
+        spec = StepSpec(
+            name=name or f"repeat_{mode}_{len(self._steps)}", kind="repeat", cost_units=0,
+            repeat={"mode": mode, "target": target, "state_key": state_key,
+                    "expected": expected,
+                    "condition": None if condition is None else resolve_handler(condition)[0],
+                    "max_iterations": max_iterations})
+        _check_name(self._name, self._steps, spec)
+        return self._copy(steps=self._steps + (spec,))
+
+    def repeat_until(self, target: str, state_key: str | None = None, expected: Any = True, *,
+                     condition: Any = None, max_iterations: int | None = None,
+                     name: str | None = None) -> WorkflowBuilder:
+        """Go back to step ``target`` until ``state[state_key] == expected`` (compared as JSON)
+        or ``condition(state)`` is true. Each evaluation is a transition."""
+        return self._repeat("until", target, state_key, expected, condition, max_iterations,
+                            name)
+
+    def repeat_while(self, target: str, state_key: str | None = None, expected: Any = True, *,
+                     condition: Any = None, max_iterations: int | None = None,
+                     name: str | None = None) -> WorkflowBuilder:
+        """Go back to step ``target`` while ``state[state_key] == expected`` (or
+        ``condition(state)`` is true). Each evaluation is a transition."""
+        return self._repeat("while", target, state_key, expected, condition, max_iterations,
+                            name)
+
     # -- fan-out -------------------------------------------------------------------------------
 
     def parallel(self, steps: list[Any], name: str | None = None, *,

@@ -53,6 +53,9 @@ class StepSpec:
     """For ``delay`` steps: how long the run sleeps (durably) there."""
     fanout: FanOutSpec | None = None
     """For ``parallel`` and ``for_each`` steps: what they fan out to."""
+    repeat: dict[str, Any] | None = None
+    """For ``repeat`` steps: ``{mode, target, state_key, expected, condition,
+    max_iterations}``."""
 
     def to_dict(self) -> dict[str, Any]:
         """Return the JSON form."""
@@ -69,6 +72,7 @@ class StepSpec:
                                                 "default_route": self.default_route}),
             **({} if self.delay_seconds is None else {"delay_seconds": self.delay_seconds}),
             **({} if self.fanout is None else {"fanout": self.fanout.to_dict()}),
+            **({} if self.repeat is None else {"repeat": self.repeat}),
         }
 
     @classmethod
@@ -89,6 +93,7 @@ class StepSpec:
             default_route=data.get("default_route"),
             delay_seconds=data.get("delay_seconds"),
             fanout=FanOutSpec.from_dict(data["fanout"]) if data.get("fanout") else None,
+            repeat=data.get("repeat"),
         )
 
 
@@ -134,6 +139,12 @@ class WorkflowSpec:
 
     def _check_routes(self) -> None:
         """Refuse route targets that name no step, and steps no path can reach."""
+        for position, step in enumerate(self.steps):
+            if step.repeat and self._index.get(step.repeat["target"], position) >= position:
+                raise exceptions.WorkflowDefinitionError(
+                    f"Repeat step {step.name!r} of workflow {self.name!r} targets "
+                    f"{step.repeat['target']!r}, which must name an earlier step."
+                )
         routed = [step for step in self.steps if step.routes is not None]
         if not routed:
             return

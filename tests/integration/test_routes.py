@@ -125,3 +125,59 @@ def test_delay__negative_is_refused_and_zero_advances():
         queuety.workflow("w").delay(seconds=-1)
     spec = queuety.workflow("w").delay(seconds=30, minutes=2, hours=1, days=1).delay().build()
     assert spec.steps[0].delay_seconds == 90150 and spec.steps[1].name == "delay_1"
+
+
+def test_repeat_until__loops_back_until_the_state_matches(worker, token):
+    run_id = (queuety.workflow("loop_until").then(workflows.increment)
+              .repeat_until("increment", "counter", 3).then(workflows.step_a)
+              .dispatch({"token": token}))
+    status = wait_for(run_id, worker=worker)
+    assert status.status == "completed" and status.state["counter"] == 3
+    assert len(workflows.marks(f"{token}-inc")) == 3
+    evaluations = Event.objects.filter(run_id=run_id, kind="repeat_evaluated")
+    assert [e.data["again"] for e in evaluations.order_by("pk")] == [True, True, False]
+    # 3 increments + 3 evaluations + step_a: each evaluation is a transition.
+    assert status.budget is None
+    from queuety.models import WorkflowRun
+
+    run = WorkflowRun.objects.get(pk=run_id)
+    assert run.transitions == 7 and run.loops == {}
+
+
+def test_repeat_while_and_conditions(worker, token):
+    polled = (queuety.workflow("loop_while").then(workflows.poll)
+              .repeat_while("poll", "should_repeat", True).dispatch({"token": token, "limit": 3}))
+    assert wait_for(polled, worker=worker).state == {"token": token, "limit": 3, "counter": 3,
+                                                     "should_repeat": False}
+    by_condition = (queuety.workflow("loop_cond").then(workflows.increment)
+                    .repeat_until("increment", condition=workflows.counter_at_least_3,
+                                  max_iterations=5)
+                    .dispatch({"token": token + "c"}))
+    assert wait_for(by_condition, worker=worker).state["counter"] == 3
+
+
+def test_repeat__max_iterations_and_max_transitions_stop_a_runaway_loop(worker, token):
+    capped = (queuety.workflow("loop_cap").then(workflows.increment)
+              .repeat_while("increment", condition=workflows.always, max_iterations=2)
+              .dispatch({"token": token}))
+    status = wait_for(capped, worker=worker)
+    assert status.status == "failed" and status.error["budget"] == "max_iterations"
+    assert len(workflows.marks(f"{token}-inc")) == 3
+    budgeted = (queuety.workflow("loop_budget").max_transitions(4).then(workflows.increment)
+                .repeat_while("increment", condition=workflows.always)
+                .dispatch({"token": token + "b"}))
+    status = wait_for(budgeted, worker=worker)
+    assert status.status == "failed" and status.error["budget"] == "max_transitions"
+
+
+@pytest.mark.parametrize("build, message", [
+    (lambda: queuety.workflow("w").then(workflows.step_a).repeat_until("later", "x"),
+     "must name an earlier step"),
+    (lambda: queuety.workflow("w").then(workflows.step_a).repeat_until(
+        "step_a", "x", condition=workflows.always), "either a state_key or a condition"),
+    (lambda: queuety.workflow("w").then(workflows.step_a).repeat_until(
+        "step_a", "x", max_iterations=0), "at least 1"),
+])
+def test_repeat__build_time_checks(build, message):
+    with pytest.raises(queuety.WorkflowDefinitionError, match=message):
+        build()
