@@ -86,29 +86,26 @@ class IdempotencyConflict(QueuetyError):
         return (type(self), (self.key, self.run_id, self.differences))
 
 
-class RunNotWaiting(QueuetyError):
+class RunStateError(QueuetyError):
+    """Base of the errors about what a run's current status allows; carries ``run_id``."""
+
+    def __init__(self, run_id: int, message: str) -> None:
+        super().__init__(message)
+        self.run_id = run_id
+
+    def __reduce__(self):
+        return (type(self), (self.run_id, self.args[0]))
+
+
+class RunNotWaiting(RunStateError):
     """A signal or reply reached a run that cannot take it (finished, or not waiting for it).
 
     Nothing was recorded.
     """
 
-    def __init__(self, run_id: int, message: str) -> None:
-        super().__init__(message)
-        self.run_id = run_id
 
-    def __reduce__(self):
-        return (type(self), (self.run_id, self.args[0]))
-
-
-class InvalidTransition(QueuetyError):
+class InvalidTransition(RunStateError):
     """An operation the run's status does not allow (resume a run that is not paused, ...)."""
-
-    def __init__(self, run_id: int, message: str) -> None:
-        super().__init__(message)
-        self.run_id = run_id
-
-    def __reduce__(self):
-        return (type(self), (self.run_id, self.args[0]))
 
 
 class AlreadyAnswered(RunNotWaiting):

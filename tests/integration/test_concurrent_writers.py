@@ -10,12 +10,12 @@ from queuety.models import Event, StepRun
 from tests import workflows
 
 
-def run_inline(token: str, interfere: str):
-    """Dispatch interfere -> step_c and execute every published message in this process."""
+def run_inline(token: str, interfere: str, builder=None):
+    """Dispatch (by default interfere -> step_c) and execute every published message here."""
+    builder = builder or (queuety.workflow("interfered").retry(initial_delay=0, jitter=0)
+                          .then(workflows.interfere).then(workflows.step_c))
     with publish.captured() as sent:
-        run_id = (queuety.workflow("interfered").retry(initial_delay=0, jitter=0)
-                  .then(workflows.interfere)
-                  .then(workflows.step_c).dispatch({"token": token, "interfere": interfere}))
+        run_id = builder.dispatch({"token": token, "interfere": interfere})
         done = 0
         while done < len(sent):
             services.execute_step(sent[done].step_run_id)
@@ -82,14 +82,9 @@ def test_workflow_status__unknown_run_raises_run_not_found():
 
 
 def test_budget_breach_found_under_the_lock__fails_the_run_and_keeps_the_state(token):
-    with publish.captured() as sent:
-        run_id = (queuety.workflow("interfered_capped").max_transitions(1)
-                  .then(workflows.step_a).then(workflows.interfere).then(workflows.step_c)
-                  .dispatch({"token": token, "interfere": "bump_revision"}))
-        done = 0
-        while done < len(sent):
-            services.execute_step(sent[done].step_run_id)
-            done += 1
+    run_id, _ = run_inline(token, "bump_revision", (
+        queuety.workflow("interfered_capped").max_transitions(1)
+        .then(workflows.step_a).then(workflows.interfere).then(workflows.step_c)))
 
     status = queuety.workflow_status(run_id)
     assert status.status == "failed" and status.error["budget"] == "max_transitions"
@@ -100,14 +95,9 @@ def test_budget_breach_found_under_the_lock__fails_the_run_and_keeps_the_state(t
 
 
 def test_run_changed_meanwhile__a_jump_survives_the_locked_path(token):
-    with publish.captured() as sent:
-        run_id = (queuety.workflow("interfered_jump").then(workflows.interfere_then_jump)
-                  .then(workflows.step_b).then(workflows.step_c)
-                  .dispatch({"token": token, "interfere": "bump_revision"}))
-        done = 0
-        while done < len(sent):
-            services.execute_step(sent[done].step_run_id)
-            done += 1
+    run_id, _ = run_inline(token, "bump_revision", (
+        queuety.workflow("interfered_jump").then(workflows.interfere_then_jump)
+        .then(workflows.step_b).then(workflows.step_c)))
 
     status = queuety.workflow_status(run_id)
     assert status.status == "completed" and status.state["log"] == ["c"]
