@@ -70,6 +70,10 @@ class WorkflowRun(models.Model):
     # Compensations and hooks queued after a cancel, failure or deadline: the queue and the
     # position of the next one. Set at most once per run.
     cleanup = models.JSONField(null=True, blank=True)
+    # Set for a child run started by run_workflow(): the parent run and its step.
+    parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL,
+                               related_name="children")
+    parent_step = models.PositiveIntegerField(null=True, blank=True)
     # Iterations of each repeat step's current loop ({step index: n}); reset when it exits.
     loops = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)

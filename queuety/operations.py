@@ -80,6 +80,11 @@ def cancel(run_id: int, *, actor: str = "") -> None:
         _event(run, "workflow_cancelled", actor, previous_status=previous)
         if not (run.cleanup and run.cleanup.get("cause") == "failure"):
             start_cleanup(run, spec, "cancel", now)
+        # Children go with their parent (parent row locked before the child's, as always).
+        for child in WorkflowRun.objects.filter(parent_id=run.pk).exclude(
+                status__in=services.FINISHED).values_list("pk", flat=True):
+            cancel(child, actor=f"parent run {run.pk}")
+        services.notify_parent(run.pk)
     logger.info("Run id=%s cancelled by %s", run_id, actor or "-")
 
 
@@ -341,6 +346,7 @@ def fail_overdue(now=None) -> int:
                 revision=F("revision") + 1)
             Event.objects.create(run_id=run.pk, kind="workflow_deadline_exceeded",
                                  data={"error": error, "previous_status": run.status})
+            services.notify_parent(run.pk)
             start_cleanup(run, spec, "deadline", now)
     return len(overdue)
 

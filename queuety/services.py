@@ -151,22 +151,108 @@ def dispatch(spec: WorkflowSpec, payload: dict[str, Any] | None = None, *,
                                                  spec.definition_hash, now])
                     if cursor.fetchone() is None:
                         raise _KeyTaken
-            started = Event(
-                run=run, kind="workflow_started",
-                data={"definition_hash": spec.definition_hash, "version": spec.version,
-                      "idempotency_key": idempotency_key, "state": state},
-            )
-            if spec.steps[0].kind == "task":
-                step_run = _new_step_run(run.pk, spec, 0, seq=0, now=now)
-                started.save()
-                publish_on_commit([_message(spec, step_run.pk, 0)])
-            else:
-                _land(spec, run.pk, 0, state, budgets.Usage(), now, [started])
+            _begin(spec, run, state, now, {"idempotency_key": idempotency_key})
     except _KeyTaken:
         return _reused_key(DispatchKey.objects.get(key=idempotency_key), spec, payload_hash,
                            on_conflict)
     logger.info("Run id=%s workflow=%s version=%s dispatched", run.pk, spec.name, spec.version)
     return run.pk
+
+
+def _begin(spec: WorkflowSpec, run: WorkflowRun, state: dict[str, Any], now,
+           extra: dict[str, Any]) -> None:
+    """Start a just-created run on its first step (in the creating transaction)."""
+    started = Event(run=run, kind="workflow_started", data={
+        "definition_hash": spec.definition_hash, "version": spec.version, "state": state,
+        **extra})
+    if spec.steps[0].kind == "task":
+        step_run = _new_step_run(run.pk, spec, 0, seq=0, now=now)
+        started.save()
+        publish_on_commit([_message(spec, step_run.pk, 0)])
+    else:
+        _land(spec, run.pk, 0, state, budgets.Usage(), now, [started])
+
+
+def _start_child(spec: WorkflowSpec, parent_id: int, index: int, state: dict[str, Any],
+                 now) -> int:
+    """Create and start the child run of step ``index`` (in the parent's transaction)."""
+    child = WorkflowSpec.from_dict(spec.steps[index].child)
+    run = WorkflowRun.objects.create(
+        definition_id=definition_id(child), name=child.name, state=state,
+        total_steps=len(child.steps), status=RunStatus.RUNNING, parent_id=parent_id,
+        parent_step=index,
+        deadline_at=None if child.deadline_seconds is None
+        else now + timedelta(seconds=child.deadline_seconds))
+    _begin(child, run, state, now, {"parent_run": parent_id})
+    return run.pk
+
+
+def notify_parent(run_id: int) -> None:
+    """Once this transaction commits, tell a finished child's parent (if any) to move on."""
+    parent = WorkflowRun.objects.filter(pk=run_id).values_list("parent_id", flat=True).first()
+    if parent is not None:
+        from queuety.tasks import resume_parent
+
+        transaction.on_commit(lambda: _safe_delay(resume_parent, parent))
+
+
+def _safe_delay(task, *args) -> None:
+    try:
+        task.apply_async(args, **({"queue": settings.QUEUE} if settings.QUEUE else {}))
+    except Exception:  # noqa: BLE001 - the sweeper wakes waiting parents anyway
+        logger.exception("Could not publish %s%r; the sweeper will do it.", task.name, args)
+
+
+def resume_parent(parent_id: int) -> str | None:
+    """Move a parent parked at a ``run_workflow`` step on if its child has finished.
+
+    Idempotent; called when a child finishes and by the sweeper. Returns the parent's status.
+    """
+    now = timezone.now()
+    with transaction.atomic():
+        parent = WorkflowRun.objects.select_for_update().filter(pk=parent_id).first()
+        if parent is None or parent.status != RunStatus.WAITING_FOR_WORKFLOWS:
+            return None
+        spec = load_spec(parent.definition_id)
+        index = parent.current_step
+        child = (WorkflowRun.objects.filter(parent_id=parent.pk, parent_step=index)
+                 .order_by("-pk").first())
+        if child is None or child.status not in FINISHED:
+            return parent.status
+        events = [Event(run_id=parent.pk, kind="child_finished", step_index=index,
+                        step_name=spec.steps[index].name,
+                        data={"child_run": child.pk, "status": child.status})]
+        if child.status != RunStatus.COMPLETED:
+            reason = (child.error or {}).get("message") or f"it was {child.status}"
+            error = {"type": "queuety.exceptions.ChildRunFailed",
+                     "message": f"Child run {child.pk} ({child.name!r}) of step "
+                                f"{spec.steps[index].name!r} {child.status}: {reason}",
+                     "step": spec.steps[index].name, "step_index": index,
+                     "attempt": None, "max_attempts": None, "child_run": child.pk}
+            WorkflowRun.objects.filter(pk=parent.pk).update(
+                status=RunStatus.FAILED, error=error, finished_at=now, updated_at=now,
+                revision=F("revision") + 1)
+            events.append(Event(run_id=parent.pk, kind="workflow_failed",
+                                data={"error": error}))
+            Event.objects.bulk_create(events)
+            notify_parent(parent.pk)
+            if spec.compensate_on_failure:
+                from queuety import operations
+
+                operations.start_cleanup(parent, spec, "failure", now)
+            return RunStatus.FAILED
+        output = engine.public(child.state)
+        state = {**parent.state, **output}
+        usage = budgets.Usage(parent.transitions + 1, parent.cost_units,
+                              parent.started_workflows)
+        events[0].data["output"] = output
+        try:
+            _check(spec, parent.pk, state, usage)
+        except exceptions.BudgetExceeded as breach:
+            return _fail_parked(spec, parent.pk, index, parent.state, usage, now, events,
+                                breach)
+        return _land(spec, parent.pk, index + 1 if index + 1 < len(spec.steps) else None,
+                     state, usage, now, events)
 
 
 def _reused_key(used: DispatchKey, spec: WorkflowSpec, payload_hash: str,
@@ -692,6 +778,7 @@ def _fail_parked(spec: WorkflowSpec, run_id: int, index: int, state: dict[str, A
     events.append(Event(run_id=run_id, kind="workflow_failed", step_index=index,
                         step_name=step.name, data={"error": error}))
     Event.objects.bulk_create(events)
+    notify_parent(run_id)
     logger.warning("Run id=%s failed at wait %r: %s", run_id, step.name, breach)
     if spec.compensate_on_failure:
         from queuety import operations
@@ -790,6 +877,8 @@ def _land(spec: WorkflowSpec, run_id: int, index: int | None, state: dict[str, A
                                 "signals": [name for name, _ in result.chosen],
                                 "signal_ids": result.consumed, "output": result.output}))
         index = index + 1 if index + 1 < len(spec.steps) else None
+    if status == RunStatus.RUNNING and index is not None and spec.steps[index].kind == "child":
+        status = RunStatus.WAITING_FOR_WORKFLOWS
     fields: dict[str, Any] = {
         "state": state, "transitions": usage.transitions, "cost_units": usage.cost_units,
         "revision": F("revision") + 1, "updated_at": now, "status": status,
@@ -799,9 +888,14 @@ def _land(spec: WorkflowSpec, run_id: int, index: int | None, state: dict[str, A
         status = RunStatus.COMPLETED
         fields.update(status=status, current_step=len(spec.steps), finished_at=now)
         events.append(Event(run_id=run_id, kind="workflow_completed"))
+        notify_parent(run_id)
     else:
         fields["current_step"] = index
     WorkflowRun.objects.filter(pk=run_id).update(**fields)
+    if status == RunStatus.WAITING_FOR_WORKFLOWS:
+        child_id = _start_child(spec, run_id, index, state, now)
+        events.append(Event(run_id=run_id, kind="child_started", step_index=index,
+                            step_name=spec.steps[index].name, data={"child_run": child_id}))
     if status == RunStatus.RUNNING and spec.steps[index].kind in ("parallel", "for_each"):
         _fan_out(spec, run_id, index, state, usage.transitions, now, items)
     elif status == RunStatus.RUNNING and spec.steps[index].kind == "delay":
@@ -989,6 +1083,8 @@ def record_failure(held: Claim, spec: WorkflowSpec, error: BaseException,
         Event.objects.bulk_create([
             event, Event(run_id=held.run_id, kind="workflow_failed", data={"error": run_error}),
         ])
+        if failed:
+            notify_parent(held.run_id)
         if failed and spec.compensate_on_failure:
             operations.start_cleanup(WorkflowRun.objects.get(pk=held.run_id), spec, "failure",
                                      now)
@@ -1116,6 +1212,7 @@ def sweep(now=None) -> dict[str, int]:
     now = now or timezone.now()
     report = {}
     for name, phase in (("recovered", _recover_lost), ("republished", _republish_due),
+                        ("parents", _wake_parents),
                         ("overdue", operations.fail_overdue),
                         ("purged", operations.purge_finished)):
         try:
@@ -1177,6 +1274,21 @@ def fail_unloadable(step_run_id: int, run_id: int, error: BaseException) -> None
                 Event.objects.create(run_id=run_id, kind="workflow_failed",
                                      data={"error": run_error})
     logger.error("Step run id=%s of run id=%s failed: %s", step_run_id, run_id, record["message"])
+
+
+def _wake_parents(now) -> int:
+    """Move on parents whose child finished but whose wake-up message was lost."""
+    parents = list(WorkflowRun.objects.filter(
+        status=RunStatus.WAITING_FOR_WORKFLOWS, children__status__in=FINISHED,
+        children__parent_step=F("current_step"),
+    ).values_list("pk", flat=True).distinct()[:200])
+    moved = 0
+    for parent_id in parents:
+        try:
+            moved += resume_parent(parent_id) not in (None, RunStatus.WAITING_FOR_WORKFLOWS)
+        except Exception:  # noqa: BLE001 - one bad run must not stop the sweep
+            logger.exception("Could not wake parent run id=%s", parent_id)
+    return moved
 
 
 def _republish_due(now) -> int:
@@ -1377,9 +1489,18 @@ def reply(run_id: int, kind: str, data: Any = None, *, signal: str | None = None
 def wait_info(run: WorkflowRun, spec: WorkflowSpec) -> dict[str, Any]:
     """Return ``wait_type``, ``waiting_for``, ``wait_mode`` and ``wait_details`` of a run."""
     empty = {"wait_type": None, "waiting_for": None, "wait_mode": None, "wait_details": None}
-    if run.status != RunStatus.WAITING_FOR_SIGNAL or run.current_step >= len(spec.steps):
+    if run.status not in (RunStatus.WAITING_FOR_SIGNAL, RunStatus.WAITING_FOR_WORKFLOWS) or \
+            run.current_step >= len(spec.steps):
         return empty
     step = spec.steps[run.current_step]
+    if step.kind == "child" and run.status == RunStatus.WAITING_FOR_WORKFLOWS:
+        child = (WorkflowRun.objects.filter(parent_id=run.pk, parent_step=run.current_step)
+                 .order_by("-pk").values_list("pk", "status").first())
+        ids = [str(child[0])] if child else []
+        done = child is not None and child[1] in FINISHED
+        return {"wait_type": "workflow", "waiting_for": ids, "wait_mode": "all",
+                "wait_details": {"step_name": step.name, "matched": ids if done else [],
+                                 "remaining": [] if done else ids, "wait_mode": "all"}}
     if step.wait is None:
         return empty
     wait = step.wait

@@ -58,3 +58,9 @@ def execute_step(step_run_id: int) -> None:
 def sweep() -> dict[str, int]:
     """Recover lost attempts and re-publish due steps (scheduled by django-celery-beat)."""
     return services.sweep()
+
+
+@shared_task(name="queuety.resume_parent", ignore_result=True)
+def resume_parent(parent_id: int) -> None:
+    """Move a parent run on once its child run finished (the sweeper is the backstop)."""
+    services.resume_parent(parent_id)

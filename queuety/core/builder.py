@@ -155,6 +155,23 @@ class WorkflowBuilder:
         _check_name(self._name, self._steps, spec)
         return self._copy(steps=self._steps + (spec,))
 
+    # -- child workflows -----------------------------------------------------------------------
+
+    def run_workflow(self, name: str, child: WorkflowBuilder) -> WorkflowBuilder:
+        """Run ``child`` (a builder) as a child workflow named ``name``, started with this run's
+        state; when it completes, its state's keys are merged here and this run goes on. Its
+        failure or cancellation fails this run; cancelling this run cancels it.
+        """
+        if not isinstance(child, WorkflowBuilder):
+            raise exceptions.WorkflowDefinitionError(
+                f"run_workflow() takes a queuety.workflow(...) builder (got {child!r}).")
+        if not isinstance(name, str) or not name.strip():
+            raise exceptions.WorkflowDefinitionError("run_workflow() needs a non-blank name.")
+        spec = replace(child.build(), name=name.strip())
+        step = StepSpec(name=name.strip(), kind="child", cost_units=0, child=spec.to_dict())
+        _check_name(self._name, self._steps, step)
+        return self._copy(steps=self._steps + (step,))
+
     # -- loops ---------------------------------------------------------------------------------
 
     def _repeat(self, mode: str, target: str, state_key: str | None, expected: Any,

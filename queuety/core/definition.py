@@ -53,6 +53,8 @@ class StepSpec:
     """For ``delay`` steps: how long the run sleeps (durably) there."""
     fanout: FanOutSpec | None = None
     """For ``parallel`` and ``for_each`` steps: what they fan out to."""
+    child: dict[str, Any] | None = None
+    """For ``child`` steps (``run_workflow()``): the child workflow's definition."""
     repeat: dict[str, Any] | None = None
     """For ``repeat`` steps: ``{mode, target, state_key, expected, condition,
     max_iterations}``."""
@@ -73,6 +75,7 @@ class StepSpec:
             **({} if self.delay_seconds is None else {"delay_seconds": self.delay_seconds}),
             **({} if self.fanout is None else {"fanout": self.fanout.to_dict()}),
             **({} if self.repeat is None else {"repeat": self.repeat}),
+            **({} if self.child is None else {"child": self.child}),
         }
 
     @classmethod
@@ -94,6 +97,7 @@ class StepSpec:
             delay_seconds=data.get("delay_seconds"),
             fanout=FanOutSpec.from_dict(data["fanout"]) if data.get("fanout") else None,
             repeat=data.get("repeat"),
+            child=data.get("child"),
         )
 
 
@@ -118,7 +122,7 @@ class WorkflowSpec:
     """The run fails if it has not completed this many seconds after dispatch."""
     on_deadline: str | None = None
     """Dotted path of a handler called (durably) when the deadline fails the run."""
-    _index: dict[str, int] = field(default_factory=dict, compare=False, repr=False)
+    _index: dict[str, int] = field(default_factory=dict, init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if not self.name or not self.name.strip():

@@ -181,3 +181,72 @@ def test_repeat__max_iterations_and_max_transitions_stop_a_runaway_loop(worker, 
 def test_repeat__build_time_checks(build, message):
     with pytest.raises(queuety.WorkflowDefinitionError, match=message):
         build()
+
+
+def child_flow():
+    return queuety.workflow("ignored").then(workflows.step_b).then(workflows.increment)
+
+
+def test_run_workflow__the_child_feeds_the_parent(worker, token):
+    from queuety.models import WorkflowRun
+
+    run_id = (queuety.workflow("parent").then(workflows.step_a)
+              .run_workflow("child", child_flow()).then(workflows.step_c)
+              .dispatch({"token": token}))
+    status = wait_for(run_id, timeout=30, worker=worker)
+    child = WorkflowRun.objects.get(parent_id=run_id)
+    assert status.status == "completed" and status.state["log"] == ["a", "b", "c"]
+    assert status.state["counter"] == 1
+    assert (child.name, child.parent_step, child.status) == ("child", 1, "completed")
+    assert child.state["log"] == ["a", "b"]  # it started from the parent's state
+
+
+def test_run_workflow__waiting_parent_shows_the_child_and_a_failed_child_fails_it(worker,
+                                                                                token):
+    from queuety.models import WorkflowRun
+
+    run_id = (queuety.workflow("parent_fail")
+              .run_workflow("slow_child", queuety.workflow("x").then(workflows.slow)
+                            .then(workflows.boom))
+              .then(workflows.step_c).dispatch({"token": token, "sleep": 1.0}))
+    child = WorkflowRun.objects.get(parent_id=run_id)
+    waiting = queuety.workflow_status(run_id)
+    assert waiting.status == "waiting_for_workflows" and waiting.wait_type == "workflow"
+    assert waiting.waiting_for == [str(child.pk)]
+    status = wait_for(run_id, timeout=30, worker=worker)
+    assert status.status == "failed"
+    assert status.error["type"] == "queuety.exceptions.ChildRunFailed"
+    assert f"Child run {child.pk}" in status.error["message"]
+    assert "boom for order" in status.error["message"]
+    assert workflows.marks(f"{token}-c") == []
+
+
+def test_run_workflow__cancelling_the_parent_cancels_the_child(worker, token):
+    from queuety.models import WorkflowRun
+
+    run_id = (queuety.workflow("parent_cancel")
+              .run_workflow("waiting_child", queuety.workflow("x").wait_for_approval())
+              .dispatch({"token": token}))
+    child = WorkflowRun.objects.get(parent_id=run_id)
+    assert queuety.workflow_status(child.pk).status == "waiting_for_signal"
+    queuety.cancel(run_id)
+    assert queuety.workflow_status(child.pk).status == "cancelled"
+    assert queuety.workflow_status(run_id).status == "cancelled"
+
+
+def test_run_workflow__a_lost_wake_up_is_repaired_by_the_sweeper(worker, token):
+    from queuety import publish, services
+    from queuety.models import WorkflowRun
+
+    with publish.captured():  # no message leaves: the child's steps run here, in-process
+        run_id = (queuety.workflow("parent_swept")
+                  .run_workflow("child_swept", queuety.workflow("x").then(workflows.step_b))
+                  .then(workflows.step_c).dispatch({"token": token}))
+    child = WorkflowRun.objects.get(parent_id=run_id)
+    row = StepRun.objects.get(run_id=child.pk)
+    with publish.captured():
+        services.execute_step(row.pk)
+    # The child completed, but its parent's wake-up went nowhere; the sweeper moves it on.
+    assert queuety.workflow_status(child.pk).status == "completed"
+    assert queuety.workflow_status(run_id).status == "waiting_for_workflows"
+    assert wait_for(run_id, timeout=30, worker=worker).status == "completed"
