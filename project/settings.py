@@ -109,6 +109,10 @@ CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
+# Keep database connections across tasks: without this, Celery's Django fixup closes them
+# before and after EVERY task, so each step paid for a new PostgreSQL session. Broken or
+# expired connections are still closed, by queuety.tasks (Django's close_old_connections).
+CELERY_DB_REUSE_MAX = 10_000
 CELERY_TIMEZONE = TIME_ZONE
 
 QUEUETY = {}

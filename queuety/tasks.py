@@ -6,12 +6,18 @@ import logging
 import os
 
 from billiard.exceptions import WorkerLostError
-from celery import shared_task
+from celery import shared_task, signals
 from celery.worker.request import Request
+from django.db import close_old_connections
 
 from queuety import services
 
 logger = logging.getLogger("queuety")
+
+# Like a request cycle: drop connections that broke or outlived CONN_MAX_AGE, keep the rest
+# (a site that sets CELERY_DB_REUSE_MAX keeps them across tasks).
+signals.task_prerun.connect(lambda **kwargs: close_old_connections(), weak=False)
+signals.task_postrun.connect(lambda **kwargs: close_old_connections(), weak=False)
 
 
 class StepRequest(Request):

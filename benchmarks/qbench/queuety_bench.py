@@ -58,12 +58,11 @@ class Stats:
         self.conn.close()
 
 
-def preload(n: int, queue: str, steps=STEPS, payload_extra: dict | None = None) -> tuple[int, int, float]:
+def preload(n: int, queue: str, steps=STEPS) -> tuple[int, int, float]:
     """Dispatch ``n`` runs to ``queue``; return (first id, last id, dispatches per second)."""
     builder = three_steps(queue, steps)
     started = time.perf_counter()
-    ids = [builder.dispatch({"i": i, "token": uuid.uuid4().hex, **(payload_extra or {})})
-           for i in range(n)]
+    ids = [builder.dispatch({"i": i, "token": uuid.uuid4().hex}) for i in range(n)]
     return ids[0], ids[-1], n / (time.perf_counter() - started)
 
 

@@ -1,0 +1,366 @@
+"""Turn a run's record (results.json) into the Markdown tables of the report.
+
+Every figure is the median over the rounds with its min..max; every ratio is computed within
+a round (engine and peer measured minutes apart on the same machine state), then summarised.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+from qbench.util import spread
+
+Round = dict[str, Any]
+
+
+def _get(round_: Round, path: str) -> float | None:
+    value: Any = round_
+    for part in path.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return None
+        value = value[part]
+    return value if isinstance(value, (int, float)) else None
+
+
+def _fmt(value: float, digits: int) -> str:
+    if value is None or math.isnan(value):
+        return "-"
+    return f"{value:,.{digits}f}"
+
+
+def _cell(values: list[float | None], digits: int = 0) -> str:
+    s = spread([v for v in values if v is not None])
+    if not s["n"]:
+        return "-"
+    if s["n"] == 1:
+        return _fmt(s["median"], digits)
+    return f"{_fmt(s['median'], digits)} ({_fmt(s['min'], digits)}..{_fmt(s['max'], digits)})"
+
+
+def _series(rounds: list[Round], path: str) -> list[float | None]:
+    return [_get(r, path) for r in rounds]
+
+
+def _ratio_series(rounds: list[Round], top: str, bottom: str) -> list[float | None]:
+    out = []
+    for r in rounds:
+        a, b = _get(r, top), _get(r, bottom)
+        out.append(a / b if a is not None and b else None)
+    return out
+
+
+def _median(values: list[float | None]) -> float | None:
+    s = spread([v for v in values if v is not None])
+    return s["median"] if s["n"] else None
+
+
+VARIANTS = (("queuety", "Queuety, as shipped"),
+            ("queuety_keep", "Queuety, connections kept (CELERY_DB_REUSE_MAX)"))
+
+
+def render(record: dict) -> str:
+    rounds: list[Round] = record.get("rounds", [])
+    args = record.get("args", {})
+    lines: list[str] = []
+    add = lines.append
+    add(f"## Results ({len(rounds)} rounds; median (min..max) over rounds)\n")
+    if rounds:
+        _throughput(rounds, args, add)
+        _latency(rounds, args, add)
+        _dispatch(rounds, args, add)
+        _scaling(rounds, args, add)
+        _cost(rounds, add)
+        _ratios(rounds, add)
+    extra = record.get("extra", {})
+    if "big" in extra:
+        _big(extra["big"], add)
+    if "memory" in extra:
+        _memory(extra["memory"], add)
+    if "profile" in extra:
+        _profile(extra["profile"], add)
+    _machine(record.get("machine", {}), add)
+    return "\n".join(lines) + "\n"
+
+
+def _throughput(rounds, args, add) -> None:
+    add(f"### Throughput: {args.get('n')} three-step no-op workflows, one worker of 2 prefork "
+        "processes\n")
+    add("| engine | steps/s | runs/s |")
+    add("|---|---:|---:|")
+    for key, label in VARIANTS:
+        add(f"| {label} | {_cell(_series(rounds, f'tp_{key}.steps_per_s'))} | "
+            f"{_cell(_series(rounds, f'tp_{key}.runs_per_s'), 1)} |")
+    add(f"| Raw Celery, chain of 3 no-op tasks | "
+        f"{_cell(_series(rounds, 'tp_celery_noop.steps_per_s'))} | "
+        f"{_cell(_series(rounds, 'tp_celery_noop.runs_per_s'), 1)} |")
+    add(f"| Raw Celery, chain of 3 tasks, one PG step transaction each | "
+        f"{_cell(_series(rounds, 'tp_celery_pg.steps_per_s'))} | "
+        f"{_cell(_series(rounds, 'tp_celery_pg.runs_per_s'), 1)} |")
+    add(f"| DBOS 3-step workflows, direct, 2 threads ({args.get('dbos_n')} wf) | "
+        f"{_cell(_series(rounds, 'dbos.direct_steps_per_s'))} | "
+        f"{_cell(_series(rounds, 'dbos.direct_wf_per_s'), 1)} |")
+    if args.get("dbos_queue_n"):
+        add(f"| DBOS 3-step workflows, queue, worker_concurrency 2, 10 ms poll "
+            f"({args.get('dbos_queue_n')} wf) | "
+            f"{_cell(_series(rounds, 'dbos.queue_steps_per_s'))} | "
+            f"{_cell(_series(rounds, 'dbos.queue_wf_per_s'), 1)} |")
+    add(f"| Ceiling: pgbench step-boundary transaction, 2 clients | "
+        f"{_cell(_series(rounds, 'pgbench_step_c2.tps'))} | - |")
+    add(f"| Ceiling: pgbench step-boundary transaction, 8 clients | "
+        f"{_cell(_series(rounds, 'pgbench_step_c8.tps'))} | - |")
+    add(f"| pgbench running queuety's exact per-step SQL (claim + transition), 2 clients | "
+        f"{_cell(_series(rounds, 'pgbench_queuety_sql_c2.tps'))} | - |")
+    add("")
+
+
+def _latency(rounds, args, add) -> None:
+    add(f"### Latency: one three-step workflow dispatched and awaited, {args.get('lat')} "
+        "samples per round (ms)\n")
+    add("| engine | p50 | p95 |")
+    add("|---|---:|---:|")
+    for key, label in VARIANTS:
+        add(f"| {label}: dispatch to run completed | "
+            f"{_cell(_series(rounds, f'lat_{key}.p50_ms'), 1)} | "
+            f"{_cell(_series(rounds, f'lat_{key}.p95_ms'), 1)} |")
+        add(f"| {label}: dispatch to last step ran (BLPOP) | "
+            f"{_cell(_series(rounds, f'lat_{key}.last_step_p50_ms'), 1)} | "
+            f"{_cell(_series(rounds, f'lat_{key}.last_step_p95_ms'), 1)} |")
+    add(f"| Raw Celery chain of 3 no-op tasks | "
+        f"{_cell(_series(rounds, 'lat_celery_noop.p50_ms'), 1)} | "
+        f"{_cell(_series(rounds, 'lat_celery_noop.p95_ms'), 1)} |")
+    add(f"| Raw Celery chain, one PG step transaction per task | "
+        f"{_cell(_series(rounds, 'lat_celery_pg.p50_ms'), 1)} | "
+        f"{_cell(_series(rounds, 'lat_celery_pg.p95_ms'), 1)} |")
+    add(f"| DBOS 3-step workflow, called inline | "
+        f"{_cell(_series(rounds, 'dbos.latency_p50_ms'), 1)} | "
+        f"{_cell(_series(rounds, 'dbos.latency_p95_ms'), 1)} |")
+    add("")
+
+
+def _dispatch(rounds, args, add) -> None:
+    add("### Dispatch (`dispatch()` to a queue no worker consumes)\n")
+    add("| test | result |")
+    add("|---|---:|")
+    add(f"| 1 process, {args.get('dispatch_count')} calls | "
+        f"{_cell(_series(rounds, 'dispatch_p1.per_s'))} calls/s |")
+    add(f"| 8 processes, {max(1, (args.get('dispatch_count') or 4) // 4)} calls each | "
+        f"{_cell(_series(rounds, 'dispatch_p8.per_s'))} calls/s |")
+    races = [r.get("dispatch_race32", {}) for r in rounds]
+    held = [race.get("exactly_one") for race in races if "exactly_one" in race]
+    add(f"| 32 processes, one idempotency key, same instant: wall time | "
+        f"{_cell([1000 * r['seconds'] if 'seconds' in r else None for r in races], 1)} ms |")
+    verdict = ("yes, every round" if held and all(held) and len(held) == len(rounds)
+               else f"NO ({held})")
+    add(f"| ... exactly one run, one step row, one key row, one message, one id | {verdict} |")
+    add("")
+
+
+def _scaling(rounds, args, add) -> None:
+    add(f"### Scaling: steps/s by pool processes of one worker ({args.get('scale_n')} runs for "
+        f"1 and 4, {args.get('n')} for 2)\n")
+    add("| processes | " + " | ".join(label for _, label in VARIANTS) + " |")
+    add("|---:|" + "---:|" * len(VARIANTS))
+    for c in (1, 2, 4):
+        cells = []
+        for key, _ in VARIANTS:
+            path = f"tp_{key}.steps_per_s" if c == 2 else f"scale_{key}_c{c}.steps_per_s"
+            cells.append(_cell(_series(rounds, path)))
+        add(f"| {c} | " + " | ".join(cells) + " |")
+    add("")
+
+
+def _cost(rounds, add) -> None:
+    trips = next((r["roundtrips"] for r in reversed(rounds)
+                  if isinstance(r.get("roundtrips"), dict) and "step 2" in r["roundtrips"]),
+                 None)
+    add("### Database cost per step\n")
+    if trips:
+        add("In-process (`CaptureQueriesContext` around `execute_step`, publishing captured; "
+            "median ms per statement, last round; BEGIN is sent by psycopg with the next "
+            "statement, whose time includes it):\n")
+        add("| phase | statements (round trips) | ms per statement | SQL ms | wall ms |")
+        add("|---|---|---|---:|---:|")
+        for phase in ("dispatch", "step 1", "step 2", "step 3 (last)"):
+            p = trips.get(phase)
+            if p:
+                add(f"| {phase} | {' '.join(p['statements'])} ({p['round_trips']}) | "
+                    f"{' / '.join(f'{t:.2f}' for t in p['statement_ms'])} | "
+                    f"{p['sql_ms']:.2f} | {p['wall_ms']:.2f} |")
+        add("")
+    first = rounds[0]
+    add("In the worker (round 1, `pg_stat_database` deltas of the throughput test divided by "
+        "its steps):\n")
+    add("| worker | transactions committed / step | new PostgreSQL sessions / step | "
+        "rows inserted / step | rows updated / step |")
+    add("|---|---:|---:|---:|---:|")
+    for key, label in VARIANTS:
+        tp = first.get(f"tp_{key}", {})
+        add(f"| {label} | {_fmt(tp.get('xact_per_step', math.nan), 2)} | "
+            f"{_fmt(tp.get('sessions_per_step', math.nan), 2)} | "
+            f"{_fmt(tp.get('rows_inserted_per_step', math.nan), 2)} | "
+            f"{_fmt(tp.get('rows_updated_per_step', math.nan), 2)} |")
+    dbos = first.get("dbos", {})
+    if "xact_per_wf" in dbos:
+        add(f"| DBOS (per step = per workflow / 3) | {_fmt(dbos['xact_per_wf'] / 3, 2)} | - "
+            "| - | - |")
+    add("")
+
+
+def _goal(values: list[float | None], test: Callable[[float], bool]) -> str:
+    m = _median(values)
+    if m is None:
+        return "-"
+    return "met" if test(m) else "**not met**"
+
+
+def _ratios(rounds, add) -> None:
+    add("### Ratios (computed within each round; median (min..max))\n")
+    add("| ratio | goal | " + " | ".join(label for _, label in VARIANTS) + " |")
+    add("|---|---|" + "---|" * len(VARIANTS))
+    rows: list[tuple[str, str, Callable[[str], list], Callable[[float], bool] | None, int]] = [
+        ("steps/s ÷ DBOS direct steps/s", "≥ 1.5",
+         lambda k: _ratio_series(rounds, f"tp_{k}.steps_per_s", "dbos.direct_steps_per_s"),
+         lambda v: v >= 1.5, 2),
+        ("steps/s ÷ raw Celery no-op tasks/s", "≥ 0.6",
+         lambda k: _ratio_series(rounds, f"tp_{k}.steps_per_s", "tp_celery_noop.steps_per_s"),
+         lambda v: v >= 0.6, 2),
+        ("p50 latency ÷ DBOS inline p50", "≤ 1.0",
+         lambda k: _ratio_series(rounds, f"lat_{k}.p50_ms", "dbos.latency_p50_ms"),
+         lambda v: v <= 1.0, 2),
+        ("p50 latency ÷ Celery PG-chain p50", "≤ 1.2",
+         lambda k: _ratio_series(rounds, f"lat_{k}.p50_ms", "lat_celery_pg.p50_ms"),
+         lambda v: v <= 1.2, 2),
+        ("steps/s ÷ raw Celery PG-chain steps/s", "(info)",
+         lambda k: _ratio_series(rounds, f"tp_{k}.steps_per_s", "tp_celery_pg.steps_per_s"),
+         None, 2),
+        ("steps/s ÷ DBOS queued steps/s", "(info)",
+         lambda k: _ratio_series(rounds, f"tp_{k}.steps_per_s", "dbos.queue_steps_per_s"),
+         None, 2),
+        ("steps/s ÷ ceiling (pgbench step txn, 2 clients)", "(info)",
+         lambda k: _ratio_series(rounds, f"tp_{k}.steps_per_s", "pgbench_step_c2.tps"),
+         None, 3),
+        ("steps/s ÷ ceiling (pgbench step txn, 8 clients)", "(info)",
+         lambda k: _ratio_series(rounds, f"tp_{k}.steps_per_s", "pgbench_step_c8.tps"),
+         None, 3),
+        ("steps/s ÷ pgbench of queuety's own SQL, 2 clients", "(info)",
+         lambda k: _ratio_series(rounds, f"tp_{k}.steps_per_s", "pgbench_queuety_sql_c2.tps"),
+         None, 3),
+    ]
+    for label, goal, series, test, digits in rows:
+        cells = []
+        for key, _ in VARIANTS:
+            values = series(key)
+            cell = _cell(values, digits)
+            if test is not None and cell != "-":
+                cell += f" {_goal(values, test)}"
+            cells.append(cell)
+        add(f"| {label} | {goal} | " + " | ".join(cells) + " |")
+    # Round trips per step: statements in-process, plus connection set-up in the worker.
+    trips = next((r["roundtrips"] for r in reversed(rounds)
+                  if isinstance(r.get("roundtrips"), dict) and "step 2" in r["roundtrips"]),
+                 None)
+    if trips:
+        base = trips["step 2"]["round_trips"]
+        cells = []
+        for key, _ in VARIANTS:
+            sessions = rounds[0].get(f"tp_{key}", {}).get("sessions_per_step")
+            if sessions is None:
+                cells.append(f"{base} in-process")
+            elif sessions >= 0.5:
+                cells.append(f"{base} statements + a new connection per step "
+                             f"({sessions:.2f} sessions/step) **not met**")
+            else:
+                cells.append(f"{base} ({'met' if base <= 6 else '**not met**'})")
+        add(f"| database round trips per step | ≤ 6 | " + " | ".join(cells) + " |")
+    add("")
+
+
+def _big(big: dict, add) -> None:
+    add("### Status on a large database\n")
+    if "error" in big:
+        add(f"failed: {big['error']}\n")
+        return
+    add(f"Database `queuety_big` with {big['runs']:,} runs (loaded in {big['load_seconds']:.0f} s; "
+        f"table {big['table_size']}), status of random ids:\n")
+    add("| call | median | p95 |")
+    add("|---|---:|---:|")
+    add(f"| `workflow_status(id)`, in-process ({big['calls']} calls) | "
+        f"{big['status_p50_ms']:.2f} ms | {big['status_p95_ms']:.2f} ms |")
+    add(f"| `call_command('queuety', 'workflow', 'status', id)`, in-process | "
+        f"{big['command_p50_ms']:.2f} ms | {big['command_p95_ms']:.2f} ms |")
+    add(f"| `python manage.py queuety workflow status <id>`, new process each "
+        f"({big['cli_calls']} calls) | {big['cli_p50_ms']:.0f} ms | {big['cli_p95_ms']:.0f} ms |")
+    add(f"| `list_workflows(status='running', limit=50)` | {big['list_p50_ms']:.2f} ms | "
+        f"{big['list_p95_ms']:.2f} ms |")
+    add(f"| for scale: `python manage.py version` (process start-up, no query) | "
+        f"{big['python_startup_ms']:.0f} ms | - |")
+    add("")
+
+
+def _memory(mem: dict, add) -> None:
+    add("### Worker memory (RSS of the main process plus its 2 pool processes, from /proc)\n")
+    if "error" in mem:
+        add(f"failed: {mem['error']}\n")
+        return
+    add("| steps completed | main MiB | pool MiB | total MiB |")
+    add("|---:|---:|---:|---:|")
+    for point in mem["points"]:
+        add(f"| {point['steps']:,} | {point['main'] / 1024:.1f} | {point['pool'] / 1024:.1f} | "
+            f"{point['total'] / 1024:.1f} |")
+    add(f"\nGrowth from {mem['points'][0]['steps']:,} to {mem['points'][-1]['steps']:,} steps: "
+        f"{mem['growth_kib'] / 1024:+.1f} MiB ({mem['growth_per_1k_steps_kib']:+.2f} KiB per "
+        f"1,000 steps); {mem['steps_per_s']:.0f} steps/s over the run.\n")
+
+
+def _profile(prof: dict, add) -> None:
+    add("### Profile of the hot path\n")
+    if "error" in prof:
+        add(f"failed: {prof['error']}\n")
+        return
+    table = prof.get("pyspy_table", [])
+    if table:
+        add("py-spy on both pool processes of a worker running the throughput workload: share "
+            "of the busy samples (task handling, CPU and waits; waiting for the next task "
+            "excluded), inclusive:\n")
+        add("| component | as shipped | connections kept |")
+        add("|---|---:|---:|")
+        for label, shipped, kept in table:
+            add(f"| {label.replace('  ', '&nbsp;&nbsp;')} | {shipped:.1f} % | {kept:.1f} % |")
+        add("")
+    rows = prof.get("pyinstrument", [])
+    if rows:
+        add("pyinstrument around `execute_step` in-process (persistent connection, publishing "
+            "captured), share of execute_step time, inclusive:\n")
+        add("| component | share |")
+        add("|---|---:|")
+        for label, share in rows:
+            add(f"| {label.replace('  ', '&nbsp;&nbsp;')} | {share:.1f} % |")
+        add("")
+    if prof.get("notes"):
+        add(prof["notes"] + "\n")
+
+
+def _machine(facts: dict, add) -> None:
+    add("### Machine\n")
+    add("| item | value |")
+    add("|---|---|")
+    for key, value in facts.items():
+        add(f"| {key} | {value} |")
+    add("")
+
+
+def failures(record: dict) -> list[str]:
+    """Names of failed measurements and correctness checks that did not hold."""
+    found = []
+    for number, round_ in enumerate(record.get("rounds", []), 1):
+        for name, value in round_.items():
+            if isinstance(value, dict) and "error" in value:
+                found.append(f"round {number} {name}")
+        race = round_.get("dispatch_race32", {})
+        if "exactly_one" in race and not race["exactly_one"]:
+            found.append(f"round {number}: the idempotency race did not yield exactly one run")
+    for name, value in record.get("extra", {}).items():
+        if isinstance(value, dict) and "error" in value:
+            found.append(name)
+    return found
