@@ -1,0 +1,980 @@
+"""The Django admin for Queuety: see and steer workflow runs.
+
+Nothing can be added, edited or deleted by hand: runs and definitions are read-only. Operators
+steer runs with actions (retry, pause, resume, cancel, approve, reject, submit input) that call
+the service layer. Each action is a CSRF-protected POST that is permission-checked, refused when
+the run changed since the page was rendered (the form carries the run's ``revision``), and
+recorded on the run's timeline with the acting user (``admin:<username>``).
+
+Pages:
+
+- the runs changelist (fast on big tables: planner-estimated counts, indexed filters, no
+  per-row query);
+- the run page (status block, error, budget bars, wait, definition, timeline, state, signals
+  and the actions valid in the run's status);
+- ``approvals/``: every run waiting on a person, oldest first, answerable inline;
+- ``<id>/export/``: the run's JSON export (``history.export()``);
+- the definitions changelist with run counts per status.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, replace
+from typing import Any
+
+from django.contrib import admin, messages
+from django.contrib.admin.views.main import ChangeList
+from django.core.exceptions import PermissionDenied
+from django.core.paginator import Paginator
+from django.db import connections, transaction
+from django.db.models import Count, Q
+from django.http import (
+    Http404,
+    HttpRequest,
+    HttpResponse,
+    HttpResponseNotAllowed,
+    HttpResponseRedirect,
+    StreamingHttpResponse,
+)
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.utils import timezone
+from django.utils.formats import number_format
+from django.utils.functional import cached_property
+from django.utils.html import format_html, format_html_join
+from django.utils.http import url_has_allowed_host_and_scheme
+from django.utils.translation import ngettext
+
+from queuety import exceptions, history, operations, services
+from queuety.api.views import _form_fields, _form_reply
+from queuety.core import budget as budgets
+from queuety.core.definition import WorkflowSpec
+from queuety.management.commands.queuety import format_status
+from queuety.models import (
+    Event,
+    RunStatus,
+    Signal,
+    StepRun,
+    WorkflowDefinition,
+    WorkflowRun,
+)
+
+#: Status colours: the same on the changelist, the run page and the approvals page. White
+#: text on these backgrounds stays readable in the admin's light and dark themes.
+STATUS_COLOURS = {
+    RunStatus.RUNNING: "#1d6fb8",
+    RunStatus.WAITING_FOR_SIGNAL: "#a85d00",
+    RunStatus.WAITING_FOR_WORKFLOWS: "#7a5a00",
+    RunStatus.PAUSED: "#5f6b7a",
+    RunStatus.COMPLETED: "#1f7a3a",
+    RunStatus.FAILED: "#b3261e",
+    RunStatus.CANCELLED: "#444444",
+}
+
+#: Human wait kinds (``WaitSpec.human``) and how a page names them.
+HUMAN_WAITS = {"approval": "an approval", "decision": "a decision", "input": "input"}
+
+#: Most runs one bulk action (export, pause, ...) handles; more is refused with a message.
+BULK_LIMIT = 1000
+
+#: Characters of the pretty-printed state shown before "Show the whole state".
+STATE_PREVIEW_CHARS = 8000
+
+#: Characters of one timeline event's data shown on the run page.
+EVENT_DATA_CHARS = 2000
+
+TIMELINE_PAGE_SIZE = 50
+
+
+def actor(request: HttpRequest) -> str:
+    """Return how the timeline names the user acting through the admin."""
+    return f"admin:{request.user.get_username()}"
+
+
+def status_badge(status: str) -> str:
+    """Return the status as a coloured pill."""
+    return format_html(
+        '<span class="queuety-status" style="background:{};color:#fff;padding:1px 7px;'
+        'border-radius:9px;white-space:nowrap;font-size:0.92em">{}</span>',
+        STATUS_COLOURS.get(status, "#444444"), status)
+
+
+def pretty_json(value: Any, limit: int | None = None) -> tuple[str, bool]:
+    """Return ``value`` as indented JSON, cut at ``limit`` characters, and whether it was cut."""
+    text = json.dumps(value, indent=2, ensure_ascii=False, default=str)
+    if limit is not None and len(text) > limit:
+        return text[:limit] + "\n…", True
+    return text, False
+
+
+def human_duration(seconds: float) -> str:
+    """Return a duration as a person reads it: ``0.4 s``, ``3 min 2 s``, ``2 d 5 h``."""
+    if seconds < 10:
+        return f"{max(seconds, 0):.1f} s"
+    if seconds < 60:
+        return f"{int(seconds)} s"
+    minutes, secs = divmod(int(seconds), 60)
+    if minutes < 60:
+        return f"{minutes} min {secs} s"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 48:
+        return f"{hours} h {minutes} min"
+    days, hours = divmod(hours, 24)
+    return f"{days} d {hours} h"
+
+
+# Definition hashes by definition id. ``WorkflowSpec.definition_hash`` digests the canonical
+# JSON on every access, too slow for every row of a changelist; definitions never change.
+_hash_cache: dict[int, str] = {}
+
+
+def definition_hash(definition_pk: int) -> str:
+    """Return the hash of a stored definition (cached for the life of the process)."""
+    found = _hash_cache.get(definition_pk)
+    if found is None:
+        found = _hash_cache[definition_pk] = services.load_spec(definition_pk).definition_hash
+    return found
+
+
+# -- what waits where ---------------------------------------------------------------------------
+
+# Definitions are immutable rows, so what each one waits for at which step is cached for the
+# life of the process: definition id -> {step index: "approval" | "decision" | "input" | "signal"}.
+_wait_kinds_cache: dict[int, dict[int, str]] = {}
+
+
+def wait_kinds() -> dict[int, dict[int, str]]:
+    """Return, for every definition, the kind of each of its wait steps.
+
+    One query for the definition ids; definitions not seen before are read in one more query.
+    """
+    ids = set(WorkflowDefinition.objects.values_list("pk", flat=True))
+    missing = ids - _wait_kinds_cache.keys()
+    if missing:
+        for pk, document in (WorkflowDefinition.objects.filter(pk__in=missing)
+                             .values_list("pk", "definition")):
+            try:
+                spec = WorkflowSpec.from_dict(document)
+            except (exceptions.WorkflowDefinitionError, KeyError, TypeError, ValueError):
+                spec = None  # a definition this version cannot read waits for nothing we know
+            _wait_kinds_cache[pk] = {} if spec is None else {
+                index: step.wait.human or "signal"
+                for index, step in enumerate(spec.steps) if step.wait is not None}
+    return {pk: _wait_kinds_cache[pk] for pk in ids}
+
+
+def waiting_on(kinds: Iterable[str]) -> Q:
+    """Return a filter for runs parked at a wait of one of ``kinds``.
+
+    It is expressed on the run row alone (status, definition, current step), so it uses the
+    ``(status, -id)`` index and needs no join.
+    """
+    kinds = set(kinds)
+    where = Q(pk__in=[])  # matches nothing; OR-ed away as soon as one definition matches
+    for definition_pk, steps in sorted(wait_kinds().items()):
+        indices = sorted(index for index, kind in steps.items() if kind in kinds)
+        if indices:
+            where |= Q(definition_id=definition_pk, current_step__in=indices)
+    return Q(status=RunStatus.WAITING_FOR_SIGNAL) & where
+
+
+def waiting_label(run: WorkflowRun, spec: WorkflowSpec) -> str:
+    """Return what a run waits for, in a few words (``""`` when it is not waiting)."""
+    if run.status == RunStatus.WAITING_FOR_WORKFLOWS:
+        return "child workflows"
+    if run.current_step >= len(spec.steps):
+        return ""
+    step = spec.steps[run.current_step]
+    if run.status == RunStatus.RUNNING and step.kind == "delay":
+        return f"a delay of {human_duration(step.delay_seconds or 0)}"
+    wait = step.wait
+    if run.status != RunStatus.WAITING_FOR_SIGNAL or wait is None:
+        return ""
+    if wait.human:
+        return f"{wait.human} (a person)"
+    names = ", ".join(wait.signals)
+    return f"signal: {names}" + (" (any)" if wait.mode == "any" and len(wait.signals) > 1
+                                 else "")
+
+
+def describe_step(step) -> str:
+    """Return what a step does, in one line, for the run page's definition table."""
+    if step.kind == "wait":
+        who = f"{step.wait.human} from a person: " if step.wait.human else "signals: "
+        return who + ", ".join(step.wait.signals) + (
+            " (any)" if step.wait.mode == "any" and len(step.wait.signals) > 1 else "")
+    if step.kind == "delay":
+        return f"sleep {human_duration(step.delay_seconds or 0)}"
+    if step.kind == "repeat":
+        loop = step.repeat or {}
+        test = loop.get("condition") or f"state[{loop.get('state_key')!r}] == " \
+            f"{json.dumps(loop.get('expected'))}"
+        limit = f", at most {loop['max_iterations']} times" if loop.get("max_iterations") else ""
+        return f"back to {loop.get('target')} {loop.get('mode')} {test}{limit}"
+    if step.kind == "parallel" and step.fanout is not None:
+        return "in parallel: " + ", ".join(step.fanout.branches)
+    text = step.handler
+    if step.kind == "for_each" and step.fanout is not None:
+        quorum = f" {step.fanout.quorum}" if step.fanout.quorum else ""
+        text += (f" for each item of state[{step.fanout.items_key!r}], join "
+                 f"{step.fanout.mode}{quorum}")
+    if step.routes is not None:
+        routes = [f"{label} → {target}" for label, target in step.routes.items()]
+        if step.default_route:
+            routes.append(f"otherwise → {step.default_route}")
+        text += "; routes " + ", ".join(routes)
+    return text
+
+
+# -- counting big tables -----------------------------------------------------------------------
+
+class EstimatedCountPaginator(Paginator):
+    """A paginator that takes PostgreSQL's row estimate for big result sets.
+
+    ``SELECT COUNT(*)`` reads every matching row, which dominates a changelist over millions of
+    runs. ``EXPLAIN`` plans the same query without reading rows and says how many it expects.
+    When it expects fewer than ``exact_below`` rows an exact count is cheap, so it is made;
+    above, the estimate is used and :attr:`estimated` is set so the page can say "about".
+    """
+
+    exact_below = 10_000
+    estimated = False
+
+    @cached_property
+    def count(self) -> int:
+        queryset = self.object_list
+        connection = connections[queryset.db]
+        if connection.vendor != "postgresql":
+            return super().count
+        sql, params = queryset.order_by().query.get_compiler(using=queryset.db).as_sql()
+        with connection.cursor() as cursor:
+            cursor.execute(f"EXPLAIN (FORMAT JSON) {sql}", params)
+            plan = cursor.fetchone()[0]
+        if isinstance(plan, str):
+            plan = json.loads(plan)
+        expected = int(plan[0]["Plan"]["Plan Rows"])
+        if expected < self.exact_below:
+            return super().count
+        self.estimated = True
+        return expected
+
+
+# -- list filters --------------------------------------------------------------------------------
+
+class NameFilter(admin.SimpleListFilter):
+    """Filter runs by workflow name; choices come from the (small) definitions table."""
+
+    title = "workflow"
+    parameter_name = "workflow"
+
+    def lookups(self, request, model_admin):
+        names = (WorkflowDefinition.objects.order_by("name").values_list("name", flat=True)
+                 .distinct())
+        return [(name, name) for name in names]
+
+    def queryset(self, request, queryset):
+        return queryset.filter(name=self.value()) if self.value() else queryset
+
+
+class VersionFilter(admin.SimpleListFilter):
+    """Filter runs by the ``.version()`` label of their definition."""
+
+    title = "version"
+    parameter_name = "version"
+    #: The choice for definitions without a version label.
+    UNLABELLED = "(none)"
+
+    def _versions(self) -> dict[int, str | None]:
+        if not hasattr(self, "_by_definition"):  # one query per request, not one per use
+            self._by_definition = dict(
+                WorkflowDefinition.objects.values_list("pk", "definition__version"))
+        return self._by_definition
+
+    def lookups(self, request, model_admin):
+        versions = sorted({v for v in self._versions().values() if v is not None})
+        return [(v, v) for v in versions] + [(self.UNLABELLED, "no version label")]
+
+    def queryset(self, request, queryset):
+        wanted = self.value()
+        if not wanted:
+            return queryset
+        # Resolved to definition ids so the filter runs on the runs' definition_id index.
+        match = None if wanted == self.UNLABELLED else wanted
+        ids = [pk for pk, version in self._versions().items() if version == match]
+        return queryset.filter(definition_id__in=ids)
+
+
+class WaitingFilter(admin.SimpleListFilter):
+    """Filter runs by what they wait for: a person (of each kind), a signal, child workflows."""
+
+    title = "waiting for"
+    parameter_name = "waiting"
+
+    def lookups(self, request, model_admin):
+        return [("person", "a person (any)"), *HUMAN_WAITS.items(), ("signal", "a signal"),
+                ("workflows", "child workflows")]
+
+    def queryset(self, request, queryset):
+        wanted = self.value()
+        if wanted == "workflows":
+            return queryset.filter(status=RunStatus.WAITING_FOR_WORKFLOWS)
+        if wanted == "person":
+            return queryset.filter(waiting_on(HUMAN_WAITS))
+        if wanted in (*HUMAN_WAITS, "signal"):
+            return queryset.filter(waiting_on([wanted]))
+        return queryset
+
+
+class DefinitionFilter(admin.SimpleListFilter):
+    """Runs of one exact definition; shown only while selected (from a run or definition page).
+
+    Listing every definition here would not scale; the definitions changelist links to it.
+    """
+
+    title = "definition"
+    parameter_name = "definition"
+
+    def lookups(self, request, model_admin):
+        value = self.value()
+        if not (value and value.isdigit()):
+            return []
+        found = WorkflowDefinition.objects.filter(pk=int(value)).first()
+        return [(value, str(found) if found else f"#{value} (deleted)")]
+
+    def queryset(self, request, queryset):
+        value = self.value()
+        if value and value.isdigit():
+            return queryset.filter(definition_id=int(value))
+        return queryset
+
+
+# -- actions on one run --------------------------------------------------------------------------
+
+class StaleForm(Exception):
+    """The run changed between rendering the form and posting it."""
+
+    def __init__(self, revision: int) -> None:
+        super().__init__(revision)
+        self.revision = revision
+
+
+@dataclass(frozen=True, slots=True)
+class LockedRun:
+    """What an action sees of the run it holds locked."""
+
+    pk: int
+    definition_id: int
+    current_step: int
+
+
+@dataclass(frozen=True, slots=True)
+class RunAction:
+    """An action of the run page: its label, who may do it, and what it does."""
+
+    name: str
+    label: str
+    permission: str
+    """``operate`` (``queuety.change_workflowrun``) or ``signal``
+    (``queuety.signal_workflowrun``)."""
+    perform: Callable[[HttpRequest, LockedRun], str]
+    """Do it (inside the transaction holding the run's lock); return the success message."""
+
+
+def _retry(request, run: LockedRun) -> str:
+    operations.retry(run.pk, actor=actor(request))
+    return f"Run {run.pk} was scheduled for retry from its failed step."
+
+
+def _pause(request, run: LockedRun) -> str:
+    operations.pause(run.pk, actor=actor(request))
+    return f"Run {run.pk} was paused: a step in flight finishes, nothing new starts."
+
+
+def _resume(request, run: LockedRun) -> str:
+    status = operations.resume(run.pk, actor=actor(request))
+    return f"Run {run.pk} was resumed; it is now {status}."
+
+
+def _cancel(request, run: LockedRun) -> str:
+    operations.cancel(run.pk, actor=actor(request))
+    return f"Run {run.pk} was cancelled; its compensations, if any, run next."
+
+
+def _decision_data(request) -> dict[str, Any]:
+    data = {"by": request.user.get_username()}
+    note = request.POST.get("note", "").strip()
+    if note:
+        data["note"] = note
+    return data
+
+
+def _approve(request, run: LockedRun) -> str:
+    receipt = services.reply(run.pk, "approve", _decision_data(request), sent_by=actor(request))
+    return f"Run {run.pk} was approved; it is now {receipt.status}."
+
+
+def _reject(request, run: LockedRun) -> str:
+    receipt = services.reply(run.pk, "reject", _decision_data(request), sent_by=actor(request))
+    return f"Run {run.pk} was rejected; it is now {receipt.status}."
+
+
+def _input(request, run: LockedRun) -> str:
+    spec = services.load_spec(run.definition_id)
+    step = spec.steps[run.current_step] if run.current_step < len(spec.steps) else None
+    schema = step.wait.schema if step is not None and step.wait is not None else None
+    try:
+        data = _form_reply(schema, request.POST)
+    except ValueError as error:
+        raise exceptions.InvalidSignalData(
+            f"The input for run {run.pk} was not sent: {error}") from None
+    receipt = services.reply(run.pk, "input", data, sent_by=actor(request))
+    return f"Your input was sent to run {run.pk}; it is now {receipt.status}."
+
+
+RUN_ACTIONS = {action.name: action for action in (
+    RunAction("retry", "Retry", "operate", _retry),
+    RunAction("pause", "Pause", "operate", _pause),
+    RunAction("resume", "Resume", "operate", _resume),
+    RunAction("cancel", "Cancel", "operate", _cancel),
+    RunAction("approve", "Approve", "signal", _approve),
+    RunAction("reject", "Reject", "signal", _reject),
+    RunAction("input", "Submit input", "signal", _input),
+)}
+
+
+def valid_actions(run: WorkflowRun, spec: WorkflowSpec) -> list[str]:
+    """Return the actions the run's status allows (the operations refuse the others anyway)."""
+    found = []
+    if run.status == RunStatus.FAILED and not (
+            run.cleanup and run.cleanup.get("cause") in ("failure", "deadline")):
+        found.append("retry")
+    if run.status in (RunStatus.RUNNING, RunStatus.WAITING_FOR_SIGNAL):
+        found.append("pause")
+    if run.status == RunStatus.PAUSED:
+        found.append("resume")
+    if run.status not in (RunStatus.COMPLETED, RunStatus.CANCELLED):
+        found.append("cancel")
+    step = spec.steps[run.current_step] if run.current_step < len(spec.steps) else None
+    if run.status == RunStatus.WAITING_FOR_SIGNAL and step is not None and step.wait:
+        found += {"approval": ["approve"], "decision": ["approve", "reject"],
+                  "input": ["input"]}.get(step.wait.human or "", [])
+    return found
+
+
+# -- the runs admin ------------------------------------------------------------------------------
+
+#: Columns the changelist reads: the run row minus its big JSON columns (state, error, cleanup).
+LIST_COLUMNS = ("id", "definition_id", "name", "status", "current_step", "total_steps",
+                "idempotency_key", "transitions", "cost_units", "started_workflows",
+                "created_at", "finished_at")
+
+
+@admin.register(WorkflowRun)
+class WorkflowRunAdmin(admin.ModelAdmin):
+    """Workflow runs: a fast changelist, a run page with its actions, approvals and exports.
+
+    Viewing needs ``queuety.view_workflowrun``; retry, pause, resume and cancel need
+    ``queuety.change_workflowrun``; approve, reject and input need
+    ``queuety.signal_workflowrun``. Nothing is editable by hand.
+    """
+
+    list_display = ("id", "status_display", "name", "version", "short_hash", "idempotency_key",
+                    "step_display", "waiting_for", "budget_use", "started", "duration")
+    list_filter = ("status", NameFilter, VersionFilter, WaitingFilter, DefinitionFilter)
+    search_fields = ("name", "idempotency_key")  # see get_search_results
+    search_help_text = ("A run id, or the beginning of a workflow name or idempotency key "
+                        "(case-sensitive).")
+    ordering = ("-id",)
+    # Only orderings an index serves: id (and "started", which follows id) stay fast on
+    # millions of rows; sorting by any other column would sort the whole table.
+    sortable_by = ("id", "started")
+    show_full_result_count = False
+    # Facet counts run one COUNT per filter choice: never on a table of millions of runs.
+    show_facets = admin.ShowFacets.NEVER
+    paginator = EstimatedCountPaginator
+    list_per_page = 100
+    actions = ["export_selected", "retry_selected", "pause_selected", "resume_selected",
+               "cancel_selected"]
+
+    # -- permissions: read-only, actions need their own permission
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    def has_operate_permission(self, request) -> bool:
+        return request.user.has_perm("queuety.change_workflowrun")
+
+    def has_signal_permission(self, request) -> bool:
+        return request.user.has_perm("queuety.signal_workflowrun")
+
+    # -- the changelist
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).only(*LIST_COLUMNS)
+
+    def get_search_results(self, request, queryset, search_term):
+        # Exact id, or a prefix of the name or key: each is served by an index (the CharField
+        # indexes come with a varchar_pattern_ops twin on PostgreSQL), unlike icontains.
+        term = search_term.strip()
+        if not term:
+            return queryset, False
+        where = Q(name__startswith=term) | Q(idempotency_key__startswith=term)
+        number = term.removeprefix("#")
+        if number.isdigit() and len(number) < 19:
+            where |= Q(pk=int(number))
+        return queryset.filter(where), False
+
+    @staticmethod
+    def spec(run: WorkflowRun) -> WorkflowSpec:
+        return services.load_spec(run.definition_id)  # cached per process: no query per row
+
+    @admin.display(description="status", ordering="status")
+    def status_display(self, run):
+        return status_badge(run.status)
+
+    @admin.display(description="version")
+    def version(self, run):
+        return self.spec(run).version or "-"
+
+    @admin.display(description="hash")
+    def short_hash(self, run):
+        full = definition_hash(run.definition_id)
+        return format_html('<code title="{}">{}</code>', full, full[:12])
+
+    @admin.display(description="current step")
+    def step_display(self, run):
+        steps = self.spec(run).steps
+        if run.current_step >= len(steps):
+            return "-"
+        return f"{steps[run.current_step].name} ({run.current_step + 1}/{run.total_steps})"
+
+    @admin.display(description="waiting for")
+    def waiting_for(self, run):
+        return waiting_label(run, self.spec(run)) or "-"
+
+    @admin.display(description="budget use")
+    def budget_use(self, run):
+        """The budget closest to its limit, e.g. ``transitions 12/20``."""
+        limits = self.spec(run).budget.configured()
+        usage = {"transitions": run.transitions, "cost_units": run.cost_units,
+                 "started_workflows": run.started_workflows}
+        # State bytes are left out here: they would need the (possibly large) state column.
+        candidates = [(usage[counter] / limits[name], counter, usage[counter], limits[name])
+                      for name, counter in budgets.COUNTER_OF.items()
+                      if name in limits and counter in usage]
+        if not candidates:
+            return "-"
+        ratio, counter, used, limit = max(candidates)
+        colour = "#b3261e" if ratio >= 1 else "#a85d00" if ratio >= 0.8 else "inherit"
+        return format_html('<span style="color:{};white-space:nowrap">{} {}/{}</span>',
+                           colour, counter.replace("_", " "), used, limit)
+
+    @admin.display(description="started", ordering="id")
+    def started(self, run):
+        # Compact and sortable by eye; the run page shows the localised form.
+        # strftime, not date_format: it is a tenth of the cost, on every row of every page.
+        return format_html('<span style="white-space:nowrap">{}</span>',
+                           timezone.localtime(run.created_at).strftime("%Y-%m-%d %H:%M:%S"))
+
+    @admin.display(description="duration")
+    def duration(self, run):
+        if run.finished_at is not None:
+            return human_duration((run.finished_at - run.created_at).total_seconds())
+        so_far = human_duration((timezone.now() - run.created_at).total_seconds())
+        return format_html('<span title="still going" style="white-space:nowrap">{} …</span>',
+                           so_far)
+
+    # -- bulk actions of the changelist
+
+    def _selected_ids(self, request, queryset) -> list[int] | None:
+        ids = list(queryset.order_by("pk").values_list("pk", flat=True)[:BULK_LIMIT + 1])
+        if len(ids) > BULK_LIMIT:
+            self.message_user(request, f"At most {BULK_LIMIT} runs can be handled at once; "
+                                       "select fewer runs (filter the list first).",
+                              messages.ERROR)
+            return None
+        return ids
+
+    @admin.action(description="Download JSON export of selected runs", permissions=["view"])
+    def export_selected(self, request, queryset):
+        ids = self._selected_ids(request, queryset)
+        if ids is None:
+            return None
+        if len(ids) == 1:
+            return self._export_response(ids[0])
+
+        def lines() -> Iterator[str]:
+            # JSON Lines: one complete export document per line, streamed run by run.
+            for pk in ids:
+                try:
+                    yield json.dumps(history.export(pk), ensure_ascii=False) + "\n"
+                except exceptions.RunNotFound:
+                    continue  # purged between the selection and the download
+
+        response = StreamingHttpResponse(lines(), content_type="application/x-ndjson")
+        response["Content-Disposition"] = (
+            f'attachment; filename="queuety-runs-{ids[0]}-{ids[-1]}.jsonl"')
+        return response
+
+    def _bulk(self, request, queryset, operation, done_one: str, done_many: str):
+        ids = self._selected_ids(request, queryset)
+        if ids is None:
+            return
+        done, refused = [], []
+        for pk in ids:
+            try:
+                operation(pk, actor=actor(request))
+            except exceptions.QueuetyError as error:
+                refused.append(str(error))
+            else:
+                done.append(pk)
+        if done:
+            listed = ", ".join(map(str, done))
+            self.message_user(request, ngettext(done_one, done_many, len(done))
+                              % {"ids": listed}, messages.SUCCESS)
+        if refused:
+            shown = " ".join(refused[:5])
+            more = len(refused) - 5
+            self.message_user(
+                request, ngettext("%(count)d run was left as it was: %(reasons)s",
+                                  "%(count)d runs were left as they were: %(reasons)s",
+                                  len(refused)) % {"count": len(refused), "reasons": shown}
+                + (f" ({more} more not shown.)" if more > 0 else ""), messages.WARNING)
+
+    @admin.action(description="Retry selected failed runs", permissions=["operate"])
+    def retry_selected(self, request, queryset):
+        self._bulk(request, queryset, operations.retry,
+                   "Run %(ids)s was scheduled for retry.", "Runs %(ids)s were scheduled for retry.")
+
+    @admin.action(description="Pause selected runs", permissions=["operate"])
+    def pause_selected(self, request, queryset):
+        self._bulk(request, queryset, operations.pause,
+                   "Run %(ids)s was paused.", "Runs %(ids)s were paused.")
+
+    @admin.action(description="Resume selected paused runs", permissions=["operate"])
+    def resume_selected(self, request, queryset):
+        self._bulk(request, queryset, operations.resume,
+                   "Run %(ids)s was resumed.", "Runs %(ids)s were resumed.")
+
+    @admin.action(description="Cancel selected runs", permissions=["operate"])
+    def cancel_selected(self, request, queryset):
+        self._bulk(request, queryset, operations.cancel,
+                   "Run %(ids)s was cancelled.", "Runs %(ids)s were cancelled.")
+
+    # -- URLs
+
+    def get_urls(self):
+        prefix = f"{self.opts.app_label}_{self.opts.model_name}"
+        wrap = self.admin_site.admin_view
+        return [
+            path("approvals/", wrap(self.approvals_view), name=f"{prefix}_approvals"),
+            path("<int:object_id>/export/", wrap(self.export_view), name=f"{prefix}_export"),
+            path("<int:object_id>/act/<slug:action>/", wrap(self.action_view),
+                 name=f"{prefix}_act"),
+            *super().get_urls(),
+        ]
+
+    def _url(self, name: str, *args: Any) -> str:
+        return reverse(f"{self.admin_site.name}:{self.opts.app_label}_{self.opts.model_name}_"
+                       f"{name}", args=args, current_app=self.admin_site.name)
+
+    def _context(self, request, **extra: Any) -> dict[str, Any]:
+        return {**self.admin_site.each_context(request), "opts": self.opts,
+                "app_label": self.opts.app_label, **extra}
+
+    # -- the run page
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        """The run page (replaces the edit form: runs are never edited by hand)."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        pk = int(object_id) if str(object_id).isdigit() else None
+        # The run row is read before the status and the rest: the revision the forms carry is
+        # then never newer than what the page shows, so a stale page is always refused.
+        run = WorkflowRun.objects.select_related("definition").filter(pk=pk).first() \
+            if pk is not None else None
+        if run is None:
+            self.message_user(request, f"Workflow run {object_id} does not exist; it may "
+                                       "have been purged.", messages.WARNING)
+            return HttpResponseRedirect(self._url("changelist"))
+        try:
+            status = services.workflow_status(run.pk)
+        except exceptions.RunNotFound:  # purged between the two reads
+            return HttpResponseRedirect(self._url("changelist"))
+        spec = services.load_spec(run.definition_id)
+        step = spec.steps[run.current_step] if run.current_step < len(spec.steps) else None
+        wait = step.wait if step is not None and status.wait_type else None
+
+        allowed = {"operate": self.has_operate_permission(request),
+                   "signal": self.has_signal_permission(request)}
+        actions = [RUN_ACTIONS[name] for name in valid_actions(run, spec)
+                   if allowed[RUN_ACTIONS[name].permission]]
+        state_text, state_cut = pretty_json(
+            run.state, None if request.GET.get("state") == "all" else STATE_PREVIEW_CHARS)
+
+        events = Paginator(Event.objects.filter(run_id=run.pk).order_by("pk"),
+                           TIMELINE_PAGE_SIZE)
+        # The newest events matter most to an operator: the last page is the default.
+        events_page = events.get_page(request.GET.get("events") or events.num_pages)
+        signals = list(Signal.objects.filter(run_id=run.pk).order_by("-pk")[:100])
+        context = self._context(
+            request,
+            title=f"{run.name} #{run.pk}",
+            subtitle=None,
+            run=run, status=status, spec=spec, step=step, wait=wait,
+            status_badge=status_badge(run.status),
+            status_lines="\n".join(format_status(replace(status, state={}))),
+            error=run.error,
+            budget_bars=self._budget_bars(spec, status),
+            wait_details=pretty_json(status.wait_details)[0] if status.wait_details else None,
+            schema=pretty_json(wait.schema)[0] if wait is not None and wait.schema else None,
+            input_fields=_form_fields(wait.schema) if wait is not None and wait.human ==
+            "input" else None,
+            actions=actions, action_urls={a.name: self._url("act", run.pk, a.name)
+                                          for a in actions},
+            can_operate=allowed["operate"], can_signal=allowed["signal"],
+            export_url=self._url("export", run.pk),
+            approvals_url=self._url("approvals"),
+            definition_runs_url=f"{self._url('changelist')}?definition={run.definition_id}",
+            definition_url=reverse(f"{self.admin_site.name}:queuety_workflowdefinition_change",
+                                   args=[run.definition_id]),
+            steps=[{"index": i, "spec": s, "what": describe_step(s),
+                    "current": i == run.current_step and
+                    run.status != RunStatus.COMPLETED,
+                    "retry": services.effective_policy(spec, i).describe()
+                    if s.kind in ("task", "parallel", "for_each") else ""}
+                   for i, s in enumerate(spec.steps)],
+            state_text=state_text, state_cut=state_cut, state_bytes=budgets.state_bytes(run.state),
+            events_page=events_page,
+            timeline=[self._event_row(event) for event in events_page.object_list],
+            signals=[{"row": s, "payload": pretty_json(s.payload, EVENT_DATA_CHARS)[0]}
+                     for s in signals],
+            signal_count=len(signals) if len(signals) < 100 else
+            Signal.objects.filter(run_id=run.pk).count(),
+            step_runs=list(StepRun.objects.filter(run_id=run.pk).order_by("-pk")[:25]),
+            duration=human_duration(((run.finished_at or timezone.now()) - run.created_at)
+                                    .total_seconds()),
+        )
+        return TemplateResponse(request, "admin/queuety/workflowrun/run.html", context)
+
+    @staticmethod
+    def _budget_bars(spec: WorkflowSpec, status) -> list[dict[str, Any]]:
+        bars = []
+        usage = status.budget or {}
+        for name, limit in spec.budget.configured().items():
+            counter = budgets.COUNTER_OF.get(name)
+            used = usage.get(counter) if counter else None
+            percent = None if used is None else min(100, round(used * 100 / limit))
+            bars.append({"name": name, "limit": limit, "used": used, "percent": percent,
+                         "level": "over" if used is not None and used > limit else
+                         "high" if percent is not None and percent >= 80 else "ok"})
+        return bars
+
+    @staticmethod
+    def _event_row(event: Event) -> dict[str, Any]:
+        data = event.data or {}
+        text, cut = pretty_json(data, EVENT_DATA_CHARS) if data else ("", False)
+        return {"event": event, "by": data.get("by") or data.get("sent_by") or "",
+                "error": (data.get("error") or {}).get("message", "")
+                if isinstance(data.get("error"), dict) else "",
+                "data": text, "cut": cut}
+
+    # -- exports
+
+    def _export_response(self, pk: int) -> HttpResponse:
+        try:
+            document = history.export(pk)
+        except exceptions.RunNotFound:
+            raise Http404(f"Workflow run {pk} does not exist.") from None
+        response = HttpResponse(json.dumps(document, indent=2, ensure_ascii=False) + "\n",
+                                content_type="application/json")
+        response["Content-Disposition"] = f'attachment; filename="queuety-run-{pk}.json"'
+        return response
+
+    def export_view(self, request, object_id: int):
+        """``GET <id>/export/``: the run's JSON export as a download."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        return self._export_response(object_id)
+
+    # -- actions
+
+    def _back(self, request, object_id: int) -> str:
+        target = request.POST.get("next", "")
+        if target and url_has_allowed_host_and_scheme(
+                target, allowed_hosts={request.get_host()}, require_https=request.is_secure()):
+            return target
+        return self._url("change", object_id)
+
+    def action_view(self, request, object_id: int, action: str):
+        """``POST <id>/act/<action>/``: one action on one run, refused on a stale form."""
+        chosen = RUN_ACTIONS.get(action)
+        if chosen is None:
+            raise Http404(f"There is no run action {action!r}.")
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        if not (self.has_view_permission(request)
+                and getattr(self, f"has_{chosen.permission}_permission")(request)):
+            raise PermissionDenied
+        back = self._back(request, object_id)
+        posted = request.POST.get("revision", "")
+        try:
+            with transaction.atomic():
+                # Lock the run and compare revisions before acting: the operation locks the
+                # same rows again in this transaction, so nothing can slip in between. The
+                # order is the operations' and the step boundary's (live step rows, then the
+                # run row), so this cannot deadlock with a worker finishing a step.
+                list(StepRun.objects.select_for_update()
+                     .filter(run_id=object_id, kind="step", status__in=operations.LIVE)
+                     .values_list("pk"))
+                row = (WorkflowRun.objects.select_for_update().filter(pk=object_id)
+                       .values_list("revision", "definition_id", "current_step").first())
+                if row is None:
+                    raise exceptions.RunNotFound(object_id)
+                revision, definition_pk, current_step = row
+                if str(revision) != posted:
+                    raise StaleForm(revision)
+                message = chosen.perform(request, LockedRun(object_id, definition_pk,
+                                                            current_step))
+        except StaleForm:
+            self.message_user(request, f"Run {object_id} changed since this page was loaded, "
+                                       "so nothing was done. Check its current status and try "
+                                       "again.", messages.WARNING)
+        except exceptions.RunNotFound:
+            self.message_user(request, f"Workflow run {object_id} does not exist; it may have "
+                                       "been purged.", messages.ERROR)
+            return HttpResponseRedirect(self._url("changelist"))
+        except exceptions.QueuetyError as error:
+            self.message_user(request, str(error), messages.ERROR)
+        else:
+            self.message_user(request, message, messages.SUCCESS)
+            # Also in the admin's own log ("Recent actions"), besides the run's timeline.
+            self.log_change(request, WorkflowRun.objects.only("name", "status").get(pk=object_id),
+                            f"{chosen.label}: {message}")
+        return HttpResponseRedirect(back)
+
+    # -- approvals
+
+    def approvals_view(self, request):
+        """``GET approvals/``: every run waiting on a person, oldest first."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        runs = (WorkflowRun.objects.filter(waiting_on(HUMAN_WAITS))
+                .order_by("updated_at", "pk")
+                .only("id", "definition_id", "name", "status", "current_step", "total_steps",
+                      "revision", "updated_at", "state"))
+        page = Paginator(runs, 50).get_page(request.GET.get("page"))
+        now = timezone.now()
+        rows = []
+        for run in page.object_list:
+            spec = services.load_spec(run.definition_id)
+            step = spec.steps[run.current_step]
+            rows.append({
+                "run": run, "step": step, "kind": step.wait.human, "version": spec.version,
+                "since": human_duration((now - run.updated_at).total_seconds()),
+                "state": pretty_json(run.state, 300)[0],
+                "url": self._url("change", run.pk),
+                "approve_url": self._url("act", run.pk, "approve"),
+                "reject_url": self._url("act", run.pk, "reject"),
+            })
+        here = request.get_full_path()
+        return TemplateResponse(request, "admin/queuety/workflowrun/approvals.html",
+                                self._context(request, title="Runs waiting on a person",
+                                              rows=rows, page=page, here=here,
+                                              can_signal=self.has_signal_permission(request),
+                                              changelist_url=self._url("changelist")))
+
+    def changelist_view(self, request, extra_context=None):
+        return super().changelist_view(request, {
+            **(extra_context or {}), "approvals_url": self._url("approvals")})
+
+
+# -- the definitions admin -----------------------------------------------------------------------
+
+class DefinitionChangeList(ChangeList):
+    """Adds the page's run counts per status, in one grouped query for the whole page."""
+
+    def get_results(self, request):
+        super().get_results(request)
+        self.result_list = list(self.result_list)
+        counts: dict[int, dict[str, int]] = {}
+        for definition_pk, status, n in (
+                WorkflowRun.objects.filter(definition_id__in=[d.pk for d in self.result_list])
+                .values_list("definition_id", "status").annotate(n=Count("pk"))
+                .order_by()):
+            counts.setdefault(definition_pk, {})[status] = n
+        for definition in self.result_list:
+            definition.run_counts = counts.get(definition.pk, {})
+
+
+@admin.register(WorkflowDefinition)
+class WorkflowDefinitionAdmin(admin.ModelAdmin):
+    """Workflow definitions (immutable shapes) with their run counts per status."""
+
+    list_display = ("id", "name", "version", "short_hash", "runs", "created_at")
+    show_facets = admin.ShowFacets.NEVER
+    list_display_links = ("id", "name")
+    search_fields = ("name", "=definition_hash")
+    ordering = ("-id",)
+    fields = ("name", "version", "definition_hash", "created_at", "runs", "document")
+    readonly_fields = fields
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    def has_view_permission(self, request, obj=None):
+        # Whoever may see runs may see what they execute.
+        return super().has_view_permission(request, obj) or request.user.has_perm(
+            "queuety.view_workflowrun")
+
+    def get_changelist(self, request, **kwargs):
+        return DefinitionChangeList
+
+    @admin.display(description="version")
+    def version(self, definition):
+        return (definition.definition or {}).get("version") or "-"
+
+    @admin.display(description="hash")
+    def short_hash(self, definition):
+        return format_html('<code title="{}">{}</code>', definition.definition_hash,
+                           definition.definition_hash[:12])
+
+    def _runs_url(self, definition, status: str | None = None) -> str:
+        url = reverse(f"{self.admin_site.name}:queuety_workflowrun_changelist")
+        return f"{url}?definition={definition.pk}" + (f"&status__exact={status}" if status
+                                                      else "")
+
+    @admin.display(description="runs per status")
+    def runs(self, definition):
+        counts = getattr(definition, "run_counts", None)
+        if counts is None:  # the detail page: one definition, one grouped query
+            counts = dict(WorkflowRun.objects.filter(definition_id=definition.pk)
+                          .values_list("status").annotate(n=Count("pk")).order_by()
+                          .values_list("status", "n"))
+        if not counts:
+            return "no runs"
+        parts = format_html_join(
+            " ", '<a href="{}" style="text-decoration:none">{} {}</a>',
+            ((self._runs_url(definition, status), status_badge(status),
+              number_format(counts[status], force_grouping=True))
+             for status in RunStatus.values if status in counts))
+        return format_html('{} <a href="{}">all</a>', parts, self._runs_url(definition))
+
+    @admin.display(description="definition")
+    def document(self, definition):
+        return format_html('<pre style="white-space:pre-wrap;margin:0">{}</pre>',
+                           pretty_json(definition.definition)[0])
