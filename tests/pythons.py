@@ -1,28 +1,8 @@
-"""Find the CPython interpreters the project supports (3.11, 3.12, 3.13) on this machine."""
+"""The CPython versions the project supports, and the project venv for each."""
 
 from __future__ import annotations
 
-import glob
-import os
-import shutil
-import subprocess
-
 SUPPORTED = ("3.11", "3.12", "3.13")
-
-
-def find_python(version: str) -> str:
-    """Return a path to a working ``python<version>``; raise with a fix when there is none."""
-    candidates = [shutil.which(f"python{version}")]
-    root = os.environ.get("PYENV_ROOT") or os.path.expanduser("~/.pyenv")
-    candidates += sorted(glob.glob(f"{root}/versions/{version}*/bin/python{version}"),
-                         reverse=True)
-    for candidate in filter(None, candidates):
-        probe = subprocess.run([candidate, "-c", "import sys; print(sys.version[:4])"],
-                               capture_output=True, text=True)
-        if probe.returncode == 0 and probe.stdout.strip().startswith(version):
-            return candidate
-    raise RuntimeError(f"Python {version} was not found (tried PATH and {root}/versions). "
-                       f"Install it, e.g. `pyenv install {version}`.")
 
 
 def venv_python(version: str) -> str:

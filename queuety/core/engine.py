@@ -7,7 +7,6 @@ calls these functions between its claim and its commit, and writes what they ret
 from __future__ import annotations
 
 import json
-import math
 import traceback
 from dataclasses import dataclass
 from typing import Any
@@ -167,8 +166,3 @@ def describe_error(error: BaseException, with_traceback: bool = True) -> dict[st
     if with_traceback and error.__traceback__ is not None:
         record["traceback"] = "".join(traceback.format_exception(error))
     return record
-
-
-def is_json_number(value: Any) -> bool:
-    """Return True for finite ints and floats (bools excluded)."""
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)

@@ -126,6 +126,9 @@ class Command(BaseCommand):
         if options["group"] == "status":
             self._overview(**options)
             return
+        if options["action"] in self._LIFECYCLE:
+            self._lifecycle(options["action"], options["run_id"])
+            return
         getattr(self, f"_{options['action'].replace('-', '_')}")(**options)
 
     def _overview(self, format: str, **options: Any) -> None:
@@ -138,25 +141,19 @@ class Command(BaseCommand):
         age = data["oldest_pending_step_age_seconds"]
         self.stdout.write(f"{'Oldest pending step:':<23}" + ("-" if age is None else f"{age}s"))
 
-    def _retry(self, run_id: int, **options: Any) -> None:
-        self._call(operations.retry, run_id, actor="manage.py")
-        self.stdout.write(f"Success: Workflow #{run_id} scheduled for retry.")
+    #: Lifecycle subcommands: the operation and the original's success line.
+    _LIFECYCLE = {
+        "retry": (operations.retry, "Success: Workflow #{id} scheduled for retry."),
+        "pause": (operations.pause, "Success: Workflow #{id} paused."),
+        "resume": (operations.resume, "Success: Workflow #{id} resumed."),
+        "cancel": (operations.cancel, "Success: Workflow #{id} cancelled."),
+        "fork": (operations.fork, "Success: Workflow #{id} forked. New workflow ID: {new}."),
+    }
 
-    def _pause(self, run_id: int, **options: Any) -> None:
-        self._call(operations.pause, run_id, actor="manage.py")
-        self.stdout.write(f"Success: Workflow #{run_id} paused.")
-
-    def _resume(self, run_id: int, **options: Any) -> None:
-        self._call(operations.resume, run_id, actor="manage.py")
-        self.stdout.write(f"Success: Workflow #{run_id} resumed.")
-
-    def _cancel(self, run_id: int, **options: Any) -> None:
-        self._call(operations.cancel, run_id, actor="manage.py")
-        self.stdout.write(f"Success: Workflow #{run_id} cancelled.")
-
-    def _fork(self, run_id: int, **options: Any) -> None:
-        new = self._call(operations.fork, run_id, actor="manage.py")
-        self.stdout.write(f"Success: Workflow #{run_id} forked. New workflow ID: {new}.")
+    def _lifecycle(self, action: str, run_id: int) -> None:
+        operation, said = self._LIFECYCLE[action]
+        new = self._call(operation, run_id, actor="manage.py")
+        self.stdout.write(said.format(id=run_id, new=new))
 
     def _timeline(self, run_id: int, limit: int, offset: int, format: str,
                   **options: Any) -> None:
