@@ -22,6 +22,7 @@ from queuety.core.status import WorkflowStatus
 from queuety.exceptions import (
     AlreadyAnswered,
     BudgetExceeded,
+    ChildRunFailed,
     IdempotencyConflict,
     InvalidSignalData,
     InvalidStepOutput,
@@ -35,6 +36,7 @@ from queuety.exceptions import (
     UnmatchedRoute,
     WorkerLost,
     WorkflowDefinitionError,
+    WorkflowWaitFailed,
 )
 
 __all__ = [
@@ -43,6 +45,7 @@ __all__ = [
     "Budget",
     "BudgetExceeded",
     "BudgetView",
+    "ChildRunFailed",
     "IdempotencyConflict",
     "InvalidSignalData",
     "InvalidStepOutput",
@@ -62,6 +65,7 @@ __all__ = [
     "WorkflowBuilder",
     "WorkflowDefinitionError",
     "WorkflowStatus",
+    "WorkflowWaitFailed",
     "approve",
     "cancel",
     "export_workflow",

@@ -35,6 +35,18 @@ class WorkerLost(QueuetyError):
     """
 
 
+class ChildRunFailed(QueuetyError):
+    """The child run of a ``run_workflow`` step failed or was cancelled.
+
+    Name it in the step's ``retry_on`` (or leave ``retry_on`` unset) to restart the child.
+    """
+
+
+class WorkflowWaitFailed(QueuetyError):
+    """A ``wait_for_workflows`` step can no longer be satisfied: runs it waits for failed,
+    were cancelled or do not exist."""
+
+
 class InvalidStepOutput(WorkflowDefinitionError):
     """A step returned something other than a JSON-serialisable dict or ``None``."""
 

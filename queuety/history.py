@@ -20,7 +20,7 @@ from django.utils.dateparse import parse_datetime
 from queuety import __version__, exceptions
 from queuety.core.definition import WorkflowSpec, canonical_json
 from queuety.core.handlers import resolve_handler
-from queuety.models import Event, RunStatus, Signal, StepRun, WorkflowRun
+from queuety.models import Event, RunStatus, Signal, StepRun, WorkflowDependency, WorkflowRun
 
 #: Version of the export document's shape; bumped on incompatible changes.
 EXPORT_FORMAT = 1
@@ -117,6 +117,8 @@ def export(run_id: int) -> dict[str, Any]:
                          "started_workflows": run.started_workflows},
             "error": run.error, "deadline_at": _iso(run.deadline_at),
             "created_at": _iso(run.created_at), "finished_at": _iso(run.finished_at),
+            "parent_run": run.parent_id, "started_by": run.started_by_id,
+            "group": run.group or None,
         },
         "definition": spec.to_dict(),
         "steps": [{
@@ -132,6 +134,9 @@ def export(run_id: int) -> dict[str, Any]:
             "received_at": _iso(s.received_at), "consumed_at": _iso(s.consumed_at),
             "consumed_by_step": s.consumed_by_step,
         } for s in Signal.objects.filter(run_id=run_id).order_by("pk")],
+        "wait_dependencies": [{"step_index": d.step_index, "depends_on": d.depends_on}
+                              for d in WorkflowDependency.objects.filter(run_id=run_id)
+                              .order_by("pk")],
     }
 
 
@@ -277,8 +282,7 @@ def replay(document: Any) -> int:
         run = WorkflowRun.objects.create(
             definition_id=definition_pk, name=spec.name, state=source["state"],
             total_steps=len(spec.steps), current_step=source["current_step"],
-            status=RunStatus.PAUSED if status in (RunStatus.RUNNING,
-                                                  RunStatus.WAITING_FOR_SIGNAL) else status,
+            status=RunStatus.PAUSED if status in _RESUMED else status,
             error=source.get("error"), transitions=counters.get("transitions", 0),
             cost_units=counters.get("cost_units", 0),
             started_workflows=counters.get("started_workflows", 0),
@@ -299,13 +303,18 @@ def replay(document: Any) -> int:
         Event.objects.create(run=run, kind="workflow_replayed", data={
             "source_run_id": source.get("id"), "source_status": status,
             "definition_hash": spec.definition_hash, "state": source["state"]})
-        if status in (RunStatus.RUNNING, RunStatus.WAITING_FOR_SIGNAL):
+        if status in _RESUMED:
             # Created paused, then resumed: resuming lands the run on its current step
-            # (a task gets its row and message, a wait is evaluated), exactly once.
+            # (a task gets its row and message, a wait is evaluated, a run_workflow step
+            # starts its child afresh), exactly once.
             from queuety import operations
 
             operations.resume(run.pk, actor="replay")
     return run.pk
+
+
+#: Statuses a replayed run resumes from (the others are kept as they were).
+_RESUMED = (RunStatus.RUNNING, RunStatus.WAITING_FOR_SIGNAL, RunStatus.WAITING_FOR_WORKFLOWS)
 
 
 def _when(text: str | None):

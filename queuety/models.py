@@ -30,6 +30,9 @@ class StepStatus(models.TextChoices):
     COMPLETED = "completed"
     FAILED = "failed"
     CANCELLED = "cancelled"
+    # A fan-out branch or item waiting for a free slot under its step's max_concurrency:
+    # not claimable and never published until released.
+    HELD = "held"
 
 
 class WorkflowDefinition(models.Model):
@@ -74,6 +77,13 @@ class WorkflowRun(models.Model):
     parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL,
                                related_name="children")
     parent_step = models.PositiveIntegerField(null=True, blank=True)
+    # For a run_workflow child: which attempt of the parent's step it is (restarts count up).
+    parent_attempt = models.PositiveIntegerField(default=1, db_default=1)
+    # Set for a run started by a start_workflows() step: that run, its step and its group.
+    started_by = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL,
+                                   related_name="started")
+    started_by_step = models.PositiveIntegerField(null=True, blank=True)
+    group = models.CharField(max_length=255, blank=True, default="", db_default="")
     # Iterations of each repeat step's current loop ({step index: n}); reset when it exits.
     loops = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -170,6 +180,27 @@ class StepRun(models.Model):
 
     def __str__(self) -> str:
         return f"run {self.run_id} step {self.step_name!r} #{self.seq} ({self.status})"
+
+
+class WorkflowDependency(models.Model):
+    """A run parked at a ``wait_for_workflows`` step, and one run it waits for.
+
+    Indexed by the awaited run, so a run that finishes finds its waiters with one query.
+    ``depends_on`` is a plain id, not a foreign key: an awaited run may never have existed or
+    may be purged, and the wait must then fail rather than lose its row.
+    """
+
+    run = models.ForeignKey(WorkflowRun, on_delete=models.CASCADE, related_name="dependencies")
+    step_index = models.PositiveIntegerField()
+    depends_on = models.BigIntegerField(db_index=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["run", "step_index", "depends_on"],
+                                               name="queuety_dependency_unique")]
+
+    def __str__(self) -> str:
+        return f"run {self.run_id} waits for run {self.depends_on}"
 
 
 class Signal(models.Model):

@@ -16,7 +16,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.db import transaction
-from django.db.models import F
+from django.db.models import F, Q
 from django.utils import timezone
 
 from queuety import exceptions, services
@@ -56,8 +56,8 @@ def _event(run: WorkflowRun, kind: str, actor: str, **data: Any) -> Event:
 
 def _stop_live_steps(run: WorkflowRun, now) -> None:
     # A processing attempt finds its row cancelled when it finishes and discards its outcome.
-    StepRun.objects.filter(run_id=run.pk, kind="step", status__in=LIVE).update(
-        status=StepStatus.CANCELLED, finished_at=now)
+    StepRun.objects.filter(run_id=run.pk, kind="step", status__in=services.LIVE_OR_HELD
+                           ).update(status=StepStatus.CANCELLED, finished_at=now)
 
 
 def cancel(run_id: int, *, actor: str = "") -> None:
@@ -80,11 +80,13 @@ def cancel(run_id: int, *, actor: str = "") -> None:
         _event(run, "workflow_cancelled", actor, previous_status=previous)
         if not (run.cleanup and run.cleanup.get("cause") == "failure"):
             start_cleanup(run, spec, "cancel", now)
-        # Children go with their parent (parent row locked before the child's, as always).
-        for child in WorkflowRun.objects.filter(parent_id=run.pk).exclude(
-                status__in=services.FINISHED).values_list("pk", flat=True):
+        # Children, and runs it started, go with their parent (parent row locked before the
+        # child's, as always).
+        for child in WorkflowRun.objects.filter(Q(parent_id=run.pk) | Q(started_by_id=run.pk)
+                                                ).exclude(status__in=services.FINISHED
+                                                          ).values_list("pk", flat=True):
             cancel(child, actor=f"parent run {run.pk}")
-        services.notify_parent(run.pk)
+        services.notify_finished(run.pk)
     logger.info("Run id=%s cancelled by %s", run_id, actor or "-")
 
 
@@ -133,8 +135,9 @@ def _continue(run: WorkflowRun, spec: WorkflowSpec, now, paused: bool = False) -
             revision=F("revision") + 1)
         return RunStatus.COMPLETED
     step = spec.steps[run.current_step]
-    live = list(StepRun.objects.filter(run_id=run.pk, kind="step", status__in=LIVE)
-                .values_list("pk", "status", "step_index"))
+    live = list(StepRun.objects.filter(run_id=run.pk, kind="step",
+                                       status__in=services.LIVE_OR_HELD)
+                .values_list("pk", "status", "seq"))
     if step.kind in ("task", "delay", "parallel", "for_each") and live:
         WorkflowRun.objects.filter(pk=run.pk).update(
             status=RunStatus.RUNNING, updated_at=now, revision=F("revision") + 1)
@@ -142,6 +145,8 @@ def _continue(run: WorkflowRun, spec: WorkflowSpec, now, paused: bool = False) -
         if pending:
             StepRun.objects.filter(pk__in=pending).update(available_at=now, published_at=now)
             publish_on_commit([services._message(spec, pk, run.current_step) for pk in pending])
+        if step.fanout is not None:  # slots freed while paused go to held rows now
+            services._release_held(spec, run.pk, live[0][2], run.current_step, now)
         return RunStatus.RUNNING
     usage = budgets.Usage(run.transitions, run.cost_units, run.started_workflows)
     return services._land(spec, run.pk, run.current_step, run.state, usage, now, [],
@@ -186,11 +191,16 @@ def retry(run_id: int, *, actor: str = "") -> None:
         else:
             redo = [latest] if latest is not None and kind in ("task", "delay") else []
         policy = services.effective_policy(spec, run.current_step)
-        for row in redo:
+        fanout = spec.steps[run.current_step].fanout
+        limit = len(redo) if fanout is None or fanout.max_concurrency is None \
+            else fanout.max_concurrency
+        for position, row in enumerate(sorted(redo, key=lambda r: r.branch)):
             # A fresh budget: attempts count on from the row's current number, so an old,
-            # abandoned attempt can never match the new one's guard.
+            # abandoned attempt can never match the new one's guard. Beyond the fan-out's
+            # max_concurrency, rows wait held for a free slot.
             StepRun.objects.filter(pk=row.pk).update(
-                status=StepStatus.PENDING, error=None, finished_at=None, claimed_at=None,
+                status=StepStatus.PENDING if position < limit else StepStatus.HELD,
+                error=None, finished_at=None, claimed_at=None,
                 heartbeat_at=None, available_at=now, published_at=now,
                 max_attempts=row.attempt + policy.max_attempts)
         run.refresh_from_db()
@@ -346,7 +356,7 @@ def fail_overdue(now=None) -> int:
                 revision=F("revision") + 1)
             Event.objects.create(run_id=run.pk, kind="workflow_deadline_exceeded",
                                  data={"error": error, "previous_status": run.status})
-            services.notify_parent(run.pk)
+            services.notify_finished(run.pk)
             start_cleanup(run, spec, "deadline", now)
     return len(overdue)
 

@@ -38,7 +38,7 @@ from django.utils import timezone
 from queuety import exceptions
 from queuety.conf import settings
 from queuety.core import budget as budgets
-from queuety.core import engine, fanout, waits
+from queuety.core import dependencies, engine, fanout, waits
 from queuety.core.definition import StepSpec, WorkflowSpec, canonical_json
 from queuety.core.handlers import StepContext, call_handler, call_item_handler
 from queuety.core.retry import RetryPolicy
@@ -51,11 +51,15 @@ from queuety.models import (
     StepRun,
     StepStatus,
     WorkflowDefinition,
+    WorkflowDependency,
     WorkflowRun,
 )
 from queuety.publish import Message, publish_on_commit
 
 logger = logging.getLogger("queuety")
+
+#: Step rows not finished: running, due, or held back by a fan-out's max_concurrency.
+LIVE_OR_HELD = (StepStatus.PENDING, StepStatus.PROCESSING, StepStatus.HELD)
 
 # Definitions are immutable rows, so every process may cache them forever.
 _definition_ids: dict[tuple[str, str], int] = {}
@@ -160,12 +164,23 @@ def dispatch(spec: WorkflowSpec, payload: dict[str, Any] | None = None, *,
 
 
 def _begin(spec: WorkflowSpec, run: WorkflowRun, state: dict[str, Any], now,
-           extra: dict[str, Any]) -> None:
-    """Start a just-created run on its first step (in the creating transaction)."""
+           extra: dict[str, Any], delay: float | None = None) -> None:
+    """Start a just-created run on its first step (in the creating transaction).
+
+    With ``delay``, a first task step becomes due that many seconds from ``now``.
+    """
     started = Event(run=run, kind="workflow_started", data={
         "definition_hash": spec.definition_hash, "version": spec.version, "state": state,
         **extra})
     if spec.steps[0].kind == "task":
+        if delay:
+            due = now + timedelta(seconds=delay)
+            on_broker = delay <= settings.MAX_ETA
+            step_run = _new_step_run(run.pk, spec, 0, seq=0, now=due, published=on_broker)
+            started.save()
+            if on_broker:
+                publish_on_commit([_message(spec, step_run.pk, 0, delay)])
+            return
         step_run = _new_step_run(run.pk, spec, 0, seq=0, now=now)
         started.save()
         publish_on_commit([_message(spec, step_run.pk, 0)])
@@ -173,27 +188,110 @@ def _begin(spec: WorkflowSpec, run: WorkflowRun, state: dict[str, Any], now,
         _land(spec, run.pk, 0, state, budgets.Usage(), now, [started])
 
 
-def _start_child(spec: WorkflowSpec, parent_id: int, index: int, state: dict[str, Any],
-                 now) -> int:
-    """Create and start the child run of step ``index`` (in the parent's transaction)."""
-    child = WorkflowSpec.from_dict(spec.steps[index].child)
+def _create_run(spec: WorkflowSpec, state: dict[str, Any], now, extra: dict[str, Any],
+                delay: float | None = None, **links: Any) -> int:
+    """Create and start a run of ``spec`` linked to the run that makes it (same transaction)."""
     run = WorkflowRun.objects.create(
-        definition_id=definition_id(child), name=child.name, state=state,
-        total_steps=len(child.steps), status=RunStatus.RUNNING, parent_id=parent_id,
-        parent_step=index,
-        deadline_at=None if child.deadline_seconds is None
-        else now + timedelta(seconds=child.deadline_seconds))
-    _begin(child, run, state, now, {"parent_run": parent_id})
+        definition_id=definition_id(spec), name=spec.name, state=state,
+        total_steps=len(spec.steps), status=RunStatus.RUNNING,
+        deadline_at=None if spec.deadline_seconds is None
+        else now + timedelta(seconds=spec.deadline_seconds), **links)
+    _begin(spec, run, state, now, extra, delay)
     return run.pk
 
 
-def notify_parent(run_id: int) -> None:
-    """Once this transaction commits, tell a finished child's parent (if any) to move on."""
-    parent = WorkflowRun.objects.filter(pk=run_id).values_list("parent_id", flat=True).first()
-    if parent is not None:
+def _start_child(spec: WorkflowSpec, parent_id: int, index: int, state: dict[str, Any],
+                 now, attempt: int = 1, delay: float | None = None) -> int:
+    """Create and start the child run of step ``index`` (in the parent's transaction)."""
+    return _create_run(WorkflowSpec.from_dict(spec.steps[index].child), state, now,
+                       {"parent_run": parent_id, "parent_attempt": attempt}, delay,
+                       parent_id=parent_id, parent_step=index, parent_attempt=attempt)
+
+
+def _start_runs(spec: WorkflowSpec, run_id: int, index: int, state: dict[str, Any],
+                usage: budgets.Usage, now) -> tuple[dict[str, Any], budgets.Usage, list[int]]:
+    """Start the runs of the ``start_workflows`` step ``index`` (in this run's transaction).
+
+    Returns the state with their ids merged, the usage with them counted, and the ids.
+
+    Raises:
+        BudgetExceeded: they would pass ``max_started_workflows``; none is created.
+        InvalidStepOutput: the items are not a list.
+    """
+    step = spec.steps[index]
+    payloads = dependencies.child_payloads(step.start, step.name, state)
+    limit = spec.budget.max_started_workflows
+    if limit is not None and usage.started_workflows + len(payloads) > limit:
+        raise exceptions.BudgetExceeded(
+            "max_started_workflows", limit, usage.started_workflows + len(payloads), run_id,
+            spec.name,
+            message=f"Start step {step.name!r} of run {run_id} would start {len(payloads)} "
+                    f"runs after {usage.started_workflows}, over its max_started_workflows "
+                    f"budget of {limit}; none was started.")
+    child = WorkflowSpec.from_dict(step.child)
+    ids = [_create_run(child, payload, now, {"started_by": run_id}, started_by_id=run_id,
+                       started_by_step=index, group=step.start.group or "")
+           for payload in payloads]
+    return ({**state, step.start.result_key: ids},
+            replace(usage, transitions=usage.transitions + 1,
+                    started_workflows=usage.started_workflows + len(ids)), ids)
+
+
+def _awaited_ids(spec: WorkflowSpec, run_id: int, index: int, state: dict[str, Any]
+                 ) -> list[int]:
+    """The run ids the ``wait_for_workflows`` step ``index`` waits for, in order."""
+    step = spec.steps[index]
+    wait = step.workflows
+    if wait.ids is not None:
+        return list(dict.fromkeys(wait.ids))
+    if wait.group is not None:
+        return list(WorkflowRun.objects.filter(started_by_id=run_id, group=wait.group)
+                    .order_by("pk").values_list("pk", flat=True))
+    return dependencies.ids_from_state(wait, step.name, state)
+
+
+_AWAITED_POSTGRES = """
+SELECT id, status, state FROM queuety_workflowrun WHERE id = ANY(%s) ORDER BY id FOR SHARE
+"""
+
+
+def _workflow_wait(spec: WorkflowSpec, run_id: int, index: int, state: dict[str, Any],
+                   lock: bool = True) -> tuple[list[int], dependencies.WaitResult]:
+    """Evaluate the workflow wait at ``index`` against the awaited runs as they are now.
+
+    With ``lock`` on PostgreSQL, the awaited rows are read FOR SHARE: a run finishing
+    concurrently either committed before (and is seen finished) or waits for this
+    transaction, and then finds the dependency rows it writes, so no finish slips between
+    the check and the parking.
+    """
+    ids = _awaited_ids(spec, run_id, index, state)
+    if lock and connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(_AWAITED_POSTGRES, [ids])
+            rows = [(pk, status, json.loads(data) if isinstance(data, str) else data)
+                    for pk, status, data in cursor.fetchall()]
+    else:
+        rows = list(WorkflowRun.objects.filter(pk__in=ids).values_list("pk", "status", "state"))
+    found = {pk: (status, engine.public(data or {})) for pk, status, data in rows}
+    return ids, dependencies.evaluate(spec.steps[index].workflows, ids, found)
+
+
+def notify_finished(run_id: int) -> None:
+    """Once this transaction commits, wake the runs that wait for finished run ``run_id``:
+    its parent (a ``run_workflow`` step) and the runs whose ``wait_for_workflows`` lists it."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT parent_id FROM queuety_workflowrun WHERE id = %s AND parent_id IS NOT NULL "
+            "UNION SELECT run_id FROM queuety_workflowdependency WHERE depends_on = %s",
+            [run_id, run_id])
+        _wake_on_commit([row[0] for row in cursor.fetchall()])
+
+
+def _wake_on_commit(waiters: list[int]) -> None:
+    if waiters:
         from queuety.tasks import resume_parent
 
-        transaction.on_commit(lambda: _safe_delay(resume_parent, parent))
+        transaction.on_commit(lambda: [_safe_delay(resume_parent, w) for w in waiters])
 
 
 def _safe_delay(task, *args) -> None:
@@ -203,56 +301,126 @@ def _safe_delay(task, *args) -> None:
         logger.exception("Could not publish %s%r; the sweeper will do it.", task.name, args)
 
 
-def resume_parent(parent_id: int) -> str | None:
-    """Move a parent parked at a ``run_workflow`` step on if its child has finished.
+def resume_waiting(run_id: int) -> str | None:
+    """Move on a run parked waiting for other runs, if what it waits for has finished.
 
-    Idempotent; called when a child finishes and by the sweeper. Returns the parent's status.
+    Covers ``run_workflow`` steps (the child finished: merge it, fail, or restart it by the
+    step's policy) and ``wait_for_workflows`` steps (settle, fail, or keep waiting).
+    Idempotent; called when an awaited run finishes and by the sweeper. Returns the status.
     """
     now = timezone.now()
     with transaction.atomic():
-        parent = WorkflowRun.objects.select_for_update().filter(pk=parent_id).first()
-        if parent is None or parent.status != RunStatus.WAITING_FOR_WORKFLOWS:
+        run = WorkflowRun.objects.select_for_update().filter(pk=run_id).first()
+        if run is None or run.status != RunStatus.WAITING_FOR_WORKFLOWS:
             return None
-        spec = load_spec(parent.definition_id)
-        index = parent.current_step
-        child = (WorkflowRun.objects.filter(parent_id=parent.pk, parent_step=index)
-                 .order_by("-pk").first())
-        if child is None or child.status not in FINISHED:
-            return parent.status
-        events = [Event(run_id=parent.pk, kind="child_finished", step_index=index,
-                        step_name=spec.steps[index].name,
-                        data={"child_run": child.pk, "status": child.status})]
-        if child.status != RunStatus.COMPLETED:
-            reason = (child.error or {}).get("message") or f"it was {child.status}"
-            error = {"type": "queuety.exceptions.ChildRunFailed",
-                     "message": f"Child run {child.pk} ({child.name!r}) of step "
-                                f"{spec.steps[index].name!r} {child.status}: {reason}",
-                     "step": spec.steps[index].name, "step_index": index,
-                     "attempt": None, "max_attempts": None, "child_run": child.pk}
-            WorkflowRun.objects.filter(pk=parent.pk).update(
-                status=RunStatus.FAILED, error=error, finished_at=now, updated_at=now,
-                revision=F("revision") + 1)
-            events.append(Event(run_id=parent.pk, kind="workflow_failed",
-                                data={"error": error}))
-            Event.objects.bulk_create(events)
-            notify_parent(parent.pk)
-            if spec.compensate_on_failure:
-                from queuety import operations
+        spec = load_spec(run.definition_id)
+        index = run.current_step
+        usage = budgets.Usage(run.transitions, run.cost_units, run.started_workflows)
+        if spec.steps[index].kind == "wait_workflows":
+            return _land(spec, run.pk, index, run.state, usage, now, [])
+        return _child_finished(spec, run, index, usage, now)
 
-                operations.start_cleanup(parent, spec, "failure", now)
-            return RunStatus.FAILED
-        output = engine.public(child.state)
-        state = {**parent.state, **output}
-        usage = budgets.Usage(parent.transitions + 1, parent.cost_units,
-                              parent.started_workflows)
-        events[0].data["output"] = output
-        try:
-            _check(spec, parent.pk, state, usage)
-        except exceptions.BudgetExceeded as breach:
-            return _fail_parked(spec, parent.pk, index, parent.state, usage, now, events,
-                                breach)
-        return _land(spec, parent.pk, index + 1 if index + 1 < len(spec.steps) else None,
-                     state, usage, now, events)
+
+def _child_finished(spec: WorkflowSpec, parent: WorkflowRun, index: int,
+                    usage: budgets.Usage, now) -> str:
+    step = spec.steps[index]
+    child = (WorkflowRun.objects.filter(parent_id=parent.pk, parent_step=index)
+             .order_by("-pk").first())
+    if child is None or child.status not in FINISHED:
+        return parent.status
+    events = [Event(run_id=parent.pk, kind="child_finished", step_index=index,
+                    step_name=step.name,
+                    data={"child_run": child.pk, "status": child.status,
+                          "attempt": child.parent_attempt})]
+    if child.status != RunStatus.COMPLETED:
+        reason = (child.error or {}).get("message") or f"it was {child.status}"
+        failure = exceptions.ChildRunFailed(
+            f"Child run {child.pk} ({child.name!r}) of step {step.name!r} of run {parent.pk} "
+            f"{child.status} (attempt {child.parent_attempt}): {reason}")
+        delay = _child_restart_delay(spec, step, child, failure)
+        if delay is not None:
+            try:
+                _check_attempts(parent.pk, step.name, failure)
+            except exceptions.BudgetExceeded as breach:
+                failure = breach
+            else:
+                restarted = _start_child(spec, parent.pk, index, parent.state, now,
+                                         attempt=child.parent_attempt + 1, delay=delay)
+                events.append(Event(run_id=parent.pk, kind="child_retried", step_index=index,
+                                    step_name=step.name, data={
+                                        "error": engine.describe_error(failure, False),
+                                        "child_run": restarted, "retry_in": round(delay, 6),
+                                        "attempt": child.parent_attempt + 1}))
+                Event.objects.bulk_create(events)
+                return parent.status
+        error = {**engine.describe_error(failure, False), "step": step.name,
+                 "step_index": index, "attempt": child.parent_attempt,
+                 "max_attempts": None if step.retry is None else step.retry.max_attempts,
+                 "child_run": child.pk}
+        if isinstance(failure, exceptions.BudgetExceeded):
+            error.update(budget=failure.budget, limit=failure.limit, used=failure.used)
+        return _fail_waiting(spec, parent.pk, index, parent.state, usage, now, events, error)
+    output = engine.public(child.state)
+    state = {**parent.state, **output}
+    settled = replace(usage, transitions=usage.transitions + 1)
+    events[0].data["output"] = output
+    try:
+        _check(spec, parent.pk, state, settled)
+    except exceptions.BudgetExceeded as breach:
+        return _fail_parked(spec, parent.pk, index, parent.state, settled, now, events, breach)
+    return _land(spec, parent.pk, index + 1 if index + 1 < len(spec.steps) else None,
+                 state, settled, now, events)
+
+
+#: Child errors that a restart cannot fix.
+_FINAL_CHILD_ERRORS = {f"queuety.exceptions.{cls.__name__}" for cls in (
+    exceptions.BudgetExceeded, exceptions.PermanentError, exceptions.WorkflowDefinitionError,
+    exceptions.InvalidStepOutput, exceptions.UnknownStep, exceptions.UnmatchedRoute)}
+
+
+def _child_restart_delay(spec: WorkflowSpec, step: StepSpec, child: WorkflowRun,
+                         failure: exceptions.ChildRunFailed) -> float | None:
+    """Seconds before restarting a failed child by the step's own policy, or None."""
+    if step.retry is None or child.status == RunStatus.CANCELLED or \
+            (child.error or {}).get("type") in _FINAL_CHILD_ERRORS:
+        return None
+    return engine.retry_delay(step.retry, failure, child.parent_attempt)
+
+
+_TREE_ATTEMPTS = """
+WITH RECURSIVE tree(id) AS (
+    SELECT %s::bigint
+    UNION ALL
+    SELECT r.id FROM queuety_workflowrun r JOIN tree t ON r.parent_id = t.id
+)
+SELECT COALESCE(SUM(s.attempt), 0) FROM queuety_steprun s JOIN tree t ON s.run_id = t.id
+ WHERE s.kind = 'step'
+"""
+
+
+def _check_attempts(run_id: int, step_name: str, last_error: BaseException | None = None
+                    ) -> None:
+    """Raise BudgetExceeded if one more step attempt in run ``run_id`` would pass the
+    ``max_step_attempts`` of that run or of an ancestor (which counts its whole tree)."""
+    current: int | None = run_id
+    while current is not None:
+        parent_id, definition_pk = WorkflowRun.objects.values_list(
+            "parent_id", "definition_id").get(pk=current)
+        limit = load_spec(definition_pk).budget.max_step_attempts
+        if limit is not None:
+            with connection.cursor() as cursor:
+                cursor.execute(_TREE_ATTEMPTS, [current])
+                used = cursor.fetchone()[0]
+            if used + 1 > limit:
+                raise exceptions.BudgetExceeded(
+                    "max_step_attempts", limit, used + 1, current, "",
+                    message=f"Step {step_name!r} of run {run_id} would start attempt "
+                            f"{used + 1} of run {current}'s tree, over its max_step_attempts "
+                            f"budget of {limit}." + (
+                                "" if last_error is None else
+                                f" Its last attempt failed with {type(last_error).__name__}: "
+                                f"{last_error}"))
+        current = parent_id
 
 
 def _reused_key(used: DispatchKey, spec: WorkflowSpec, payload_hash: str,
@@ -669,8 +837,33 @@ def _fan_out(spec: WorkflowSpec, run_id: int, index: int, state: dict[str, Any],
         items = items if items is not None else _items(spec, run_id, step, state)
         rows = [StepRun(branch=i, handler=step.handler, input={"item": item, "index": i},
                         **common) for i, item in enumerate(items)]
+    limit = step.fanout.max_concurrency
+    if limit is not None:
+        for row in rows[limit:]:  # they start as running ones finish: _release_held()
+            row.status, row.published_at = StepStatus.HELD, None
     created = StepRun.objects.bulk_create(rows)
-    publish_on_commit([_message(spec, row.pk, index) for row in created])
+    publish_on_commit([_message(spec, row.pk, index) for row in created
+                       if row.status == StepStatus.PENDING])
+
+
+def _release_held(spec: WorkflowSpec, run_id: int, seq: int, index: int, now) -> int:
+    """Start held branches or items of a fan-out pass, in order, into the slots its
+    ``max_concurrency`` leaves free. Call with the run's row locked (it serialises releases).
+    """
+    limit = spec.steps[index].fanout.max_concurrency
+    if limit is None:
+        return 0
+    rows = StepRun.objects.filter(run_id=run_id, kind="step", seq=seq, step_index=index)
+    free = limit - rows.filter(status__in=(StepStatus.PENDING, StepStatus.PROCESSING)).count()
+    if free <= 0:
+        return 0
+    released = list(rows.filter(status=StepStatus.HELD).order_by("branch")
+                    .values_list("pk", flat=True)[:free])
+    if released:
+        StepRun.objects.filter(pk__in=released).update(
+            status=StepStatus.PENDING, available_at=now, published_at=now)
+        publish_on_commit([_message(spec, pk, index) for pk in released])
+    return len(released)
 
 
 def _fanout_output(spec: WorkflowSpec, step: StepSpec, state: dict[str, Any],
@@ -731,6 +924,8 @@ def _branch_done(held: Claim, spec: WorkflowSpec, output: Any, duration_ms: floa
         if fanout.progress(mode, step.fanout.quorum, total, succeeded, failed) != \
                 fanout.SATISFIED:
             event.save()
+            if run.status == RunStatus.RUNNING:
+                _release_held(spec, held.run_id, held.seq, held.step_index, now)
             return
         rows = _fanout_rows(held.run_id, held.seq, held.step_index)
         _settle(spec, run, held.step_index, held.seq, rows, [event], now)
@@ -750,7 +945,7 @@ def _settle(spec: WorkflowSpec, run: WorkflowRun, index: int, seq: int,
     step = spec.steps[index]
     cancelled = StepRun.objects.filter(
         run_id=run.pk, kind="step", seq=seq, step_index=index,
-        status__in=(StepStatus.PENDING, StepStatus.PROCESSING),
+        status__in=LIVE_OR_HELD,
     ).update(status=StepStatus.CANCELLED, finished_at=now)
     output = _fanout_output(spec, step, run.state, rows)
     state = {**run.state, **engine.public(output)}
@@ -768,19 +963,29 @@ def _fail_parked(spec: WorkflowSpec, run_id: int, index: int, state: dict[str, A
                  usage: budgets.Usage, now, events: list[Event],
                  breach: exceptions.BudgetExceeded) -> str:
     """Fail a run at the wait ``index`` whose settling breached the budget."""
-    step = spec.steps[index]
-    error = {"type": "queuety.exceptions.BudgetExceeded", "message": str(breach),
-             "step": step.name, "step_index": index, "attempt": None, "max_attempts": None,
+    error = {**engine.describe_error(breach, False), "step": spec.steps[index].name,
+             "step_index": index, "attempt": None, "max_attempts": None,
              "budget": breach.budget, "limit": breach.limit, "used": breach.used}
+    return _fail_waiting(spec, run_id, index, state, usage, now, events, error)
+
+
+def _fail_waiting(spec: WorkflowSpec, run_id: int, index: int, state: dict[str, Any],
+                  usage: budgets.Usage, now, events: list[Event], error: dict[str, Any]
+                  ) -> str:
+    """Fail a run (locked by this transaction) at the step ``index`` it waits at, with
+    ``error``, keeping ``state``; wake its own waiters and start its compensations."""
+    step = spec.steps[index]
     WorkflowRun.objects.filter(pk=run_id).update(
         state=state, transitions=usage.transitions, cost_units=usage.cost_units,
+        started_workflows=usage.started_workflows,
         current_step=index, status=RunStatus.FAILED, error=error, finished_at=now,
         updated_at=now, revision=F("revision") + 1)
+    WorkflowDependency.objects.filter(run_id=run_id).delete()
     events.append(Event(run_id=run_id, kind="workflow_failed", step_index=index,
                         step_name=step.name, data={"error": error}))
     Event.objects.bulk_create(events)
-    notify_parent(run_id)
-    logger.warning("Run id=%s failed at wait %r: %s", run_id, step.name, breach)
+    notify_finished(run_id)
+    logger.warning("Run id=%s failed at step %r: %s", run_id, step.name, error["message"])
     if spec.compensate_on_failure:
         from queuety import operations
 
@@ -807,9 +1012,12 @@ def _land(spec: WorkflowSpec, run_id: int, index: int | None, state: dict[str, A
           paused: bool = False) -> str:
     """Move a run (whose row this transaction has locked or created) onto step ``index``.
 
-    Waits at ``index`` are settled at once from stored signals, consuming them, as long as
-    they can be; the run then parks at the first unsatisfied wait (no worker, no message) or
-    gets its next task row and message. Writes the run row and ``events``; returns the status.
+    Steps that need no worker are done here, in this transaction, as long as they can be:
+    signal waits settle from stored signals (consuming them), workflow waits from the awaited
+    runs' statuses, ``start`` steps create their runs, ``repeat`` steps loop, empty
+    ``for_each`` steps settle. The run then parks at the first unsatisfied wait (no worker,
+    no message), or gets its next task row(s) and message(s). A workflow wait that can no
+    longer be satisfied fails the run. Writes the run row and ``events``; returns the status.
 
     A wait whose settling would breach the budget fails the run there (``fail_on_breach``,
     the worker's path), keeping the state from before the wait; or raises.
@@ -824,8 +1032,16 @@ def _land(spec: WorkflowSpec, run_id: int, index: int | None, state: dict[str, A
     items: list[Any] | None = None
     loops: dict[str, int] | None = None
     while not paused and index is not None and \
-            spec.steps[index].kind in ("wait", "for_each", "repeat"):
+            spec.steps[index].kind in ("wait", "for_each", "repeat", "start", "wait_workflows"):
         step = spec.steps[index]
+        if step.kind == "start":
+            state, usage, ids = _start_runs(spec, run_id, index, state, usage, now)
+            _check(spec, run_id, state, usage)
+            events.append(Event(run_id=run_id, kind="workflows_started", step_index=index,
+                                step_name=step.name, data={"runs": ids,
+                                                           "group": step.start.group}))
+            index = index + 1 if index + 1 < len(spec.steps) else None
+            continue
         if step.kind == "repeat":
             if loops is None:
                 loops = dict(WorkflowRun.objects.values_list("loops", flat=True).get(pk=run_id))
@@ -851,18 +1067,52 @@ def _land(spec: WorkflowSpec, run_id: int, index: int | None, state: dict[str, A
                                 step_name=step.name, data={"output": output}))
             index = index + 1 if index + 1 < len(spec.steps) else None
             continue
-        stored = list(Signal.objects.filter(
-            run_id=run_id, consumed_at__isnull=True, name__in=step.wait.signals,
-        ).order_by("pk").values_list("pk", "name", "payload"))
-        result = waits.evaluate(step.wait, stored, state)
-        if not result.settled:
-            status = RunStatus.WAITING_FOR_SIGNAL
-            events.append(Event(run_id=run_id, kind="workflow_waiting", step_index=index,
-                                step_name=step.name, data={
-                                    "waiting_for": list(step.wait.signals),
-                                    "matched": result.matched}))
-            break
-        settled_state = {**state, **engine.public(result.output)}
+        if step.kind == "wait_workflows":
+            try:
+                ids, found = _workflow_wait(spec, run_id, index, state)
+            except exceptions.InvalidStepOutput as error:
+                return _fail_waiting(spec, run_id, index, state, usage, now, events, {
+                    **engine.describe_error(error, False), "step": step.name,
+                    "step_index": index, "attempt": None, "max_attempts": None})
+            if found.verdict == fanout.PENDING:
+                status = RunStatus.WAITING_FOR_WORKFLOWS
+                WorkflowDependency.objects.filter(run_id=run_id).delete()
+                WorkflowDependency.objects.bulk_create([
+                    WorkflowDependency(run_id=run_id, step_index=index, depends_on=i)
+                    for i in found.remaining])
+                events.append(Event(run_id=run_id, kind="workflow_waiting", step_index=index,
+                                    step_name=step.name, data={
+                                        "waiting_for": [str(i) for i in ids],
+                                        **found.details}))
+                break
+            if found.verdict == fanout.IMPOSSIBLE:
+                failure = exceptions.WorkflowWaitFailed(
+                    f"Workflow wait {step.name!r} of run {run_id} can no longer be satisfied "
+                    f"(mode {step.workflows.mode!r}"
+                    + (f", quorum {step.workflows.quorum}" if step.workflows.quorum else "")
+                    + f"): runs {found.failed} failed, were cancelled or do not exist; "
+                    f"completed {found.matched}, still running {found.remaining}.")
+                return _fail_waiting(spec, run_id, index, state, usage, now, events, {
+                    **engine.describe_error(failure, False), "step": step.name,
+                    "step_index": index, "attempt": None, "max_attempts": None,
+                    **found.details})
+            output, used = found.output, {"workflows": found.matched}
+        else:
+            stored = list(Signal.objects.filter(
+                run_id=run_id, consumed_at__isnull=True, name__in=step.wait.signals,
+            ).order_by("pk").values_list("pk", "name", "payload"))
+            result = waits.evaluate(step.wait, stored, state)
+            if not result.settled:
+                status = RunStatus.WAITING_FOR_SIGNAL
+                events.append(Event(run_id=run_id, kind="workflow_waiting", step_index=index,
+                                    step_name=step.name, data={
+                                        "waiting_for": list(step.wait.signals),
+                                        "matched": result.matched}))
+                break
+            output = result.output
+            used = {"signals": [name for name, _ in result.chosen],
+                    "signal_ids": result.consumed}
+        settled_state = {**state, **engine.public(output)}
         settled_usage = replace(usage, transitions=usage.transitions + 1)
         try:
             _check(spec, run_id, settled_state, settled_usage)
@@ -871,17 +1121,19 @@ def _land(spec: WorkflowSpec, run_id: int, index: int | None, state: dict[str, A
                 raise
             return _fail_parked(spec, run_id, index, state, usage, now, events, breach)
         state, usage = settled_state, settled_usage
-        Signal.objects.filter(pk__in=result.consumed).update(consumed_at=now,
-                                                             consumed_by_step=step.name)
+        if step.kind == "wait_workflows":
+            WorkflowDependency.objects.filter(run_id=run_id).delete()
+        else:
+            Signal.objects.filter(pk__in=used["signal_ids"]).update(
+                consumed_at=now, consumed_by_step=step.name)
         events.append(Event(run_id=run_id, kind="wait_settled", step_index=index,
-                            step_name=step.name, data={
-                                "signals": [name for name, _ in result.chosen],
-                                "signal_ids": result.consumed, "output": result.output}))
+                            step_name=step.name, data={**used, "output": output}))
         index = index + 1 if index + 1 < len(spec.steps) else None
     if status == RunStatus.RUNNING and index is not None and spec.steps[index].kind == "child":
         status = RunStatus.WAITING_FOR_WORKFLOWS
     fields: dict[str, Any] = {
         "state": state, "transitions": usage.transitions, "cost_units": usage.cost_units,
+        "started_workflows": usage.started_workflows,
         "revision": F("revision") + 1, "updated_at": now, "status": status,
         **({} if loops is None else {"loops": loops}),
     }
@@ -889,11 +1141,11 @@ def _land(spec: WorkflowSpec, run_id: int, index: int | None, state: dict[str, A
         status = RunStatus.COMPLETED
         fields.update(status=status, current_step=len(spec.steps), finished_at=now)
         events.append(Event(run_id=run_id, kind="workflow_completed"))
-        notify_parent(run_id)
+        notify_finished(run_id)
     else:
         fields["current_step"] = index
     WorkflowRun.objects.filter(pk=run_id).update(**fields)
-    if status == RunStatus.WAITING_FOR_WORKFLOWS:
+    if status == RunStatus.WAITING_FOR_WORKFLOWS and spec.steps[index].kind == "child":
         child_id = _start_child(spec, run_id, index, state, now)
         events.append(Event(run_id=run_id, kind="child_started", step_index=index,
                             step_name=spec.steps[index].name, data={"child_run": child_id}))
@@ -965,7 +1217,12 @@ WITH step AS (
            duration_ms double precision, data jsonb)
      WHERE EXISTS (SELECT 1 FROM run)
 )
-SELECT EXISTS (SELECT 1 FROM step), EXISTS (SELECT 1 FROM run), (SELECT id FROM following)
+SELECT EXISTS (SELECT 1 FROM step), EXISTS (SELECT 1 FROM run), (SELECT id FROM following),
+       CASE WHEN %(next_index)s::integer IS NULL AND EXISTS (SELECT 1 FROM run) THEN ARRAY(
+           SELECT parent_id FROM queuety_workflowrun WHERE id = %(run_id)s
+              AND parent_id IS NOT NULL
+            UNION SELECT run_id FROM queuety_workflowdependency WHERE depends_on = %(run_id)s)
+       END
 """
 
 
@@ -994,9 +1251,11 @@ def _complete_postgres(held: Claim, spec: WorkflowSpec, outcome: engine.Advance,
     }
     with connection.cursor() as cursor:
         cursor.execute(_COMPLETE_POSTGRES, params)
-        owned, advanced, next_id = cursor.fetchone()
+        owned, advanced, next_id, waiters = cursor.fetchone()
     if next_id is not None:
         publish_on_commit([_message(spec, next_id, outcome.next_index)])
+    if waiters:  # the run completed: wake the runs waiting for it
+        _wake_on_commit(waiters)
     return owned, advanced
 
 
@@ -1018,6 +1277,11 @@ def record_failure(held: Claim, spec: WorkflowSpec, error: BaseException,
     row_max = StepRun.objects.values_list("max_attempts", flat=True).get(pk=held.step_run_id)
     attempt = held.attempt - max(0, row_max - policy.max_attempts)
     delay = engine.retry_delay(policy, error, attempt)
+    if delay is not None and not cleanup:
+        try:
+            _check_attempts(held.run_id, name, error)
+        except exceptions.BudgetExceeded as breach:
+            error, delay = breach, None
     record = engine.describe_error(error)
     guard = StepRun.objects.filter(
         pk=held.step_run_id, status=StepStatus.PROCESSING, attempt=held.attempt,
@@ -1061,11 +1325,13 @@ def record_failure(held: Claim, spec: WorkflowSpec, error: BaseException,
                 event.kind = "item_failed"
                 event.data = {"error": record, "max_attempts": policy.max_attempts}
                 event.save()
+                if run.status == RunStatus.RUNNING and run.current_step == held.step_index:
+                    _release_held(spec, held.run_id, held.seq, held.step_index, now)
                 return
         if step.kind in ("parallel", "for_each"):
             StepRun.objects.filter(
                 run_id=held.run_id, kind="step", seq=held.seq, step_index=held.step_index,
-                status__in=(StepStatus.PENDING, StepStatus.PROCESSING),
+                status__in=LIVE_OR_HELD,
             ).exclude(pk=held.step_run_id).update(status=StepStatus.CANCELLED, finished_at=now)
         run_error = {
             "type": record["type"], "message": record["message"], "step": step.name,
@@ -1085,7 +1351,7 @@ def record_failure(held: Claim, spec: WorkflowSpec, error: BaseException,
             event, Event(run_id=held.run_id, kind="workflow_failed", data={"error": run_error}),
         ])
         if failed:
-            notify_parent(held.run_id)
+            notify_finished(held.run_id)
         if failed and spec.compensate_on_failure:
             operations.start_cleanup(WorkflowRun.objects.get(pk=held.run_id), spec, "failure",
                                      now)
@@ -1307,18 +1573,30 @@ def fail_unloadable(step_run_id: int, run_id: int, error: BaseException) -> None
     logger.error("Step run id=%s of run id=%s failed: %s", step_run_id, run_id, record["message"])
 
 
+_FINISHED_DEPENDENCIES = """
+SELECT DISTINCT d.run_id FROM queuety_workflowdependency d
+  JOIN queuety_workflowrun w ON w.id = d.run_id AND w.status = 'waiting_for_workflows'
+  LEFT JOIN queuety_workflowrun r ON r.id = d.depends_on
+ WHERE r.id IS NULL OR r.status IN ('completed', 'failed', 'cancelled')
+ LIMIT 200
+"""
+
+
 def _wake_parents(now) -> int:
-    """Move on parents whose child finished but whose wake-up message was lost."""
-    parents = list(WorkflowRun.objects.filter(
+    """Move on runs whose child or awaited run finished but whose wake-up message was lost."""
+    waiting = set(WorkflowRun.objects.filter(
         status=RunStatus.WAITING_FOR_WORKFLOWS, children__status__in=FINISHED,
         children__parent_step=F("current_step"),
     ).values_list("pk", flat=True).distinct()[:200])
+    with connection.cursor() as cursor:
+        cursor.execute(_FINISHED_DEPENDENCIES)
+        waiting.update(row[0] for row in cursor.fetchall())
     moved = 0
-    for parent_id in parents:
+    for run_id in sorted(waiting):
         try:
-            moved += resume_parent(parent_id) not in (None, RunStatus.WAITING_FOR_WORKFLOWS)
+            moved += resume_waiting(run_id) not in (None, RunStatus.WAITING_FOR_WORKFLOWS)
         except Exception:  # noqa: BLE001 - one bad run must not stop the sweep
-            logger.exception("Could not wake parent run id=%s", parent_id)
+            logger.exception("Could not wake waiting run id=%s", run_id)
     return moved
 
 
@@ -1532,6 +1810,21 @@ def wait_info(run: WorkflowRun, spec: WorkflowSpec) -> dict[str, Any]:
         return {"wait_type": "workflow", "waiting_for": ids, "wait_mode": "all",
                 "wait_details": {"step_name": step.name, "matched": ids if done else [],
                                  "remaining": [] if done else ids, "wait_mode": "all"}}
+    if step.kind == "wait_workflows" and run.status == RunStatus.WAITING_FOR_WORKFLOWS:
+        wait_on = step.workflows
+        try:
+            ids, result = _workflow_wait(spec, run.pk, run.current_step, run.state,
+                                         lock=False)
+        except exceptions.InvalidStepOutput:
+            ids, result = [], None
+        details = {"step_name": step.name, "wait_mode": wait_on.mode, "quorum": wait_on.quorum,
+                   "group_key": wait_on.group, "state_key": wait_on.state_key,
+                   "result_key": wait_on.result_key,
+                   **({} if result is None else {k: [str(i) for i in v]
+                                                 for k, v in result.details.items()})}
+        return {"wait_type": "workflow", "waiting_for": [str(i) for i in ids],
+                "wait_mode": wait_on.mode,
+                "wait_details": {k: v for k, v in details.items() if v is not None}}
     if step.wait is None:
         return empty
     wait = step.wait

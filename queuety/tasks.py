@@ -67,6 +67,7 @@ def sweep() -> dict[str, int]:
 
 
 @shared_task(name="queuety.resume_parent", ignore_result=True)
-def resume_parent(parent_id: int) -> None:
-    """Move a parent run on once its child run finished (the sweeper is the backstop)."""
-    services.resume_parent(parent_id)
+def resume_parent(run_id: int) -> None:
+    """Move a run on once a run it waits for (its child, or one it awaits) finished; the
+    sweeper is the backstop."""
+    services.resume_waiting(run_id)

@@ -293,3 +293,59 @@ def counter_at_least_3(state):
 
 def always(state):
     return True
+
+
+def _occupy(token: str, seconds: float) -> None:
+    """Hold one slot for ``seconds``: a shared counter (under a file lock) records how many
+    holders there are at once, and the highest number seen."""
+    import fcntl
+    import json
+
+    def change(delta: int) -> None:
+        with open(marks_dir() / f"{token}-slots", "a+") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            handle.seek(0)
+            now = json.loads(handle.read() or '{"running": 0, "peak": 0}')
+            now["running"] += delta
+            now["peak"] = max(now["peak"], now["running"])
+            handle.seek(0)
+            handle.truncate()
+            handle.write(json.dumps(now))
+
+    change(+1)
+    try:
+        time.sleep(seconds)
+    finally:
+        change(-1)
+
+
+def peak_slots(token: str) -> dict:
+    import json
+
+    return json.loads((marks_dir() / f"{token}-slots").read_text())
+
+
+def occupy_item(state, item, index):
+    """A for_each item that holds a counted slot for state['nap'] seconds."""
+    mark(f"{state['token']}-occupy", f"{index} {time.time()}")
+    _occupy(state["token"], state["nap"])
+    return {"index": index}
+
+
+def occupy_branch(state):
+    """A parallel branch that holds a counted slot for state['nap'] seconds."""
+    mark(f"{state['token']}-occupy", f"branch {time.time()}")
+    _occupy(state["token"], state["nap"])
+    return {}
+
+
+def child_work(state):
+    """A started child's step: counts, and reports which item it was started for."""
+    mark(f"{state['token']}-child", str(state.get("start_item_index")))
+    return {"counter": state.get("counter", 0) + 1}
+
+
+def always_fails(state):
+    """Fails every attempt, counting them."""
+    mark(f"{state['token']}-fails")
+    raise ValueError(f"attempt {len(marks(state['token'] + '-fails'))} failed")

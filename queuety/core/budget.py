@@ -14,7 +14,7 @@ from queuety import exceptions
 
 #: The budgets, in the order they are checked and reported.
 BUDGETS = ("max_transitions", "max_for_each_items", "max_state_bytes", "max_cost_units",
-           "max_started_workflows")
+           "max_started_workflows", "max_step_attempts")
 
 #: Which usage counter each budget limits.
 COUNTER_OF = {
@@ -39,6 +39,9 @@ class Budget:
     """Sum of the ``cost_units`` of completed steps."""
     max_started_workflows: int | None = None
     """Child workflows started by ``start_workflows``."""
+    max_step_attempts: int | None = None
+    """Step attempts in all (retries included) of this run and of the child runs that
+    ``run_workflow`` steps start, restarts included. Checked before each further attempt."""
 
     def __post_init__(self) -> None:
         for name in BUDGETS:
@@ -54,8 +57,10 @@ class Budget:
         return {name: getattr(self, name) for name in BUDGETS if getattr(self, name) is not None}
 
     def to_dict(self) -> dict[str, int | None]:
-        """Return the JSON form (every budget, ``None`` when unset)."""
-        return {name: getattr(self, name) for name in BUDGETS}
+        """Return the JSON form (every budget, ``None`` when unset; ``max_step_attempts``
+        only when set, so definitions from before it keep their hash)."""
+        return {name: getattr(self, name) for name in BUDGETS
+                if name != "max_step_attempts" or self.max_step_attempts is not None}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> Budget:

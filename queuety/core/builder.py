@@ -9,6 +9,7 @@ from queuety import exceptions
 from queuety.core import engine, waits
 from queuety.core.budget import Budget
 from queuety.core.definition import StepSpec, WorkflowSpec
+from queuety.core.dependencies import StartSpec, WaitWorkflowsSpec
 from queuety.core.fanout import FanOutSpec
 from queuety.core.handlers import resolve_handler
 from queuety.core.retry import RetryPolicy
@@ -157,20 +158,130 @@ class WorkflowBuilder:
 
     # -- child workflows -----------------------------------------------------------------------
 
-    def run_workflow(self, name: str, child: WorkflowBuilder) -> WorkflowBuilder:
+    def run_workflow(self, name: str, child: WorkflowBuilder, *,
+                     retry: RetryPolicy | None = None) -> WorkflowBuilder:
         """Run ``child`` (a builder) as a child workflow named ``name``, started with this run's
         state; when it completes, its state's keys are merged here and this run goes on. Its
         failure or cancellation fails this run; cancelling this run cancels it.
+
+        Args:
+            retry: start the child afresh when it fails, by this policy (its ``retry_on``
+                is matched against :class:`~queuety.ChildRunFailed`). Without it a failed
+                child fails this run: the child's steps already retry by their own policies,
+                and restarting the child multiplies those attempts. A cancelled child, or one
+                that failed a budget or a :class:`~queuety.PermanentError`, is never restarted.
+                ``max_step_attempts`` caps the attempts of the whole tree.
         """
         if not isinstance(child, WorkflowBuilder):
             raise exceptions.WorkflowDefinitionError(
                 f"run_workflow() takes a queuety.workflow(...) builder (got {child!r}).")
         if not isinstance(name, str) or not name.strip():
             raise exceptions.WorkflowDefinitionError("run_workflow() needs a non-blank name.")
+        if retry is not None and not isinstance(retry, RetryPolicy):
+            raise exceptions.WorkflowDefinitionError(
+                f"retry for run_workflow({name!r}) must be a queuety.RetryPolicy (got {retry!r}).")
         spec = replace(child.build(), name=name.strip())
-        step = StepSpec(name=name.strip(), kind="child", cost_units=0, child=spec.to_dict())
+        step = StepSpec(name=name.strip(), kind="child", cost_units=0, child=spec.to_dict(),
+                        retry=retry)
         _check_name(self._name, self._steps, step)
         return self._copy(steps=self._steps + (step,))
+
+    def start_workflows(self, items_key: str, child: WorkflowBuilder,
+                        result_key: str = "started_workflow_ids", payload_key: str = "item",
+                        inherit_state: bool = True, name: str | None = None,
+                        group_key: str | None = None) -> WorkflowBuilder:
+        """Start one run of ``child`` per item of ``state[items_key]`` and go on at once.
+
+        The runs are created in the same transaction as this step's transition, so a crash or a
+        retry never starts them twice. Each gets this run's public state (with
+        ``inherit_state``), a dict item's keys over it (any other item under ``payload_key``)
+        and ``start_item_index``. Their ids (in item order) go to ``result_key``; with
+        ``group_key`` they also form a group for :meth:`wait_for_workflow_group`.
+        ``max_started_workflows`` is checked before any run is created. Cancelling this run
+        cancels the runs it started that are still active.
+        """
+        if not isinstance(child, WorkflowBuilder):
+            raise exceptions.WorkflowDefinitionError(
+                f"start_workflows() takes a queuety.workflow(...) builder (got {child!r}).")
+        start = StartSpec(items_key=items_key, result_key=result_key, payload_key=payload_key,
+                          inherit_state=bool(inherit_state), group=group_key)
+        step = StepSpec(name=name or f"start_workflows_{len(self._steps)}", kind="start",
+                        cost_units=0, child=child.build().to_dict(), start=start)
+        _check_name(self._name, self._steps, step)
+        return self._copy(steps=self._steps + (step,))
+
+    def start_agents(self, items_key: str, child: WorkflowBuilder,
+                     result_key: str = "agent_workflow_ids", payload_key: str = "agent_task",
+                     inherit_state: bool = True, name: str | None = None,
+                     group_key: str | None = None) -> WorkflowBuilder:
+        """:meth:`start_workflows` with agent-flavoured defaults (step name ``start_agents``)."""
+        return self.start_workflows(items_key, child, result_key, payload_key, inherit_state,
+                                    name or "start_agents", group_key)
+
+    def _wait_workflows(self, default_name: str, name: str | None,
+                        **options: Any) -> WorkflowBuilder:
+        step = StepSpec(name=name or default_name, kind="wait_workflows", cost_units=0,
+                        workflows=WaitWorkflowsSpec(**options))
+        _check_name(self._name, self._steps, step)
+        return self._copy(steps=self._steps + (step,))
+
+    def wait_for_workflows(self, workflows: list[int] | str, mode: str = "all",
+                           result_key: str | None = None, name: str | None = None,
+                           quorum: int | None = None) -> WorkflowBuilder:
+        """Park the run until other runs finish: ``all`` completed, ``any`` one, or a
+        ``quorum`` of ``n``.
+
+        Args:
+            workflows: a list of run ids, or the state key holding an id or a list of ids
+                (for example the ``result_key`` of :meth:`start_workflows`).
+            result_key: put the completed runs' public states under this key, as
+                ``{"<id>": state}`` (a single awaited run: its state itself); without it,
+                their keys merge into this run's state in the order listed.
+
+        A run that fails, is cancelled or cannot be found makes ``all`` impossible, and the
+        wait fails this run at once (likewise ``any``/``quorum`` once too few can complete).
+        """
+        if isinstance(workflows, str):
+            source: dict[str, Any] = {"state_key": workflows}
+        elif isinstance(workflows, list | tuple):
+            source = {"ids": tuple(workflows)}
+        else:
+            raise exceptions.WorkflowDefinitionError(
+                f"wait_for_workflows() takes a list of run ids or a state key (got "
+                f"{workflows!r}).")
+        return self._wait_workflows(f"wait_for_workflows_{len(self._steps)}", name, mode=mode,
+                                    quorum=quorum, result_key=result_key, **source)
+
+    def wait_for_workflow(self, workflow: int | str, result_key: str | None = None,
+                          name: str | None = None) -> WorkflowBuilder:
+        """Park the run until the run ``workflow`` (an id, or a state key holding one)
+        completes; see :meth:`wait_for_workflows`."""
+        workflows = workflow if isinstance(workflow, str) else [workflow]
+        return self.wait_for_workflows(workflows, result_key=result_key,
+                                       name=name or "wait_for_workflow")
+
+    def wait_for_workflow_group(self, group_key: str, mode: str = "all",
+                                quorum: int | None = None, result_key: str | None = None,
+                                name: str | None = None) -> WorkflowBuilder:
+        """Park the run until the runs it started with ``start_workflows(group_key=...)``
+        finish, by ``mode``; see :meth:`wait_for_workflows`."""
+        return self._wait_workflows(f"wait_for_workflow_group_{len(self._steps)}", name,
+                                    group=group_key, mode=mode, quorum=quorum,
+                                    result_key=result_key)
+
+    def wait_for_agents(self, workflows: list[int] | str = "agent_workflow_ids",
+                        mode: str = "all", result_key: str | None = "agent_results",
+                        name: str | None = None, quorum: int | None = None) -> WorkflowBuilder:
+        """:meth:`wait_for_workflows` with the defaults of :meth:`start_agents`."""
+        return self.wait_for_workflows(workflows, mode, result_key, name or "wait_for_agents",
+                                       quorum)
+
+    def wait_for_agent_group(self, group_key: str = "agents", mode: str = "all",
+                             quorum: int | None = None, result_key: str | None = "agent_results",
+                             name: str | None = None) -> WorkflowBuilder:
+        """:meth:`wait_for_workflow_group` with agent-flavoured defaults."""
+        return self.wait_for_workflow_group(group_key, mode, quorum, result_key,
+                                            name or "wait_for_agent_group")
 
     # -- loops ---------------------------------------------------------------------------------
 
@@ -219,11 +330,13 @@ class WorkflowBuilder:
     # -- fan-out -------------------------------------------------------------------------------
 
     def parallel(self, steps: list[Any], name: str | None = None, *,
-                 retry: RetryPolicy | None = None) -> WorkflowBuilder:
+                 retry: RetryPolicy | None = None,
+                 max_concurrency: int | None = None) -> WorkflowBuilder:
         """Run ``steps`` at the same time, each its own task; continue when all completed.
 
         Outputs merge in declaration order (not completion order); one branch failing for good
-        fails the run and cancels the others.
+        fails the run and cancels the others. With ``max_concurrency=n`` at most ``n``
+        branches run at once; the others start, in order, as running ones finish.
         """
         if isinstance(steps, str) or len(steps) < 2:
             raise exceptions.WorkflowDefinitionError(
@@ -232,28 +345,32 @@ class WorkflowBuilder:
         cost = sum(_cost_units(path, obj, None) for path, obj in resolved)
         spec = StepSpec(name=name or f"parallel_{len(self._steps)}", kind="parallel",
                         retry=retry, cost_units=cost,
-                        fanout=FanOutSpec(branches=tuple(path for path, _ in resolved)))
+                        fanout=FanOutSpec(branches=tuple(path for path, _ in resolved),
+                                          max_concurrency=max_concurrency))
         _check_name(self._name, self._steps, spec)
         return self._copy(steps=self._steps + (spec,))
 
     def for_each(self, items_key: str, handler: Any, result_key: str | None = None,
                  mode: str = "all", quorum: int | None = None, reducer: Any = None,
                  name: str | None = None, *, retry: RetryPolicy | None = None,
-                 timeout: float | None = None) -> WorkflowBuilder:
+                 timeout: float | None = None,
+                 max_concurrency: int | None = None) -> WorkflowBuilder:
         """Run ``handler(state, item, index)`` for each item of ``state[items_key]``, each its own
         task, and join them by ``mode``: ``all``, ``first_success`` or ``quorum`` (``quorum=n``).
 
         The aggregate ``{mode, quorum, total, succeeded, failed, settled, winner, results,
         failures}`` goes to ``result_key`` (default ``"<name>_results"``); ``reducer(state,
         aggregate) -> dict`` may add keys. Items still running when the join settles are
-        cancelled. ``max_for_each_items`` is checked when the step is reached.
+        cancelled. ``max_for_each_items`` is checked when the step is reached. With
+        ``max_concurrency=n`` at most ``n`` items run at once; the others start, in item
+        order, as running ones finish.
         """
         if not isinstance(items_key, str) or not items_key:
             raise exceptions.WorkflowDefinitionError("for_each() needs a non-empty items_key.")
         path, obj = resolve_handler(handler)
         step_name = name or f"{items_key}_for_each"
         fanout = FanOutSpec(items_key=items_key, result_key=result_key or f"{step_name}_results",
-                            mode=mode, quorum=quorum,
+                            mode=mode, quorum=quorum, max_concurrency=max_concurrency,
                             reducer=None if reducer is None else resolve_handler(reducer)[0])
         spec = StepSpec(name=step_name, kind="for_each", handler=path, fanout=fanout,
                         retry=retry if retry is not None else getattr(obj, "retry", None),
@@ -419,6 +536,12 @@ class WorkflowBuilder:
     def max_started_workflows(self, limit: int) -> WorkflowBuilder:
         """Fail the run when it would start more than ``limit`` child workflows."""
         return self._limit("max_started_workflows", limit)
+
+    def max_step_attempts(self, limit: int) -> WorkflowBuilder:
+        """Fail the run rather than start a step attempt beyond ``limit`` in all: attempts of
+        this run's steps, retries included, and of the child runs its ``run_workflow`` steps
+        start (restarts included). Stops retries multiplying across nested policies."""
+        return self._limit("max_step_attempts", limit)
 
     # -- compensation, cancellation, deadlines ------------------------------------------------
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from queuety import exceptions
 from queuety.core.budget import Budget
+from queuety.core.dependencies import StartSpec, WaitWorkflowsSpec
 from queuety.core.fanout import FanOutSpec
 from queuety.core.retry import RetryPolicy
 from queuety.core.waits import WaitSpec
@@ -34,7 +35,9 @@ class StepSpec:
     handler: str = ""
     """Dotted import path of a :class:`~queuety.Step` subclass or a function (tasks only)."""
     kind: str = "task"
-    """``task`` (a handler run by a worker) or ``wait`` (parks the run until signals come)."""
+    """``task`` (a handler run by a worker), ``wait`` (parks the run until signals come),
+    ``delay``, ``parallel``, ``for_each``, ``repeat``, ``child`` (``run_workflow()``),
+    ``start`` (``start_workflows()``) or ``wait_workflows`` (``wait_for_workflows()``)."""
     retry: RetryPolicy | None = None
     """The step's own policy; ``None`` falls back to the workflow's, then the global default."""
     timeout: float | None = None
@@ -54,7 +57,11 @@ class StepSpec:
     fanout: FanOutSpec | None = None
     """For ``parallel`` and ``for_each`` steps: what they fan out to."""
     child: dict[str, Any] | None = None
-    """For ``child`` steps (``run_workflow()``): the child workflow's definition."""
+    """For ``child`` and ``start`` steps: the child workflow's definition."""
+    start: StartSpec | None = None
+    """For ``start`` steps: which items start children, and what the step merges."""
+    workflows: WaitWorkflowsSpec | None = None
+    """For ``wait_workflows`` steps: which runs to wait for, and how."""
     repeat: dict[str, Any] | None = None
     """For ``repeat`` steps: ``{mode, target, state_key, expected, condition,
     max_iterations}``."""
@@ -76,6 +83,8 @@ class StepSpec:
             **({} if self.fanout is None else {"fanout": self.fanout.to_dict()}),
             **({} if self.repeat is None else {"repeat": self.repeat}),
             **({} if self.child is None else {"child": self.child}),
+            **({} if self.start is None else {"start": self.start.to_dict()}),
+            **({} if self.workflows is None else {"workflows": self.workflows.to_dict()}),
         }
 
     @classmethod
@@ -98,6 +107,9 @@ class StepSpec:
             fanout=FanOutSpec.from_dict(data["fanout"]) if data.get("fanout") else None,
             repeat=data.get("repeat"),
             child=data.get("child"),
+            start=StartSpec.from_dict(data["start"]) if data.get("start") else None,
+            workflows=WaitWorkflowsSpec.from_dict(data["workflows"]) if data.get("workflows")
+            else None,
         )
 
 

@@ -30,6 +30,8 @@ class FanOutSpec:
     quorum: int | None = None
     reducer: str | None = None
     """``for_each``: dotted path of ``f(state, aggregate) -> dict`` merged after the join."""
+    max_concurrency: int | None = None
+    """At most this many branches or items run at once; the others wait their turn."""
 
     def __post_init__(self) -> None:
         if self.mode not in (ALL, FIRST_SUCCESS, QUORUM):
@@ -38,12 +40,20 @@ class FanOutSpec:
         if self.mode == QUORUM and (not isinstance(self.quorum, int) or self.quorum < 1):
             raise exceptions.WorkflowDefinitionError(
                 f"for_each(mode='quorum') needs quorum=n with n >= 1 (got {self.quorum!r}).")
+        if self.max_concurrency is not None and (
+                isinstance(self.max_concurrency, bool) or not isinstance(self.max_concurrency, int)
+                or self.max_concurrency < 1):
+            raise exceptions.WorkflowDefinitionError(
+                f"max_concurrency must be a whole number of at least 1, or None for no limit "
+                f"(got {self.max_concurrency!r}).")
 
     def to_dict(self) -> dict[str, Any]:
         """Return the JSON form."""
         return {"branches": list(self.branches), "items_key": self.items_key,
                 "result_key": self.result_key, "mode": self.mode, "quorum": self.quorum,
-                "reducer": self.reducer}
+                "reducer": self.reducer,
+                **({} if self.max_concurrency is None else
+                   {"max_concurrency": self.max_concurrency})}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> FanOutSpec:

@@ -149,3 +149,38 @@ def test_for_each__a_thousand_items_one_expansion(worker, token, semantics):
     assert status.state["tasks_for_each_results"]["succeeded"] == 1000
     assert rows.count() == 1000 and expansions == 1
     assert Event.objects.filter(run_id=run_id, kind="step_completed").count() == 1
+
+
+@pytest.mark.parametrize("shape", ["for_each", "parallel"])
+def test_F4_max_concurrency_is_honoured(worker, token, semantics, shape):
+    flow = queuety.workflow(f"limited_{shape}")
+    if shape == "for_each":
+        flow = flow.for_each("tasks", workflows.occupy_item, max_concurrency=2, name="fan")
+    else:
+        flow = flow.parallel([workflows.occupy_branch] * 4, max_concurrency=2, name="fan")
+    run_id = flow.dispatch({"token": token, "nap": 1.0, "tasks": [1, 2, 3, 4]})
+    status = wait_for(run_id, timeout=30, worker=worker)
+    starts = [float(line.split()[2]) for line in workflows.marks(f"{token}-occupy")]
+    join = Event.objects.get(run_id=run_id, kind="step_completed",
+                             step_name="fan").created_at.timestamp()
+    wall = join - min(starts)
+    peak = workflows.peak_slots(token)
+    semantics.record(f"F4 {shape}: 4 x 1 s with max_concurrency=2, 4 pool processes",
+                     "2.0-2.8 s, at most 2 at once",
+                     f"{wall:.2f}s, peak {peak['peak']} at once")
+    assert status.status == "completed" and len(starts) == 4
+    assert peak == {"running": 0, "peak": 2}
+    assert 2.0 <= wall <= 2.8
+    assert StepRun.objects.filter(run_id=run_id, status="held").count() == 0
+
+
+def test_F4_held_items_are_cancelled_when_the_join_fails(worker, token):
+    run_id = (queuety.workflow("limited_fail")
+              .for_each("tasks", workflows.run_task, max_concurrency=1,
+                        retry=queuety.RetryPolicy(max_attempts=1))
+              .dispatch({"token": token, "tasks": items({"action": "fail"}, {}, {})}))
+    status = wait_for(run_id, worker=worker)
+    assert status.status == "failed"
+    rows = StepRun.objects.filter(run_id=run_id).order_by("branch")
+    assert [r.status for r in rows] == ["failed", "cancelled", "cancelled"]
+    assert len(workflows.marks(f"{token}-item")) == 1  # the held items never ran

@@ -185,3 +185,77 @@ def test_policy_precedence__step_then_workflow_then_global(token):
     assert services.effective_policy(spec, 0) == step_policy
     assert services.effective_policy(spec, 1) == flow_policy
     assert services.effective_policy(bare, 0) == queuety_settings.DEFAULT_RETRY
+
+
+def _nested(token: str, inner_attempts: int, outer: queuety.RetryPolicy | None,
+            cap: int | None = None) -> int:
+    now = queuety.RetryPolicy(max_attempts=inner_attempts, initial_delay=0, jitter=0)
+    inner = queuety.workflow("inner").then(workflows.always_fails, retry=now)
+    flow = queuety.workflow("outer").run_workflow("inner", inner, retry=outer)
+    if cap is not None:
+        flow = flow.max_step_attempts(cap)
+    return flow.dispatch({"token": token})
+
+
+def test_R7_a_run_level_cap_stops_nested_retries_multiplying(worker, token, semantics):
+    from queuety.models import WorkflowRun
+
+    outer = queuety.RetryPolicy(max_attempts=3, initial_delay=0, jitter=0)
+    capped, uncapped = f"{token}c", f"{token}u"
+    capped_id = _nested(capped, 2, outer, cap=4)
+    uncapped_id = _nested(uncapped, 2, outer)
+    status = wait_for(capped_id, worker=worker)
+    free = wait_for(uncapped_id, worker=worker)
+    runs = len(workflows.marks(f"{capped}-fails"))
+    semantics.record("R7 child policy 2 x parent policy 3, cap max_step_attempts=4",
+                     "4 executions, then BudgetExceeded; 6 without the cap",
+                     f"{runs} executions then {status.error['type'].rsplit('.', 1)[-1]}; "
+                     f"{len(workflows.marks(f'{uncapped}-fails'))} without the cap")
+    assert runs == 4
+    assert status.status == "failed" and status.error["budget"] == "max_step_attempts"
+    assert "over its max_step_attempts budget of 4" in status.error["message"]
+    assert WorkflowRun.objects.filter(parent_id=capped_id).count() == 2
+    assert len(workflows.marks(f"{uncapped}-fails")) == 6   # documented: 2 x 3, no cap
+    assert free.status == "failed"
+    assert free.error["type"] == "queuety.exceptions.ChildRunFailed"
+    assert WorkflowRun.objects.filter(parent_id=uncapped_id).count() == 3
+
+
+def test_R8_a_child_step_obeys_its_policy_and_the_parent_its_own(worker, token, semantics):
+    from queuety.models import WorkflowRun
+
+    alone, nested = f"{token}a", f"{token}n"
+    alone_id = _nested(alone, 3, None)
+    nested_id = _nested(nested, 3, queuety.RetryPolicy(max_attempts=2, initial_delay=0.2,
+                                                       jitter=0))
+    status = wait_for(alone_id, worker=worker)
+    outer = wait_for(nested_id, worker=worker)
+    restarts = list(Event.objects.filter(run_id=nested_id, kind="child_retried"))
+    semantics.record("R8 child step max_attempts=3 always fails; parent policy 2",
+                     "3 runs then the parent fails; with the parent policy 2 x 3 = 6",
+                     f"{len(workflows.marks(f'{alone}-fails'))} then parent "
+                     f"{status.status}; {len(workflows.marks(f'{nested}-fails'))} with "
+                     f"{len(restarts)} restart")
+    assert len(workflows.marks(f"{alone}-fails")) == 3
+    assert status.status == "failed"
+    assert status.error["type"] == "queuety.exceptions.ChildRunFailed"
+    assert "attempt 3 failed" in status.error["message"]
+    assert len(workflows.marks(f"{nested}-fails")) == 6
+    assert outer.status == "failed" and outer.error["attempt"] == 2
+    assert len(restarts) == 1 and restarts[0].data["attempt"] == 2
+    assert [r.parent_attempt for r in WorkflowRun.objects.filter(parent_id=nested_id)
+            .order_by("pk")] == [1, 2]
+
+
+def test_a_cancelled_child_is_never_restarted(worker, token):
+    from queuety.models import WorkflowRun
+
+    run_id = (queuety.workflow("outer_cancel")
+              .run_workflow("inner", queuety.workflow("x").wait_for_approval(),
+                            retry=queuety.RetryPolicy(max_attempts=3, initial_delay=0))
+              .dispatch({"token": token}))
+    child = WorkflowRun.objects.get(parent_id=run_id)
+    queuety.cancel(child.pk)
+    status = wait_for(run_id, worker=worker)
+    assert status.status == "failed" and "cancelled" in status.error["message"]
+    assert WorkflowRun.objects.filter(parent_id=run_id).count() == 1
