@@ -389,7 +389,7 @@ def _child_restart_delay(spec: WorkflowSpec, step: StepSpec, child: WorkflowRun,
 
 _TREE_ATTEMPTS = """
 WITH RECURSIVE tree(id) AS (
-    SELECT %s::bigint
+    SELECT CAST(%s AS BIGINT)
     UNION ALL
     SELECT r.id FROM queuety_workflowrun r JOIN tree t ON r.parent_id = t.id
 )
