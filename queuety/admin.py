@@ -58,6 +58,7 @@ from queuety.models import (
     Signal,
     StepRun,
     WorkflowDefinition,
+    WorkflowDependency,
     WorkflowRun,
 )
 
@@ -213,13 +214,28 @@ def describe_step(step) -> str:
             f"{json.dumps(loop.get('expected'))}"
         limit = f", at most {loop['max_iterations']} times" if loop.get("max_iterations") else ""
         return f"back to {loop.get('target')} {loop.get('mode')} {test}{limit}"
+    if step.kind == "child":
+        restart = f"; restarted by {step.retry.describe()}" if step.retry else ""
+        return f"child workflow {step.name} ({len(step.child['steps'])} steps){restart}"
+    if step.kind == "start":
+        group = f", group {step.start.group!r}" if step.start.group else ""
+        return (f"start a {step.child['name']} run per item of state[{step.start.items_key!r}]"
+                f" → state[{step.start.result_key!r}]{group}")
+    if step.kind == "wait_workflows":
+        on = step.workflows
+        which = (f"runs {', '.join(map(str, on.ids))}" if on.ids is not None else
+                 f"group {on.group!r}" if on.group else f"the runs in state[{on.state_key!r}]")
+        quorum = f" {on.quorum}" if on.quorum else ""
+        return f"wait for {which}: {on.mode}{quorum}"
+    limit = (f", at most {step.fanout.max_concurrency} at once"
+             if step.fanout is not None and step.fanout.max_concurrency else "")
     if step.kind == "parallel" and step.fanout is not None:
-        return "in parallel: " + ", ".join(step.fanout.branches)
+        return "in parallel: " + ", ".join(step.fanout.branches) + limit
     text = step.handler
     if step.kind == "for_each" and step.fanout is not None:
         quorum = f" {step.fanout.quorum}" if step.fanout.quorum else ""
         text += (f" for each item of state[{step.fanout.items_key!r}], join "
-                 f"{step.fanout.mode}{quorum}")
+                 f"{step.fanout.mode}{quorum}{limit}")
     if step.routes is not None:
         routes = [f"{label} → {target}" for label, target in step.routes.items()]
         if step.default_route:
@@ -727,6 +743,7 @@ class WorkflowRunAdmin(admin.ModelAdmin):
         signals = list(Signal.objects.filter(run_id=run.pk).order_by("-pk")[:100])
         context = self._context(
             request,
+            related=self._related_runs(run),
             title=f"{run.name} #{run.pk}",
             subtitle=None,
             run=run, status=status, spec=spec, step=step, wait=wait,
@@ -764,6 +781,20 @@ class WorkflowRunAdmin(admin.ModelAdmin):
                                     .total_seconds()),
         )
         return TemplateResponse(request, "admin/queuety/workflowrun/run.html", context)
+
+    def _related_runs(self, run: WorkflowRun) -> list[dict[str, Any]]:
+        """Runs linked to this one: its parent or starter, its children, the runs it
+        started, and the runs it waits for (100 of each at most)."""
+        awaited = WorkflowDependency.objects.filter(run_id=run.pk).values("depends_on")
+        links = [("parent (run_workflow)", WorkflowRun.objects.filter(pk=run.parent_id)),
+                 ("started it", WorkflowRun.objects.filter(pk=run.started_by_id)),
+                 ("child (run_workflow)", WorkflowRun.objects.filter(parent_id=run.pk)),
+                 ("started by this run", WorkflowRun.objects.filter(started_by_id=run.pk)),
+                 ("awaited", WorkflowRun.objects.filter(pk__in=awaited))]
+        return [{"relation": relation, "run": other, "badge": status_badge(other.status),
+                 "url": self._url("change", other.pk)}
+                for relation, query in links
+                for other in query.only("pk", "name", "status", "group").order_by("pk")[:100]]
 
     @staticmethod
     def _budget_bars(spec: WorkflowSpec, status) -> list[dict[str, Any]]:

@@ -267,6 +267,31 @@ def test_run_page__describes_every_kind_of_step(boss, token):
         assert text in html, text
 
 
+def test_run_page__describes_workflow_steps_and_links_related_runs(boss, token):
+    child = queuety.workflow(f"adm_child_{token}").wait_for_signal("go")
+    dependency = child.dispatch({"token": token})
+    run_id = (queuety.workflow(f"adm_tree_{token}")
+              .start_workflows("tasks", child, group_key="crew")
+              .for_each("tasks", workflows.run_task, max_concurrency=2)
+              .wait_for_workflows([dependency], "any")
+              .run_workflow("sub", child, retry=queuety.RetryPolicy(max_attempts=2))
+              .dispatch({"token": token, "tasks": [{"id": "a", "sleep": 5}]}))
+    started = WorkflowRun.objects.get(started_by_id=run_id)
+
+    html = boss.get(run_page(run_id)).content.decode()
+
+    for text in (f"start a adm_child_{token} run per item of state[&#x27;tasks&#x27;] → "
+                 "state[&#x27;started_workflow_ids&#x27;], group &#x27;crew&#x27;",
+                 "join all, at most 2 at once", f"wait for runs {dependency}: any",
+                 "child workflow sub (1 steps); restarted by", 'id="related"',
+                 "started by this run", f"#{started.pk}</a>", "crew"):
+        assert text in html, text
+    child_page = boss.get(run_page(started.pk)).content.decode()
+    assert "started it" in child_page and f"adm_tree_{token} #{run_id}</a>" in child_page
+    queuety.cancel(run_id)
+    queuety.cancel(dependency)
+
+
 def test_changelist__says_when_a_run_sleeps_in_a_delay(boss, token):
     run_id = (queuety.workflow(f"adm_delay_{token}").delay(minutes=10)
               .then(workflows.step_a).dispatch({"token": token}))
