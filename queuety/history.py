@@ -118,7 +118,7 @@ def export(run_id: int) -> dict[str, Any]:
             "error": run.error, "deadline_at": _iso(run.deadline_at),
             "created_at": _iso(run.created_at), "finished_at": _iso(run.finished_at),
             "parent_run": run.parent_id, "started_by": run.started_by_id,
-            "group": run.group or None,
+            "group": run.group or None, "groups": run.groups,
         },
         "definition": spec.to_dict(),
         "steps": [{
@@ -286,6 +286,7 @@ def replay(document: Any) -> int:
             error=source.get("error"), transitions=counters.get("transitions", 0),
             cost_units=counters.get("cost_units", 0),
             started_workflows=counters.get("started_workflows", 0),
+            groups=_groups(source.get("groups")),
             finished_at=now if status in services.FINISHED else None,
             deadline_at=(now + _deadline_left(source, document.get("exported_at"), now))
             if spec.deadline_seconds else None,
@@ -311,6 +312,20 @@ def replay(document: Any) -> int:
 
             operations.resume(run.pk, actor="replay")
     return run.pk
+
+
+def _groups(value: Any) -> dict[str, list[int]]:
+    """The ``groups`` of an exported run, checked: ``{group key: [run ids]}``."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(
+            isinstance(k, str) and isinstance(v, list) and all(
+                isinstance(i, int) and not isinstance(i, bool) and i > 0 for i in v)
+            for k, v in value.items()):
+        raise exceptions.WorkflowDefinitionError(
+            "The document's run.groups must map group keys to lists of run ids "
+            f"(got {str(value)[:200]!r}); nothing was replayed.")
+    return value
 
 
 #: Statuses a replayed run resumes from (the others are kept as they were).

@@ -84,6 +84,9 @@ class WorkflowRun(models.Model):
                                    related_name="started")
     started_by_step = models.PositiveIntegerField(null=True, blank=True)
     group = models.CharField(max_length=255, blank=True, default="", db_default="")
+    # The runs this run's start_workflows steps started, by group key ({group: [ids]}); a start
+    # step entered again replaces its group, and fork and replay carry them over.
+    groups = models.JSONField(default=dict, blank=True, db_default={})
     # Iterations of each repeat step's current loop ({step index: n}); reset when it exits.
     loops = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)

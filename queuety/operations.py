@@ -11,11 +11,12 @@ other, each with its own retries and timeline events: ``StepRun.kind`` is ``comp
 
 from __future__ import annotations
 
+import functools
 import logging
 from datetime import timedelta
 from typing import Any
 
-from django.db import transaction
+from django.db import OperationalError, connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
@@ -60,6 +61,28 @@ def _stop_live_steps(run: WorkflowRun, now) -> None:
                            ).update(status=StepStatus.CANCELLED, finished_at=now)
 
 
+def _retry_deadlocks(operation):
+    """Run ``operation`` again (up to 3 times) when PostgreSQL aborts it to break a deadlock.
+
+    A cancel locks a tree of runs parent first, while a woken waiter locks itself and then
+    reads the runs it waits for: when they cross, PostgreSQL aborts one. Only the outermost
+    call retries: inside a transaction the error must reach whoever owns it.
+    """
+    @functools.wraps(operation)
+    def retrying(*args, **kwargs):
+        for attempt in range(3):
+            try:
+                return operation(*args, **kwargs)
+            except OperationalError as error:
+                deadlock = getattr(error.__cause__, "sqlstate", None) == "40P01"
+                if not deadlock or attempt == 2 or connection.in_atomic_block:
+                    raise
+                logger.warning("%s(%r) hit a deadlock; running it again.",
+                               operation.__name__, args)
+    return retrying
+
+
+@_retry_deadlocks
 def cancel(run_id: int, *, actor: str = "") -> None:
     """Cancel a run: stop its steps, then run compensations and ``on_cancel`` (durably).
 
@@ -251,6 +274,7 @@ def fork(run_id: int, *, actor: str = "") -> int:
             total_steps=source.total_steps, current_step=source.current_step,
             status=RunStatus.PAUSED, transitions=source.transitions,
             cost_units=source.cost_units, started_workflows=source.started_workflows,
+            groups=source.groups,
             deadline_at=source.deadline_at)
         Event.objects.create(run_id=run.pk, kind="workflow_forked",
                              data={"by": actor, "from_run": source.pk, "state": source.state})
@@ -334,7 +358,7 @@ def fail_overdue(now=None) -> int:
     now = now or timezone.now()
     overdue = list(WorkflowRun.objects.filter(
         deadline_at__lte=now, status__in=(RunStatus.RUNNING, RunStatus.WAITING_FOR_SIGNAL,
-                                          RunStatus.PAUSED),
+                                          RunStatus.WAITING_FOR_WORKFLOWS, RunStatus.PAUSED),
     ).values_list("pk", flat=True)[:200])
     for run_id in overdue:
         with transaction.atomic():

@@ -237,16 +237,15 @@ def _start_runs(spec: WorkflowSpec, run_id: int, index: int, state: dict[str, An
                     started_workflows=usage.started_workflows + len(ids)), ids)
 
 
-def _awaited_ids(spec: WorkflowSpec, run_id: int, index: int, state: dict[str, Any]
-                 ) -> list[int]:
+def _awaited_ids(spec: WorkflowSpec, index: int, state: dict[str, Any],
+                 groups: dict[str, list[int]]) -> list[int]:
     """The run ids the ``wait_for_workflows`` step ``index`` waits for, in order."""
     step = spec.steps[index]
     wait = step.workflows
     if wait.ids is not None:
         return list(dict.fromkeys(wait.ids))
     if wait.group is not None:
-        return list(WorkflowRun.objects.filter(started_by_id=run_id, group=wait.group)
-                    .order_by("pk").values_list("pk", flat=True))
+        return list(groups.get(wait.group, []))
     return dependencies.ids_from_state(wait, step.name, state)
 
 
@@ -256,7 +255,8 @@ SELECT id, status, state FROM queuety_workflowrun WHERE id = ANY(%s) ORDER BY id
 
 
 def _workflow_wait(spec: WorkflowSpec, run_id: int, index: int, state: dict[str, Any],
-                   lock: bool = True) -> tuple[list[int], dependencies.WaitResult]:
+                   groups: dict[str, list[int]], lock: bool = True
+                   ) -> tuple[list[int], dependencies.WaitResult]:
     """Evaluate the workflow wait at ``index`` against the awaited runs as they are now.
 
     With ``lock`` on PostgreSQL, the awaited rows are read FOR SHARE: a run finishing
@@ -264,7 +264,7 @@ def _workflow_wait(spec: WorkflowSpec, run_id: int, index: int, state: dict[str,
     transaction, and then finds the dependency rows it writes, so no finish slips between
     the check and the parking.
     """
-    ids = _awaited_ids(spec, run_id, index, state)
+    ids = _awaited_ids(spec, index, state, groups)
     if lock and connection.vendor == "postgresql":
         with connection.cursor() as cursor:
             cursor.execute(_AWAITED_POSTGRES, [ids])
@@ -284,10 +284,7 @@ def notify_finished(run_id: int) -> None:
             "SELECT parent_id FROM queuety_workflowrun WHERE id = %s AND parent_id IS NOT NULL "
             "UNION SELECT run_id FROM queuety_workflowdependency WHERE depends_on = %s",
             [run_id, run_id])
-        _wake_on_commit([row[0] for row in cursor.fetchall()])
-
-
-def _wake_on_commit(waiters: list[int]) -> None:
+        waiters = [row[0] for row in cursor.fetchall()]
     if waiters:
         from queuety.tasks import resume_parent
 
@@ -317,8 +314,29 @@ def resume_waiting(run_id: int) -> str | None:
         index = run.current_step
         usage = budgets.Usage(run.transitions, run.cost_units, run.started_workflows)
         if spec.steps[index].kind == "wait_workflows":
-            return _land(spec, run.pk, index, run.state, usage, now, [])
+            return _move_on(spec, run, index, run.state, usage, now, [])
         return _child_finished(spec, run, index, usage, now)
+
+
+def _move_on(spec: WorkflowSpec, run: WorkflowRun, target: int | None,
+             state: dict[str, Any], usage: budgets.Usage, now, events: list[Event]) -> str:
+    """Land a run woken at its wait on ``target``; a step there that cannot be done (a budget
+    breach, items that are not a list, ...) fails the run at the wait, state kept as it was.
+
+    Without this, the error would leave the run parked, and every sweep would hit it again.
+    """
+    try:
+        with transaction.atomic():
+            return _land(spec, run.pk, target, state, usage, now, list(events))
+    except (exceptions.BudgetExceeded, exceptions.WorkflowDefinitionError) as error:
+        index = run.current_step
+        record = {**engine.describe_error(error, False), "step": spec.steps[index].name,
+                  "step_index": index, "attempt": None, "max_attempts": None}
+        if isinstance(error, exceptions.BudgetExceeded):
+            record.update(budget=error.budget, limit=error.limit, used=error.used)
+        return _fail_waiting(spec, run.pk, index, run.state,
+                             budgets.Usage(run.transitions, run.cost_units,
+                                           run.started_workflows), now, events, record)
 
 
 def _child_finished(spec: WorkflowSpec, parent: WorkflowRun, index: int,
@@ -337,7 +355,14 @@ def _child_finished(spec: WorkflowSpec, parent: WorkflowRun, index: int,
         failure = exceptions.ChildRunFailed(
             f"Child run {child.pk} ({child.name!r}) of step {step.name!r} of run {parent.pk} "
             f"{child.status} (attempt {child.parent_attempt}): {reason}")
-        delay = _child_restart_delay(spec, step, child, failure)
+        cause = child.error or {}
+        if cause.get("budget") == "max_step_attempts":  # an ancestor's cap, maybe this run's
+            failure = exceptions.BudgetExceeded(
+                "max_step_attempts", cause.get("limit"), cause.get("used"), parent.pk,
+                spec.name, message=f"Child run {child.pk} of step {step.name!r} of run "
+                                   f"{parent.pk} failed: {cause.get('message')}")
+        delay = None if isinstance(failure, exceptions.BudgetExceeded) else \
+            _child_restart_delay(spec, step, child, failure)
         if delay is not None:
             try:
                 _check_attempts(parent.pk, step.name, failure)
@@ -368,8 +393,8 @@ def _child_finished(spec: WorkflowSpec, parent: WorkflowRun, index: int,
         _check(spec, parent.pk, state, settled)
     except exceptions.BudgetExceeded as breach:
         return _fail_parked(spec, parent.pk, index, parent.state, settled, now, events, breach)
-    return _land(spec, parent.pk, index + 1 if index + 1 < len(spec.steps) else None,
-                 state, settled, now, events)
+    return _move_on(spec, parent, index + 1 if index + 1 < len(spec.steps) else None,
+                    state, settled, now, events)
 
 
 #: Child errors that a restart cannot fix.
@@ -393,9 +418,13 @@ WITH RECURSIVE tree(id) AS (
     UNION ALL
     SELECT r.id FROM queuety_workflowrun r JOIN tree t ON r.parent_id = t.id
 )
-SELECT COALESCE(SUM(s.attempt), 0) FROM queuety_steprun s JOIN tree t ON s.run_id = t.id
+SELECT COALESCE(SUM(s.attempt + CASE WHEN s.status = 'pending' AND s.attempt > 0
+                                      THEN 1 ELSE 0 END), 0)
+  FROM queuety_steprun s JOIN tree t ON s.run_id = t.id
  WHERE s.kind = 'step'
 """
+#: First key of the advisory locks that serialise max_step_attempts checks (second: run id).
+_ATTEMPTS_LOCK = 7_401
 
 
 def _check_attempts(run_id: int, step_name: str, last_error: BaseException | None = None
@@ -406,14 +435,22 @@ def _check_attempts(run_id: int, step_name: str, last_error: BaseException | Non
     while current is not None:
         parent_id, definition_pk = WorkflowRun.objects.values_list(
             "parent_id", "definition_id").get(pk=current)
-        limit = load_spec(definition_pk).budget.max_step_attempts
+        holder = load_spec(definition_pk)
+        limit = holder.budget.max_step_attempts
         if limit is not None:
             with connection.cursor() as cursor:
+                if connection.vendor == "postgresql":
+                    # Serialises the checks of one tree (parallel branches failing at once)
+                    # until the caller's transaction ends. Holders never wait for a row lock
+                    # of another run after taking it, so it cannot close a deadlock cycle.
+                    # SQLite serialises writers anyway.
+                    cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)",
+                                   [_ATTEMPTS_LOCK, current])
                 cursor.execute(_TREE_ATTEMPTS, [current])
                 used = cursor.fetchone()[0]
             if used + 1 > limit:
                 raise exceptions.BudgetExceeded(
-                    "max_step_attempts", limit, used + 1, current, "",
+                    "max_step_attempts", limit, used + 1, current, holder.name,
                     message=f"Step {step_name!r} of run {run_id} would start attempt "
                             f"{used + 1} of run {current}'s tree, over its max_step_attempts "
                             f"budget of {limit}." + (
@@ -1031,12 +1068,17 @@ def _land(spec: WorkflowSpec, run_id: int, index: int | None, state: dict[str, A
     status = RunStatus.PAUSED if paused else RunStatus.RUNNING
     items: list[Any] | None = None
     loops: dict[str, int] | None = None
+    groups: dict[str, list[int]] | None = None
     while not paused and index is not None and \
             spec.steps[index].kind in ("wait", "for_each", "repeat", "start", "wait_workflows"):
         step = spec.steps[index]
+        if step.kind in ("start", "wait_workflows") and groups is None:
+            groups = dict(WorkflowRun.objects.values_list("groups", flat=True).get(pk=run_id))
         if step.kind == "start":
             state, usage, ids = _start_runs(spec, run_id, index, state, usage, now)
             _check(spec, run_id, state, usage)
+            if step.start.group:  # a start step entered again replaces its group
+                groups[step.start.group] = ids
             events.append(Event(run_id=run_id, kind="workflows_started", step_index=index,
                                 step_name=step.name, data={"runs": ids,
                                                            "group": step.start.group}))
@@ -1069,7 +1111,7 @@ def _land(spec: WorkflowSpec, run_id: int, index: int | None, state: dict[str, A
             continue
         if step.kind == "wait_workflows":
             try:
-                ids, found = _workflow_wait(spec, run_id, index, state)
+                ids, found = _workflow_wait(spec, run_id, index, state, groups)
             except exceptions.InvalidStepOutput as error:
                 return _fail_waiting(spec, run_id, index, state, usage, now, events, {
                     **engine.describe_error(error, False), "step": step.name,
@@ -1136,6 +1178,7 @@ def _land(spec: WorkflowSpec, run_id: int, index: int | None, state: dict[str, A
         "started_workflows": usage.started_workflows,
         "revision": F("revision") + 1, "updated_at": now, "status": status,
         **({} if loops is None else {"loops": loops}),
+        **({} if groups is None else {"groups": groups}),
     }
     if index is None:
         status = RunStatus.COMPLETED
@@ -1217,12 +1260,7 @@ WITH step AS (
            duration_ms double precision, data jsonb)
      WHERE EXISTS (SELECT 1 FROM run)
 )
-SELECT EXISTS (SELECT 1 FROM step), EXISTS (SELECT 1 FROM run), (SELECT id FROM following),
-       CASE WHEN %(next_index)s::integer IS NULL AND EXISTS (SELECT 1 FROM run) THEN ARRAY(
-           SELECT parent_id FROM queuety_workflowrun WHERE id = %(run_id)s
-              AND parent_id IS NOT NULL
-            UNION SELECT run_id FROM queuety_workflowdependency WHERE depends_on = %(run_id)s)
-       END
+SELECT EXISTS (SELECT 1 FROM step), EXISTS (SELECT 1 FROM run), (SELECT id FROM following)
 """
 
 
@@ -1251,11 +1289,14 @@ def _complete_postgres(held: Claim, spec: WorkflowSpec, outcome: engine.Advance,
     }
     with connection.cursor() as cursor:
         cursor.execute(_COMPLETE_POSTGRES, params)
-        owned, advanced, next_id, waiters = cursor.fetchone()
+        owned, advanced, next_id = cursor.fetchone()
     if next_id is not None:
         publish_on_commit([_message(spec, next_id, outcome.next_index)])
-    if waiters:  # the run completed: wake the runs waiting for it
-        _wake_on_commit(waiters)
+    if advanced and next_id is None:
+        # The run completed. Its waiters are read by a statement of their own: a waiter that
+        # held this run's row FOR SHARE committed its dependency rows before the CTE could
+        # update the row, but the CTE's snapshot, taken before that, cannot see them.
+        notify_finished(held.run_id)
     return owned, advanced
 
 
@@ -1277,12 +1318,6 @@ def record_failure(held: Claim, spec: WorkflowSpec, error: BaseException,
     row_max = StepRun.objects.values_list("max_attempts", flat=True).get(pk=held.step_run_id)
     attempt = held.attempt - max(0, row_max - policy.max_attempts)
     delay = engine.retry_delay(policy, error, attempt)
-    if delay is not None and not cleanup:
-        try:
-            _check_attempts(held.run_id, name, error)
-        except exceptions.BudgetExceeded as breach:
-            error, delay = breach, None
-    record = engine.describe_error(error)
     guard = StepRun.objects.filter(
         pk=held.step_run_id, status=StepStatus.PROCESSING, attempt=held.attempt,
         claimed_by=held.claimed_by,
@@ -1290,6 +1325,12 @@ def record_failure(held: Claim, spec: WorkflowSpec, error: BaseException,
     event = Event(run_id=held.run_id, step_run_id=held.step_run_id, step_index=held.step_index,
                   step_name=name, attempt=held.attempt, duration_ms=duration_ms)
     with transaction.atomic():
+        if delay is not None and not cleanup:
+            try:  # in this transaction: its lock holds until the retry is scheduled
+                _check_attempts(held.run_id, name, error)
+            except exceptions.BudgetExceeded as breach:
+                error, delay = breach, None
+        record = engine.describe_error(error)
         if delay is not None:
             due = now + timedelta(seconds=delay)
             on_broker = delay <= settings.MAX_ETA
@@ -1814,7 +1855,7 @@ def wait_info(run: WorkflowRun, spec: WorkflowSpec) -> dict[str, Any]:
         wait_on = step.workflows
         try:
             ids, result = _workflow_wait(spec, run.pk, run.current_step, run.state,
-                                         lock=False)
+                                         run.groups, lock=False)
         except exceptions.InvalidStepOutput:
             ids, result = [], None
         details = {"step_name": step.name, "wait_mode": wait_on.mode, "quorum": wait_on.quorum,

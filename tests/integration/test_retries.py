@@ -259,3 +259,26 @@ def test_a_cancelled_child_is_never_restarted(worker, token):
     status = wait_for(run_id, worker=worker)
     assert status.status == "failed" and "cancelled" in status.error["message"]
     assert WorkflowRun.objects.filter(parent_id=run_id).count() == 1
+
+
+def test_max_step_attempts__a_cap_reached_inside_the_child_fails_the_parent_with_it(worker,
+                                                                                    token):
+    outer = queuety.RetryPolicy(max_attempts=3, initial_delay=0, jitter=0)
+    run_id = _nested(token, 2, outer, cap=3)
+    status = wait_for(run_id, worker=worker)
+    assert len(workflows.marks(f"{token}-fails")) == 3
+    assert status.status == "failed"
+    assert status.error["type"] == "queuety.exceptions.BudgetExceeded"
+    assert (status.error["budget"], status.error["limit"]) == ("max_step_attempts", 3)
+
+
+def test_max_step_attempts__holds_when_parallel_branches_fail_at_once(worker, token):
+    policy = queuety.RetryPolicy(max_attempts=5, initial_delay=0, jitter=0)
+    run_id = (queuety.workflow("capped_branches")
+              .parallel([workflows.always_fails, workflows.always_fails], retry=policy)
+              .max_step_attempts(3).dispatch({"token": token}))
+    status = wait_for(run_id, worker=worker)
+    assert status.status == "failed" and status.error["budget"] == "max_step_attempts"
+    # A scheduled retry counts as an attempt when it is scheduled, so two branches failing
+    # at the same instant cannot both pass the check: never more than the cap.
+    assert 2 <= len(workflows.marks(f"{token}-fails")) <= 3

@@ -235,3 +235,46 @@ def test_a_lost_wake_up_is_repaired_by_the_sweeper(worker, token):
     assert queuety.workflow_status(run_id).status == "waiting_for_workflows"
     status = wait_for(run_id, worker=worker, timeout=15)   # the sweeper (every second here)
     assert status.status == "completed" and status.state["dependency"]["counter"] == 1
+
+
+def test_a_breach_after_a_settled_wait_fails_the_run_instead_of_leaving_it_parked(worker,
+                                                                                   token):
+    run_id = (queuety.workflow("breach_after_wait").max_started_workflows(2)
+              .start_workflows("first", child(), group_key="one")
+              .wait_for_workflow_group("one")
+              .start_workflows("second", child(), "more_ids")
+              .dispatch({"token": token, "first": ["a"], "second": ["b", "c"]}))
+    status = wait_for(run_id, worker=worker)
+    assert status.status == "failed" and status.error["budget"] == "max_started_workflows"
+    assert status.current_step_name == "wait_for_workflow_group_1"
+    assert "more_ids" not in status.state
+    assert len(started(run_id)) == 1
+
+
+def test_a_fork_of_a_run_waiting_for_its_group_waits_for_the_same_runs(worker, token):
+    run_id = (queuety.workflow("forked_group")
+              .start_workflows("tasks", child(signal=True), group_key="crew")
+              .wait_for_workflow_group("crew", result_key="crew_results")
+              .dispatch({"token": token, "tasks": ["a", "b"]}))
+    wait_for(run_id, statuses=("waiting_for_workflows",), worker=worker)
+    fork = queuety.fork(run_id)
+    ids = [r.pk for r in started(run_id)]
+    forked = queuety.workflow_status(fork)
+    assert forked.status == "waiting_for_workflows"
+    assert forked.waiting_for == [str(i) for i in ids]
+    for run in ids:
+        queuety.signal(run, "go")
+    for run in (run_id, fork):
+        status = wait_for(run, worker=worker)
+        assert status.status == "completed" and list(status.state["crew_results"]) == \
+            [str(i) for i in ids]
+
+
+def test_a_deadline_fails_a_run_waiting_for_workflows(worker, token):
+    never = child(signal=True).dispatch({"token": token})
+    run_id = (queuety.workflow("late").must_complete_within(seconds=1)
+              .wait_for_workflow(never).dispatch({"token": token}))
+    status = wait_for(run_id, worker=worker, timeout=15)
+    assert status.status == "failed"
+    assert status.error["type"] == "queuety.exceptions.DeadlineExceeded"
+    queuety.cancel(never)
