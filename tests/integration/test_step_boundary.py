@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from datetime import timedelta
 
 import pytest
 from django.db import connection
@@ -156,7 +157,7 @@ def test_lost_message__sweeper_republishes_it(worker, token):
 
 
 def test_step_boundary__query_count_is_pinned(token):
-    # Measured in this process. A step run from its own message is
+    # Measured in this process. Dispatch is one statement. A step run from its own message is
     # the claim (one UPDATE) and the transition (one statement in autocommit, no BEGIN or
     # COMMIT); a step run inline after it is its transition alone, because the transition
     # before it inserted its row already claimed.
@@ -172,7 +173,7 @@ def test_step_boundary__query_count_is_pinned(token):
     def statements(captured):
         return [q["sql"].split()[0] for q in captured.captured_queries]
 
-    assert statements(dispatched) == ["BEGIN", "INSERT", "INSERT", "INSERT", "COMMIT"]
+    assert statements(dispatched) == ["WITH"]
     assert statements(own_message) == ["UPDATE", "WITH"]
     assert statements(inline) == ["UPDATE", "WITH", "WITH"]
     assert len(sent) == 2  # the last step ran inline: no message for it
@@ -304,3 +305,36 @@ def test_failed_step__fails_the_run_with_its_error(worker, token):
     failed = Event.objects.get(run_id=run_id, kind="step_failed")
     assert "Traceback" in failed.data["error"]["traceback"]
     assert "boom for order 42" in failed.data["error"]["traceback"]
+
+
+def test_dispatch__one_statement_writes_what_the_keyed_path_writes(token):
+    # Dispatch without an idempotency key is one INSERT ... CTE; with a key it takes the ORM
+    # path. Both must leave the same run, step row and event behind.
+    builder = (queuety.workflow("dispatch_shapes").must_complete_within(seconds=60)
+               .then(workflows.step_a, timeout=7).then(workflows.step_c))
+    with publish.captured() as sent:
+        plain = builder.dispatch({"token": token})
+        keyed = builder.idempotency_key(f"shape-{token}").dispatch({"token": token})
+    assert [m.step_run_id for m in sent] == [
+        StepRun.objects.get(run_id=plain).pk, StepRun.objects.get(run_id=keyed).pk]
+    assert sent[0]._replace(step_run_id=0) == sent[1]._replace(step_run_id=0)
+
+    def shape(run_id):
+        run = WorkflowRun.objects.filter(pk=run_id).values().get()
+        step = StepRun.objects.filter(run_id=run_id).values().get()
+        event = Event.objects.filter(run_id=run_id).values().get()
+        assert abs(run["deadline_at"] - run["created_at"] - timedelta(seconds=60)) < \
+            timedelta(seconds=1)
+        assert abs(step["available_at"] - step["created_at"]) < timedelta(seconds=1)
+        assert step["published_at"] == step["available_at"]
+        for row, volatile in ((run, ("id", "idempotency_key", "created_at", "updated_at",
+                                     "deadline_at")),
+                              (step, ("id", "run_id", "available_at", "published_at",
+                                      "created_at")),
+                              (event, ("id", "run_id", "created_at"))):
+            for key in volatile:
+                row.pop(key)
+        event["data"].pop("idempotency_key")
+        return run, step, event
+
+    assert shape(plain) == shape(keyed)
