@@ -32,6 +32,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.db import connection, transaction
+from django.db.backends.utils import CursorDebugWrapper
 from django.db.models import Count, F, Q
 from django.utils import timezone
 
@@ -205,7 +206,7 @@ def _dispatch_postgres(spec: WorkflowSpec, definition_pk: int, state: dict[str, 
         "event": json.dumps({"definition_hash": spec.definition_hash, "version": spec.version,
                              "state": state, "idempotency_key": None}),
     }
-    with connection.cursor() as cursor:
+    with _hot_cursor() as cursor:
         cursor.execute(_DISPATCH_POSTGRES, params)
         run_pk, step_run_pk = cursor.fetchone()
     publish_on_commit([_message(spec, step_run_pk, 0)])
@@ -409,6 +410,38 @@ RETURNING run_id, step_index, seq, attempt, kind
 """
 
 
+def _hot_cursor():
+    """A cursor for the statements every step runs (dispatch, claim, transition).
+
+    When the site allows prepared statements on its connections (Django's
+    ``OPTIONS["prepare_threshold"]``, off by default because transaction-mode poolers such as
+    PgBouncer before 1.21 cannot keep them), it binds parameters on the server, so psycopg
+    prepares these statements and PostgreSQL stops planning them on every call: the
+    transition's plan costs more than its execution. Otherwise, Django's own cursor.
+    """
+    if connection.vendor != "postgresql" or \
+            connection.settings_dict.get("OPTIONS", {}).get("prepare_threshold") is None:
+        return connection.cursor()
+    import psycopg
+
+    connection.ensure_connection()
+    connection.validate_thread_sharing()
+    # Wrapped by Django, so statements pass execute_wrapper hooks and are logged when asked.
+    raw = psycopg.Cursor(connection.connection)
+    if connection.queries_logged:
+        return _HotDebugCursor(raw, connection)
+    return connection.make_cursor(raw)
+
+
+class _HotDebugCursor(CursorDebugWrapper):
+    """Logs a hot statement as written (placeholders and all): after a prepared execution,
+    psycopg has no interpolated query text for Django to report."""
+
+    def execute(self, sql, params=None):
+        with self.debug_sql(sql, params):
+            return super(CursorDebugWrapper, self).execute(sql, params)
+
+
 def _json(value: Any) -> Any:
     return json.loads(value) if isinstance(value, str | bytes) else value
 
@@ -423,7 +456,7 @@ def claim(step_run_id: int, now=None) -> Claim | None:
     now = now or timezone.now()
     stamp = connection.ops.adapt_datetimefield_value(now)
     me = worker_id()
-    with connection.cursor() as cursor:
+    with _hot_cursor() as cursor:
         if connection.vendor == "postgresql":
             cursor.execute(_CLAIM_POSTGRES, [stamp, stamp, me, step_run_id, stamp])
             row = cursor.fetchone()
@@ -1104,7 +1137,7 @@ def _complete_postgres(held: Claim, spec: WorkflowSpec, outcome: engine.Advance,
         "events": json.dumps(events),
         "cost_units": cost_units,
     }
-    with connection.cursor() as cursor:
+    with _hot_cursor() as cursor:
         cursor.execute(_COMPLETE_POSTGRES, params)
         owned, advanced, next_id = cursor.fetchone()
     if next_id is None:

@@ -156,11 +156,15 @@ def test_lost_message__sweeper_republishes_it(worker, token):
     assert len(workflows.marks(f"{token}-a")) == 1
 
 
-def test_step_boundary__query_count_is_pinned(token):
-    # Measured in this process. Dispatch is one statement. A step run from its own message is
+@pytest.mark.parametrize("prepared", [True, False], ids=["prepared", "django-default"])
+def test_step_boundary__query_count_is_pinned(token, monkeypatch, prepared):
+    # With and without prepared statements (Django's OPTIONS["prepare_threshold"]: the demo
+    # settings set it; Django leaves it off). Measured in this process. Dispatch is one statement. A step run from its own message is
     # the claim (one UPDATE) and the transition (one statement in autocommit, no BEGIN or
     # COMMIT); a step run inline after it is its transition alone, because the transition
     # before it inserted its row already claimed.
+    monkeypatch.setitem(connection.settings_dict["OPTIONS"], "prepare_threshold",
+                        5 if prepared else None)
     services.definition_id(three_steps().build())  # the definition row, once per process
     with publish.captured() as sent:
         with CaptureQueriesContext(connection) as dispatched:
