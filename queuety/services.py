@@ -11,7 +11,9 @@ The step boundary (DESIGN.md §3):
 3. The outcome is applied in ONE transaction whose first statements lock the step row and the
    run row (a compare-and-set on the run's ``revision``, which falls back to
    ``SELECT ... FOR UPDATE`` when the run changed since the claim). The next step's row is
-   inserted in that transaction and its message published on commit.
+   inserted in that transaction and its message published on commit, or, for an untimed
+   task step, inserted already claimed by this process, which runs it next (inline
+   continuation, bounded by ``INLINE_STEPS`` and ``INLINE_SECONDS``).
 
 Handlers therefore run at least once per attempt; transitions happen exactly once.
 """
