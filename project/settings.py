@@ -77,6 +77,10 @@ if EMBEDDED:
     }
 else:
     DATABASES = {"default": dj_database_url.parse(os.environ["DATABASE_URL"], conn_max_age=600)}
+    # Prepared statements (Django turns them off by default, for transaction-mode poolers):
+    # Queuety then prepares the statements every step runs. Remove this line behind
+    # PgBouncer in transaction mode (before 1.21, or without max_prepared_statements).
+    DATABASES["default"].setdefault("OPTIONS", {})["prepare_threshold"] = 5
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 USE_TZ = True

@@ -136,7 +136,9 @@ class StepRun(models.Model):
     a duplicated transition impossible.
     """
 
-    run = models.ForeignKey(WorkflowRun, on_delete=models.CASCADE, related_name="steps")
+    # No index of its own: the unique (run, kind, seq, branch) constraint leads with run.
+    run = models.ForeignKey(WorkflowRun, on_delete=models.CASCADE, related_name="steps",
+                            db_index=False)
     # "step": a step of the workflow; "compensation" / "hook": cleanup after a cancel, failure
     # or deadline, which runs whatever the run's status.
     kind = models.CharField(max_length=16, default="step", db_default="step")
@@ -249,7 +251,9 @@ class ApiReply(models.Model):
 class Event(models.Model):
     """An entry of a run's append-only timeline."""
 
-    run = models.ForeignKey(WorkflowRun, on_delete=models.CASCADE, related_name="events")
+    # No index of its own: queuety_event_run (run, id) leads with run.
+    run = models.ForeignKey(WorkflowRun, on_delete=models.CASCADE, related_name="events",
+                            db_index=False)
     step_run = models.ForeignKey(StepRun, null=True, blank=True, on_delete=models.SET_NULL,
                                  related_name="+", db_constraint=False)
     kind = models.CharField(max_length=40)

@@ -11,7 +11,9 @@ The step boundary (DESIGN.md §3):
 3. The outcome is applied in ONE transaction whose first statements lock the step row and the
    run row (a compare-and-set on the run's ``revision``, which falls back to
    ``SELECT ... FOR UPDATE`` when the run changed since the claim). The next step's row is
-   inserted in that transaction and its message published on commit.
+   inserted in that transaction and its message published on commit, or, for an untimed
+   task step, inserted already claimed by this process, which runs it next (inline
+   continuation, bounded by ``INLINE_STEPS`` and ``INLINE_SECONDS``).
 
 Handlers therefore run at least once per attempt; transitions happen exactly once.
 """
@@ -32,6 +34,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.db import connection, transaction
+from django.db.backends.utils import CursorDebugWrapper
 from django.db.models import Count, F, Q
 from django.utils import timezone
 
@@ -139,6 +142,12 @@ def dispatch(spec: WorkflowSpec, payload: dict[str, Any] | None = None, *,
         if used is not None:
             return _reused_key(used, spec, payload_hash, on_conflict)
     now = timezone.now()
+    if idempotency_key is None and spec.steps[0].kind == "task" and \
+            connection.vendor == "postgresql":
+        run_pk = _dispatch_postgres(spec, definition_pk, state, now)
+        logger.info("Run id=%s workflow=%s version=%s dispatched", run_pk, spec.name,
+                    spec.version)
+        return run_pk
     try:
         with transaction.atomic():
             run = WorkflowRun.objects.create(
@@ -161,6 +170,53 @@ def dispatch(spec: WorkflowSpec, payload: dict[str, Any] | None = None, *,
                            on_conflict)
     logger.info("Run id=%s workflow=%s version=%s dispatched", run.pk, spec.name, spec.version)
     return run.pk
+
+
+# The common dispatch (no idempotency key, a task step first) in one statement that commits
+# by itself: the run, its first step row and its workflow_started event, all or nothing.
+_DISPATCH_POSTGRES = """
+WITH run AS (
+    INSERT INTO queuety_workflowrun (definition_id, name, status, state, current_step,
+                                     total_steps, revision, transitions, cost_units,
+                                     started_workflows, deadline_at, loops, created_at,
+                                     updated_at)
+    VALUES (%(definition_id)s, %(name)s, 'running', %(state)s::jsonb, 0, %(total_steps)s, 0,
+            0, 0, 0, %(deadline_at)s::timestamptz, '{}'::jsonb, %(now)s, %(now)s)
+    RETURNING id
+), step AS (
+    INSERT INTO queuety_steprun (run_id, kind, seq, branch, step_index, step_name, status,
+                                 attempt, max_attempts, timeout, available_at, published_at,
+                                 claimed_by, handler, created_at)
+    SELECT run.id, 'step', 0, 0, 0, %(step_name)s, 'pending', 0, %(max_attempts)s,
+           %(timeout)s::float8, %(now)s, %(now)s, '', '', %(now)s
+      FROM run
+    RETURNING id
+), started AS (
+    INSERT INTO queuety_event (run_id, kind, step_name, data, created_at)
+    SELECT run.id, 'workflow_started', '', %(event)s::jsonb, %(now)s FROM run
+)
+SELECT (SELECT id FROM run), (SELECT id FROM step)
+"""
+
+
+def _dispatch_postgres(spec: WorkflowSpec, definition_pk: int, state: dict[str, Any],
+                       now) -> int:
+    first = spec.steps[0]
+    params = {
+        "definition_id": definition_pk, "name": spec.name, "state": json.dumps(state),
+        "total_steps": len(spec.steps), "now": now,
+        "deadline_at": None if spec.deadline_seconds is None
+        else now + timedelta(seconds=spec.deadline_seconds),
+        "step_name": first.name, "max_attempts": effective_policy(spec, 0).max_attempts,
+        "timeout": first.timeout,
+        "event": json.dumps({"definition_hash": spec.definition_hash, "version": spec.version,
+                             "state": state, "idempotency_key": None}),
+    }
+    with _hot_cursor() as cursor:
+        cursor.execute(_DISPATCH_POSTGRES, params)
+        run_pk, step_run_pk = cursor.fetchone()
+    publish_on_commit([_message(spec, step_run_pk, 0)])
+    return run_pk
 
 
 def _begin(spec: WorkflowSpec, run: WorkflowRun, state: dict[str, Any], now,
@@ -561,6 +617,38 @@ RETURNING run_id, step_index, seq, attempt, kind
 """
 
 
+def _hot_cursor():
+    """A cursor for the statements every step runs (dispatch, claim, transition).
+
+    When the site allows prepared statements on its connections (Django's
+    ``OPTIONS["prepare_threshold"]``, off by default because transaction-mode poolers such as
+    PgBouncer before 1.21 cannot keep them), it binds parameters on the server, so psycopg
+    prepares these statements and PostgreSQL stops planning them on every call: the
+    transition's plan costs more than its execution. Otherwise, Django's own cursor.
+    """
+    if connection.vendor != "postgresql" or \
+            connection.settings_dict.get("OPTIONS", {}).get("prepare_threshold") is None:
+        return connection.cursor()
+    import psycopg
+
+    connection.ensure_connection()
+    connection.validate_thread_sharing()
+    # Wrapped by Django, so statements pass execute_wrapper hooks and are logged when asked.
+    raw = psycopg.Cursor(connection.connection)
+    if connection.queries_logged:
+        return _HotDebugCursor(raw, connection)
+    return connection.make_cursor(raw)
+
+
+class _HotDebugCursor(CursorDebugWrapper):
+    """Logs a hot statement as written (placeholders and all): after a prepared execution,
+    psycopg has no interpolated query text for Django to report."""
+
+    def execute(self, sql, params=None):
+        with self.debug_sql(sql, params):
+            return super(CursorDebugWrapper, self).execute(sql, params)
+
+
 def _json(value: Any) -> Any:
     return json.loads(value) if isinstance(value, str | bytes) else value
 
@@ -575,7 +663,7 @@ def claim(step_run_id: int, now=None) -> Claim | None:
     now = now or timezone.now()
     stamp = connection.ops.adapt_datetimefield_value(now)
     me = worker_id()
-    with connection.cursor() as cursor:
+    with _hot_cursor() as cursor:
         if connection.vendor == "postgresql":
             cursor.execute(_CLAIM_POSTGRES, [stamp, stamp, me, step_run_id, stamp])
             row = cursor.fetchone()
@@ -608,11 +696,18 @@ class AttemptReport:
     """Threads the handler started that were still alive after it timed out."""
 
 
-def execute_step(step_run_id: int) -> AttemptReport:
+def execute_step(step_run_id: int, *, inline: bool = True) -> AttemptReport:
     """Run one attempt of a step and apply its outcome (the body of the Celery task).
 
     Idempotent: a message for a step that is not pending and due is dropped (or, for a
     delayed step delivered early, published again for its due time).
+
+    With ``inline``, the transition of a plain task step hands this process the run's next
+    step when that is a task step without a timeout: the next row is inserted already claimed
+    by this process, and runs here with no message and no separate claim. At most
+    ``QUEUETY["INLINE_STEPS"]`` steps run so in a row, and none starts after
+    ``QUEUETY["INLINE_SECONDS"]``; the next one is then published as usual. The caller passes
+    ``inline=False`` when a time limit covers the whole call (Celery's limits are per task).
     """
     held = claim(step_run_id)
     if held is None:
@@ -627,16 +722,33 @@ def execute_step(step_run_id: int) -> AttemptReport:
         _execute_cleanup(held, spec)
         return AttemptReport(claimed=True)
     step = spec.steps[held.step_index]
+    if step.kind in ("parallel", "for_each"):
+        context = StepContext(held.run_id, spec.name, step.name, held.attempt,
+                              budgets.BudgetView(spec.budget, _usage_now(spec, held)))
+        return _execute_branch(held, spec, step, context)
+    steps_left = settings.INLINE_STEPS if inline else 1
+    until = time.monotonic() + settings.INLINE_SECONDS
+    while True:
+        steps_left -= 1
+        report, held = _execute_task_step(held, spec, inline_until=until if steps_left else None)
+        if held is None:
+            return report
+
+
+def _execute_task_step(held: Claim, spec: WorkflowSpec, *, inline_until: float | None
+                       ) -> tuple[AttemptReport, Claim | None]:
+    """Run a claimed task (or delay) step; return what happened and the claim of the next
+    step if the transition gave it to this process (only before ``inline_until``)."""
+    step = spec.steps[held.step_index]
     threads_before = set(threading.enumerate())
     started = time.monotonic()
     context = StepContext(held.run_id, spec.name, step.name, held.attempt,
                           budgets.BudgetView(spec.budget, _usage_now(spec, held)))
-    if step.kind in ("parallel", "for_each"):
-        return _execute_branch(held, spec, step, context)
     timed_out = False
+    following = None
     # The heartbeat covers recording the outcome too: under contention for the run row, the
     # transition can wait for a lock, and the sweeper must not take this attempt for lost.
-    with _heartbeat(step_run_id, held.attempt):
+    with _heartbeat(held.step_run_id, held.attempt):
         try:
             with _deadline(step, held):
                 output = None if step.kind == "delay" else call_handler(
@@ -648,12 +760,15 @@ def execute_step(step_run_id: int) -> AttemptReport:
             timed_out = isinstance(error, exceptions.StepTimeout)
         else:
             try:
-                _record_success(held, spec, outcome, _ms_since(started))
+                claim_next = (inline_until is not None and step.timeout is None
+                              and time.monotonic() < inline_until)
+                following = _record_success(held, spec, outcome, _ms_since(started),
+                                            claim_next=claim_next)
             except (exceptions.BudgetExceeded, exceptions.WorkflowDefinitionError) as error:
                 # Found while landing on the next step (the run had moved on, or a for_each's
                 # items are not a list or too many): this step's outcome cannot stand.
                 record_failure(held, spec, error, _ms_since(started))
-    return _report(threads_before, timed_out)
+    return _report(threads_before, timed_out), following
 
 
 def _report(threads_before: set, timed_out: bool) -> AttemptReport:
@@ -756,7 +871,8 @@ def _requeue_if_early(step_run_id: int) -> None:
 
 
 def _record_success(held: Claim, spec: WorkflowSpec, outcome: engine.Advance,
-                    duration_ms: float) -> None:
+                    duration_ms: float, *, claim_next: bool = False) -> Claim | None:
+    """Apply a successful attempt; return the next step's claim when this process got it."""
     now = timezone.now()
     step = spec.steps[held.step_index]
     completed = Event(
@@ -766,28 +882,37 @@ def _record_success(held: Claim, spec: WorkflowSpec, outcome: engine.Advance,
             {"route": outcome.route} if outcome.route else {})},
     )
     lands_on_task = outcome.next_index is None or spec.steps[outcome.next_index].kind == "task"
-    with transaction.atomic():
-        if connection.vendor == "postgresql" and lands_on_task:
-            owned, advanced = _complete_postgres(held, spec, outcome, completed, now)
-        else:
-            owned, advanced = _mark_completed(held, outcome.output, now), False
-        if not owned:
-            # The run was cancelled or rewound, or the sweeper took this attempt for lost and
-            # another attempt owns the row now: the outcome must not count.
-            logger.warning("Step run id=%s attempt=%s finished after its row was taken back; "
-                           "its outcome is discarded.", held.step_run_id, held.attempt)
-            completed.kind = "step_discarded"
-            completed.data["reason"] = "the attempt no longer owned its step row"
-            completed.save()
-            return
+    if connection.vendor == "postgresql" and lands_on_task:
+        # One statement that commits by itself (no BEGIN/COMMIT round trips): it writes
+        # everything or, when the run moved since the claim, nothing at all.
+        owned, advanced, following = _complete_postgres(held, spec, outcome, completed, now,
+                                                        claim_next)
         if advanced:
-            return
+            return following
+        if not owned:
+            _discard(held, completed, "the attempt no longer owned its step row")
+            return None
+    with transaction.atomic():
+        if not _mark_completed(held, outcome.output, now):
+            _discard(held, completed, "the attempt no longer owned its step row")
+            return None
         # Decide under the run's row lock, in the transaction that holds the completed step
         # row: the run changed since the claim, the next step is a wait, or this is SQLite.
         if not _transition_locked(held, spec, outcome.raw, completed, now):
             completed.kind = "step_discarded"
             completed.data["reason"] = "the run was no longer running this step"
             completed.save()
+    return None
+
+
+def _discard(held: Claim, completed: Event, reason: str) -> None:
+    # The run was cancelled or rewound, or the sweeper took this attempt for lost and another
+    # attempt owns the row now: the outcome must not count.
+    logger.warning("Step run id=%s attempt=%s finished after its row was taken back; its "
+                   "outcome is discarded.", held.step_run_id, held.attempt)
+    completed.kind = "step_discarded"
+    completed.data["reason"] = reason
+    completed.save()
 
 
 def _transition_locked(held: Claim, spec: WorkflowSpec, output: dict[str, Any],
@@ -1222,16 +1347,18 @@ def _mark_completed(held: Claim, output: dict[str, Any], now) -> bool:
     ).update(status=StepStatus.COMPLETED, finished_at=now, output=output))
 
 
-# The whole transition in one statement: each write happens only if the one before it did, so
-# a lost claim or a moved run leaves nothing behind but the step row update, which the caller
-# either completes under a lock or rolls back.
+# The whole transition in one statement, run in autocommit. The step row is locked first (the
+# same lock order as every other writer: step row, then run row), and every write depends on
+# the run's compare-and-set, so a lost claim or a moved run writes nothing: the caller then
+# discards the outcome or decides under the run's lock. The next task row is inserted either
+# pending (its message is published after the commit) or already claimed by this process,
+# which then runs it: an ordinary processing row with a heartbeat, recovered like any other.
 _COMPLETE_POSTGRES = """
-WITH step AS (
-    UPDATE queuety_steprun SET status = 'completed', finished_at = %(now)s,
-           output = %(output)s::jsonb
+WITH owned AS (
+    SELECT id FROM queuety_steprun
      WHERE id = %(step_run_id)s AND status = 'processing' AND attempt = %(attempt)s
        AND claimed_by = %(claimed_by)s
-    RETURNING id
+       FOR UPDATE
 ), run AS (
     UPDATE queuety_workflowrun
        SET state = %(state)s::jsonb, current_step = %(current_step)s, status = %(status)s,
@@ -1239,15 +1366,22 @@ WITH step AS (
            updated_at = %(now)s, revision = revision + 1, transitions = transitions + 1,
            cost_units = cost_units + %(cost_units)s
      WHERE id = %(run_id)s AND revision = %(revision)s AND status = 'running'
-       AND current_step = %(step_index)s AND EXISTS (SELECT 1 FROM step)
+       AND current_step = %(step_index)s AND EXISTS (SELECT 1 FROM owned)
     RETURNING id
+), step AS (
+    UPDATE queuety_steprun SET status = 'completed', finished_at = %(now)s,
+           output = %(output)s::jsonb
+     WHERE id = %(step_run_id)s AND status = 'processing' AND attempt = %(attempt)s
+       AND claimed_by = %(claimed_by)s AND EXISTS (SELECT 1 FROM run)
 ), following AS (
     INSERT INTO queuety_steprun (run_id, seq, branch, step_index, step_name, status, attempt,
-                                 max_attempts, timeout, available_at, published_at, claimed_by,
-                                 created_at)
-    SELECT %(run_id)s, %(seq)s, 0, %(next_index)s::integer, %(next_name)s::text, 'pending', 0,
-           %(next_max_attempts)s::integer, %(next_timeout)s::float8, %(now)s, %(now)s, '',
-           %(now)s
+                                 max_attempts, timeout, available_at, published_at, claimed_at,
+                                 heartbeat_at, claimed_by, created_at)
+    SELECT %(run_id)s, %(seq)s, 0, %(next_index)s::integer, %(next_name)s::text,
+           %(next_status)s, %(next_attempt)s, %(next_max_attempts)s::integer,
+           %(next_timeout)s::float8, %(now)s, %(next_published_at)s::timestamptz,
+           %(next_claimed_at)s::timestamptz, %(next_claimed_at)s::timestamptz,
+           %(next_claimed_by)s, %(now)s
      WHERE %(next_index)s::integer IS NOT NULL AND EXISTS (SELECT 1 FROM run)
     RETURNING id
 ), events AS (
@@ -1260,21 +1394,29 @@ WITH step AS (
            duration_ms double precision, data jsonb)
      WHERE EXISTS (SELECT 1 FROM run)
 )
-SELECT EXISTS (SELECT 1 FROM step), EXISTS (SELECT 1 FROM run), (SELECT id FROM following)
+SELECT EXISTS (SELECT 1 FROM owned), EXISTS (SELECT 1 FROM run), (SELECT id FROM following)
 """
 
 
 def _complete_postgres(held: Claim, spec: WorkflowSpec, outcome: engine.Advance,
-                       completed: Event, now) -> tuple[bool, bool]:
+                       completed: Event, now, claim_next: bool
+                       ) -> tuple[bool, bool, Claim | None]:
+    """Run the one-statement transition: (owned, advanced, claim of the next step if this
+    process took it)."""
     events = [{field: getattr(completed, field) for field in (
         "step_run_id", "kind", "step_index", "step_name", "attempt", "duration_ms", "data")}]
     following = None if outcome.next_index is None else spec.steps[outcome.next_index]
     if following is None:
         events.append({"kind": "workflow_completed"})
+    # Only an untimed step runs inline: a timed one needs its own message, which carries the
+    # hard time limit that kills a process stuck in C code.
+    inline = claim_next and following is not None and following.timeout is None
+    state = json.dumps(outcome.state)
+    cost_units = spec.steps[held.step_index].cost_units
     params = {
         "now": now, "step_run_id": held.step_run_id, "attempt": held.attempt,
         "claimed_by": held.claimed_by,
-        "output": json.dumps(outcome.output), "state": json.dumps(outcome.state),
+        "output": json.dumps(outcome.output), "state": state,
         "run_id": held.run_id, "revision": held.revision, "step_index": held.step_index,
         "current_step": len(spec.steps) if following is None else outcome.next_index,
         "status": RunStatus.COMPLETED.value if following is None else RunStatus.RUNNING.value,
@@ -1284,20 +1426,34 @@ def _complete_postgres(held: Claim, spec: WorkflowSpec, outcome: engine.Advance,
         "next_max_attempts": following and effective_policy(spec, outcome.next_index)
         .max_attempts,
         "next_timeout": following and following.timeout,
+        "next_status": StepStatus.PROCESSING.value if inline else StepStatus.PENDING.value,
+        "next_attempt": 1 if inline else 0,
+        "next_published_at": None if inline else now,
+        "next_claimed_at": now if inline else None,
+        "next_claimed_by": held.claimed_by if inline else "",
         "events": json.dumps(events),
-        "cost_units": spec.steps[held.step_index].cost_units,
+        "cost_units": cost_units,
     }
-    with connection.cursor() as cursor:
+    with _hot_cursor() as cursor:
         cursor.execute(_COMPLETE_POSTGRES, params)
         owned, advanced, next_id = cursor.fetchone()
-    if next_id is not None:
+    if next_id is None:
+        if advanced and following is None:
+            # The run completed. Its waiters are read by a statement of their own: a waiter
+            # that held this run's row FOR SHARE committed its dependency rows before the CTE
+            # could update the row, but the CTE's snapshot, taken before that, cannot see them.
+            notify_finished(held.run_id)
+        return owned, advanced, None
+    if not inline:
         publish_on_commit([_message(spec, next_id, outcome.next_index)])
-    if advanced and next_id is None:
-        # The run completed. Its waiters are read by a statement of their own: a waiter that
-        # held this run's row FOR SHARE committed its dependency rows before the CTE could
-        # update the row, but the CTE's snapshot, taken before that, cannot see them.
-        notify_finished(held.run_id)
-    return owned, advanced
+        return owned, advanced, None
+    # What a claim would have read back: the state as stored (JSON), the run's counters.
+    usage = held.usage
+    return owned, advanced, Claim(
+        next_id, held.run_id, outcome.next_index, held.usage.transitions + 1, 1,
+        held.definition_id, json.loads(state), held.revision + 1, now,
+        budgets.Usage(usage.transitions + 1, usage.cost_units + cost_units,
+                      usage.started_workflows), "step", held.claimed_by)
 
 
 def record_failure(held: Claim, spec: WorkflowSpec, error: BaseException,
@@ -1439,6 +1595,9 @@ class _Heartbeats:
             with self._lock:
                 live = list(self._live)
             if not live:
+                # Hold no database session while idle (most steps end before their first
+                # beat); a no-op when this thread has not connected.
+                connection.close()
                 continue
             try:
                 close_old_connections()
@@ -1446,8 +1605,6 @@ class _Heartbeats:
                                        claimed_by=me).update(heartbeat_at=timezone.now())
             except Exception:  # noqa: BLE001 - beat again next time, on a new connection
                 logger.exception("Heartbeat of step runs %s failed", live)
-                from django.db import connection
-
                 connection.close()
 
 
@@ -1497,17 +1654,22 @@ def recover_attempt(step_run_id: int, claimed_by: str, *, hard_timeout: bool) ->
 
     Called by the worker's main process when a pool process was killed at the hard time limit
     (``hard_timeout``: recorded as :class:`StepTimeout`) or died otherwise (:class:`WorkerLost`).
-    Guarded by ``claimed_by``, so it never touches an attempt another process owns. Returns True
-    when an attempt was recorded.
+    The task may have been running a later step of the same run inline (see
+    :func:`execute_step`), so every processing row of that run the dead process held is
+    recorded. Guarded by ``claimed_by``, so it never touches an attempt another process owns.
+    Returns True when an attempt was recorded.
     """
-    row = (StepRun.objects.filter(pk=step_run_id, status=StepStatus.PROCESSING,
-                                  claimed_by=claimed_by)
-           .select_related("run").first())
-    if row is None:
-        return False
-    record_failure(_claim_of(row), load_spec(row.run.definition_id),
-                   _interruption(row, hard_timeout), None)
-    return True
+    rows = (StepRun.objects.filter(
+        run_id__in=StepRun.objects.filter(pk=step_run_id).values("run_id"),
+        status=StepStatus.PROCESSING, claimed_by=claimed_by)
+        .select_related("run").order_by("pk"))
+    recorded = False
+    for row in rows:
+        # Only the message's own step can have hit the hard limit: inline steps are untimed.
+        record_failure(_claim_of(row), load_spec(row.run.definition_id),
+                       _interruption(row, hard_timeout and row.pk == step_run_id), None)
+        recorded = True
+    return recorded
 
 
 def _claim_of(row: StepRun) -> Claim:

@@ -47,10 +47,10 @@ class StepRequest(Request):
 
 
 @shared_task(name="queuety.execute_step", acks_late=True, reject_on_worker_lost=True,
-             ignore_result=True, Request=StepRequest)
-def execute_step(step_run_id: int) -> None:
+             ignore_result=True, Request=StepRequest, bind=True)
+def execute_step(self, step_run_id: int) -> None:
     """Run one attempt of step row ``step_run_id``; duplicates are dropped by the claim."""
-    report = services.execute_step(step_run_id)
+    report = services.execute_step(step_run_id, inline=not _time_limited(self))
     if report.leftover_threads:
         # Threads cannot be killed; the process can. The pool replaces it, and the attempt,
         # already recorded as timed out, can leave nothing running behind it.
@@ -58,6 +58,14 @@ def execute_step(step_run_id: int) -> None:
                        "process %s so they stop.", step_run_id,
                        ", ".join(report.leftover_threads), os.getpid())
         os._exit(70)
+
+
+def _time_limited(task) -> bool:
+    # Celery's time limits cover the whole task: a timed step's hard limit would also cut
+    # short the untimed steps run inline after it, so such a task runs its own step only.
+    limits = (*(task.request.timelimit or ()), task.time_limit, task.soft_time_limit,
+              task.app.conf.task_time_limit, task.app.conf.task_soft_time_limit)
+    return any(limit for limit in limits)
 
 
 @shared_task(name="queuety.sweep", ignore_result=True)

@@ -166,6 +166,9 @@ def latency(worker: Worker, samples: int, warmup: int = 20) -> dict[str, float]:
             "last_step_p95_ms": percentile(to_last, 95)}
 
 
+INLINE_PHASE = "3 steps, one task (inline)"
+
+
 def roundtrips(runs: int = 100) -> dict:
     """SQL statements of dispatch and of each step boundary, executed in this process.
 
@@ -229,16 +232,26 @@ def roundtrips(runs: int = 100) -> dict:
     try:
         for i in range(runs + 5):
             keep = i >= 5
+            # Each step from its own message (inline continuation off), as a step that
+            # follows a timed one, or that passes the inline bound, runs.
             with publish.captured() as sent:
                 run_id = measure("dispatch", lambda: builder.dispatch(
                     {"i": i, "token": uuid.uuid4().hex}), keep)
                 for index, phase in enumerate(("step 1", "step 2", "step 3 (last)")):
                     step_run_id = sent[index].step_run_id
-                    measure(phase, lambda: services.execute_step(step_run_id), keep)
+                    measure(phase, lambda: services.execute_step(step_run_id, inline=False),
+                            keep)
             started = time.perf_counter()
             assert queuety.workflow_status(run_id).status == "completed"
             if keep:
                 status_ms.append((time.perf_counter() - started) * 1000)
+            # As a worker runs it: one message, the next two steps inline.
+            with publish.captured() as sent:
+                run_id = builder.dispatch({"i": i, "token": uuid.uuid4().hex})
+                step_run_id = sent[0].step_run_id
+                measure(INLINE_PHASE, lambda: services.execute_step(step_run_id), keep)
+                assert len(sent) == 1, "the second and third steps did not run inline"
+            assert queuety.workflow_status(run_id).status == "completed"
     finally:
         del connection._commit
     result = {}

@@ -102,3 +102,33 @@ def test_run_changed_meanwhile__a_jump_survives_the_locked_path(token):
     status = queuety.workflow_status(run_id)
     assert status.status == "completed" and status.state["log"] == ["c"]
     assert workflows.marks(f"{token}-b") == []
+
+
+def test_run_cancelled_during_an_inline_step__outcome_is_discarded(token):
+    builder = (queuety.workflow("interfered_inline").retry(initial_delay=0, jitter=0)
+               .then(workflows.step_a).then(workflows.interfere).then(workflows.step_c))
+    run_id, sent = run_inline(token, "cancel", builder)
+
+    assert queuety.workflow_status(run_id).status == "cancelled"
+    assert kinds(run_id) == ["workflow_started", "step_completed", "step_discarded"]
+    # The interfering step ran inline: the dispatch's message was the only one.
+    assert len(sent) == 1 and workflows.marks(f"{token}-c") == []
+    assert StepRun.objects.get(run_id=run_id, step_name="interfere").published_at is None
+
+
+def test_inline_attempt_recovered_meanwhile__late_outcome_is_discarded_and_retry_owns_it(token):
+    builder = (queuety.workflow("interfered_inline").retry(initial_delay=0, jitter=0)
+               .then(workflows.step_a).then(workflows.interfere).then(workflows.step_c))
+    run_id, sent = run_inline(token, "recover", builder)
+
+    status = queuety.workflow_status(run_id)
+    assert status.status == "completed" and status.state["interfered"] == "none"
+    assert status.state["log"] == ["a", "c"]
+    assert len(workflows.marks(f"{token}-interfere")) == 2
+    assert len(workflows.marks(f"{token}-c")) == 1
+    step = StepRun.objects.get(run_id=run_id, step_name="interfere")
+    assert (step.status, step.attempt) == ("completed", 2)
+    assert kinds(run_id) == ["workflow_started", "step_completed", "step_retried",
+                             "step_discarded", "step_completed", "step_completed",
+                             "workflow_completed"]
+    assert len(sent) == 2  # the dispatch's message and the retry's

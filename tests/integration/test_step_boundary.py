@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from datetime import timedelta
 
 import pytest
 from django.db import connection
@@ -155,23 +156,143 @@ def test_lost_message__sweeper_republishes_it(worker, token):
     assert len(workflows.marks(f"{token}-a")) == 1
 
 
-def test_step_boundary__query_count_is_pinned(token):
-    # Claim and completion of a step, measured in this process: the claim (one UPDATE) and
-    # the transition (BEGIN, one statement, COMMIT).
+@pytest.mark.parametrize("prepared", [True, False], ids=["prepared", "django-default"])
+def test_step_boundary__query_count_is_pinned(token, monkeypatch, prepared):
+    # With and without prepared statements (Django's OPTIONS["prepare_threshold"]: the demo
+    # settings set it; Django leaves it off). Measured in this process. Dispatch is one statement. A step run from its own message is
+    # the claim (one UPDATE) and the transition (one statement in autocommit, no BEGIN or
+    # COMMIT); a step run inline after it is its transition alone, because the transition
+    # before it inserted its row already claimed.
+    monkeypatch.setitem(connection.settings_dict["OPTIONS"], "prepare_threshold",
+                        5 if prepared else None)
+    services.definition_id(three_steps().build())  # the definition row, once per process
     with publish.captured() as sent:
-        run_id = three_steps().dispatch({"token": token})
-        services.execute_step(sent[0].step_run_id)
-        with CaptureQueriesContext(connection) as middle:
+        with CaptureQueriesContext(connection) as dispatched:
+            run_id = three_steps().dispatch({"token": token})
+        with CaptureQueriesContext(connection) as own_message:
+            services.execute_step(sent[0].step_run_id, inline=False)
+        with CaptureQueriesContext(connection) as inline:
             services.execute_step(sent[1].step_run_id)
-        with CaptureQueriesContext(connection) as last:
-            services.execute_step(sent[2].step_run_id)
 
-    statements = [[q["sql"].split()[0] for q in captured.captured_queries]
-                  for captured in (middle, last)]
-    assert statements[0] == ["UPDATE", "BEGIN", "WITH", "COMMIT"], statements
-    # The step that completes the run also looks up the runs waiting for it.
-    assert statements[1] == ["UPDATE", "BEGIN", "WITH", "SELECT", "COMMIT"], statements
+    def statements(captured):
+        return [q["sql"].split()[0] for q in captured.captured_queries]
+
+    assert statements(dispatched) == ["WITH"]
+    assert statements(own_message) == ["UPDATE", "WITH"]
+    # The step that completes the run also reads the runs waiting for it (a SELECT).
+    assert statements(inline) == ["UPDATE", "WITH", "WITH", "SELECT"]
+    assert len(sent) == 2  # the last step ran inline: no message for it
     assert queuety.workflow_status(run_id).status == "completed"
+    assert kinds(run_id) == ["workflow_started", "step_completed", "step_completed",
+                             "step_completed", "workflow_completed"]
+
+
+def test_inline__following_steps_run_in_the_same_process_without_messages(worker, token):
+    run_id = three_steps().dispatch({"token": token})
+
+    status = wait_for(run_id, worker=worker)
+
+    assert status.status == "completed" and status.state["log"] == ["a", "b", "c"]
+    rows = list(StepRun.objects.filter(run_id=run_id).order_by("seq"))
+    # The first step came with the dispatch's message; the transitions claimed the others
+    # for the same pool process, so no message was ever published for them.
+    assert rows[0].published_at is not None
+    assert [r.published_at for r in rows[1:]] == [None, None]
+    assert {r.claimed_by for r in rows} == {rows[0].claimed_by}
+    assert [(r.status, r.attempt) for r in rows] == [("completed", 1)] * 3
+    pids = {workflows.marks(f"{token}-{letter}")[0].split()[0] for letter in "abc"}
+    assert len(pids) == 1
+
+
+def test_inline__a_timed_step_gets_its_own_message(worker, token):
+    run_id = (queuety.workflow("timed_middle").then(workflows.step_a)
+              .then(workflows.step_b, timeout=5).then(workflows.step_c)
+              .dispatch({"token": token}))
+
+    status = wait_for(run_id, worker=worker)
+
+    assert status.status == "completed" and status.state["log"] == ["a", "b", "c"]
+    rows = list(StepRun.objects.filter(run_id=run_id).order_by("seq"))
+    # The timed step's message carries its hard time limit, so it cannot run inline; the
+    # task that runs it has that limit on the whole task, so neither can the step after it.
+    assert [r.published_at is not None for r in rows] == [True, True, True]
+
+
+@pytest.mark.parametrize("limits, published", [
+    ({}, [True, False, False]),
+    ({"INLINE_STEPS": 2}, [True, False, True]),
+    ({"INLINE_STEPS": 1}, [True, True, True]),
+    ({"INLINE_SECONDS": 0.01}, [True, True, True]),  # every step sleeps longer than that
+])
+def test_inline__bounded_by_steps_and_time(token, settings, limits, published):
+    settings.QUEUETY = {**settings.QUEUETY, **limits}
+    with publish.captured() as sent:
+        run_id = (queuety.workflow("bounded").then(workflows.slow, name="one")
+                  .then(workflows.slow, name="two").then(workflows.slow, name="three")
+                  .dispatch({"token": token, "sleep": 0.05}))
+        done = 0
+        while done < len(sent):
+            services.execute_step(sent[done].step_run_id)
+            done += 1
+
+    assert queuety.workflow_status(run_id).status == "completed"
+    rows = list(StepRun.objects.filter(run_id=run_id).order_by("seq"))
+    assert [r.published_at is not None for r in rows] == published
+    assert len(sent) == sum(published)
+    assert [(r.status, r.attempt) for r in rows] == [("completed", 1)] * 3
+
+
+def test_inline__sigkill_of_the_pool_process_mid_inline_step_recovers_it_once(worker, token):
+    run_id = (queuety.workflow("crashing_inline")
+              .then(workflows.step_a).then(workflows.hang_first_time).then(workflows.step_c)
+              .dispatch({"token": token}))
+    deadline = time.monotonic() + 30
+    while not workflows.marks(f"{token}-hang"):
+        assert time.monotonic() < deadline, "the hanging step never started"
+        time.sleep(0.05)
+    pool_pid = int(workflows.marks(f"{token}-hang")[0].split()[0])
+    first, hang = StepRun.objects.filter(run_id=run_id).order_by("seq")
+    # The hanging step is running inline: claimed by the transition, never published.
+    assert (hang.status, hang.published_at, hang.claimed_by) == (
+        "processing", None, first.claimed_by)
+
+    os.kill(pool_pid, signal.SIGKILL)
+    status = wait_for(run_id, timeout=60, worker=worker)
+
+    assert status.status == "completed", status.error
+    assert status.state["log"] == ["a", "c"] and status.state["hung_once"] is True
+    assert len(workflows.marks(f"{token}-a")) == 1 and len(workflows.marks(f"{token}-c")) == 1
+    assert len(workflows.marks(f"{token}-hang")) == 2
+    assert [e for e in kinds(run_id)] == ["workflow_started", "step_completed", "step_retried",
+                                         "step_completed", "step_completed",
+                                         "workflow_completed"]
+    lost = Event.objects.get(run_id=run_id, kind="step_retried")
+    assert lost.data["error"]["type"] == "queuety.exceptions.WorkerLost"
+    assert StepRun.objects.filter(run_id=run_id).count() == 3
+
+
+def test_inline__sigkill_of_the_whole_worker_leaves_the_inline_step_to_the_sweeper(
+        worker, token):
+    run_id = (queuety.workflow("worker_killed_inline")
+              .then(workflows.step_a).then(workflows.hang_first_time).then(workflows.step_c)
+              .dispatch({"token": token}))
+    deadline = time.monotonic() + 30
+    while not workflows.marks(f"{token}-hang"):
+        assert time.monotonic() < deadline, "the hanging step never started"
+        time.sleep(0.05)
+    hang = StepRun.objects.get(run_id=run_id, step_name="hang_first_time")
+    assert hang.status == "processing" and hang.published_at is None
+
+    # No main process survives to report the loss: only the stale heartbeat tells.
+    worker.restart(signal.SIGKILL)
+    status = wait_for(run_id, timeout=60, worker=worker)
+
+    assert status.status == "completed", status.error
+    assert len(workflows.marks(f"{token}-a")) == 1 and len(workflows.marks(f"{token}-c")) == 1
+    assert len(workflows.marks(f"{token}-hang")) == 2
+    hang.refresh_from_db()
+    assert (hang.status, hang.attempt) == ("completed", 2)
+    assert kinds(run_id).count("step_completed") == 3
 
 
 def test_failed_step__fails_the_run_with_its_error(worker, token):
@@ -189,3 +310,36 @@ def test_failed_step__fails_the_run_with_its_error(worker, token):
     failed = Event.objects.get(run_id=run_id, kind="step_failed")
     assert "Traceback" in failed.data["error"]["traceback"]
     assert "boom for order 42" in failed.data["error"]["traceback"]
+
+
+def test_dispatch__one_statement_writes_what_the_keyed_path_writes(token):
+    # Dispatch without an idempotency key is one INSERT ... CTE; with a key it takes the ORM
+    # path. Both must leave the same run, step row and event behind.
+    builder = (queuety.workflow("dispatch_shapes").must_complete_within(seconds=60)
+               .then(workflows.step_a, timeout=7).then(workflows.step_c))
+    with publish.captured() as sent:
+        plain = builder.dispatch({"token": token})
+        keyed = builder.idempotency_key(f"shape-{token}").dispatch({"token": token})
+    assert [m.step_run_id for m in sent] == [
+        StepRun.objects.get(run_id=plain).pk, StepRun.objects.get(run_id=keyed).pk]
+    assert sent[0]._replace(step_run_id=0) == sent[1]._replace(step_run_id=0)
+
+    def shape(run_id):
+        run = WorkflowRun.objects.filter(pk=run_id).values().get()
+        step = StepRun.objects.filter(run_id=run_id).values().get()
+        event = Event.objects.filter(run_id=run_id).values().get()
+        assert abs(run["deadline_at"] - run["created_at"] - timedelta(seconds=60)) < \
+            timedelta(seconds=1)
+        assert abs(step["available_at"] - step["created_at"]) < timedelta(seconds=1)
+        assert step["published_at"] == step["available_at"]
+        for row, volatile in ((run, ("id", "idempotency_key", "created_at", "updated_at",
+                                     "deadline_at")),
+                              (step, ("id", "run_id", "available_at", "published_at",
+                                      "created_at")),
+                              (event, ("id", "run_id", "created_at"))):
+            for key in volatile:
+                row.pop(key)
+        event["data"].pop("idempotency_key")
+        return run, step, event
+
+    assert shape(plain) == shape(keyed)

@@ -1,0 +1,50 @@
+"""Drop the single-column indexes of StepRun.run and Event.run.
+
+Each is covered by a composite index that leads with ``run_id`` (the unique
+``queuety_step_run_seq_branch`` and ``queuety_event_run``), and every step inserts a step row
+and an event, so each redundant index cost an index insertion per write. The indexes are
+dropped by name: letting Django alter the foreign keys would also drop and re-validate the
+foreign key constraints, a full scan of both tables under lock.
+"""
+
+import django.db.models.deletion
+from django.db import migrations, models
+
+INDEXES = [
+    ("queuety_event_run_id_70de9ab7", "queuety_event"),
+    ("queuety_steprun_run_id_3f857b12", "queuety_steprun"),
+]
+
+
+class Migration(migrations.Migration):
+
+    dependencies = [
+        ("queuety", "0002_dependencies"),
+    ]
+
+    operations = [
+        migrations.SeparateDatabaseAndState(
+            database_operations=[
+                migrations.RunSQL(f'DROP INDEX IF EXISTS "{name}"',
+                                  reverse_sql=f'CREATE INDEX IF NOT EXISTS "{name}" '
+                                              f'ON "{table}" ("run_id")')
+                for name, table in INDEXES
+            ],
+            state_operations=[
+                migrations.AlterField(
+                    model_name="event",
+                    name="run",
+                    field=models.ForeignKey(db_index=False,
+                                            on_delete=django.db.models.deletion.CASCADE,
+                                            related_name="events", to="queuety.workflowrun"),
+                ),
+                migrations.AlterField(
+                    model_name="steprun",
+                    name="run",
+                    field=models.ForeignKey(db_index=False,
+                                            on_delete=django.db.models.deletion.CASCADE,
+                                            related_name="steps", to="queuety.workflowrun"),
+                ),
+            ],
+        ),
+    ]
