@@ -1211,6 +1211,12 @@ def _claim_of(row: StepRun) -> Claim:
 
 
 def _interruption(row: StepRun, timed_out: bool) -> BaseException:
+    if timed_out and row.timeout is None:
+        # A step without a timeout of its own can still meet the worker's task_time_limit.
+        return exceptions.StepTimeout(
+            f"Step {row.step_name!r} of run {row.run_id} (attempt {row.attempt}) ran past the "
+            f"worker's hard time limit and its process ({row.claimed_by}) was killed."
+        )
     if timed_out:
         return exceptions.StepTimeout(
             f"Step {row.step_name!r} of run {row.run_id} (attempt {row.attempt}) ignored its "
