@@ -31,7 +31,7 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(scope="module")
-def quiet_session_worker(worker):
+def quiet_session_worker(worker):  # noqa: F811 - the imported fixture
     """Stop the session's worker (and its sweeper) while a module's own pools do the work.
 
     Both sweepers would otherwise re-publish and recover the same rows, and the session's
