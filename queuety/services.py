@@ -294,6 +294,10 @@ def _check_payload(name: str, payload: Any) -> dict[str, Any]:
         raise exceptions.WorkflowDefinitionError(
             f"The payload of workflow {name!r} is not JSON-serialisable: {error}."
         ) from None
+    except RecursionError:
+        raise exceptions.WorkflowDefinitionError(
+            f"The payload of workflow {name!r} is nested too deeply to be stored as JSON."
+        ) from None
 
 
 def _message(spec: WorkflowSpec, step_run_id: int, index: int,
@@ -1377,6 +1381,12 @@ def _signal_data(run_id: int, name: Any, data: Any) -> Any:
         raise exceptions.InvalidSignalData(
             f"The data of signal {name!r} for run {run_id} is not JSON: {error}.",
             [{"path": "/", "message": str(error)}],
+        ) from None
+    except RecursionError:
+        message = "it is nested too deeply"
+        raise exceptions.InvalidSignalData(
+            f"The data of signal {name!r} for run {run_id} is not storable JSON: {message}.",
+            [{"path": "/", "message": message}],
         ) from None
     size, limit = len(text.encode()), settings.MAX_SIGNAL_BYTES
     if size > limit:
