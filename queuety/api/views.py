@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 from django.db import IntegrityError, transaction
@@ -19,6 +20,9 @@ from queuety import approvals, exceptions, services
 from queuety.api import exceptions as api_errors
 from queuety.api import serializers
 from queuety.conf import settings
+from queuety.masking import mask
+
+logger = logging.getLogger("queuety")
 from queuety.models import ApiReply, RunStatus, WorkflowRun
 
 ERRORS = {code: OpenApiResponse(serializers.ErrorSerializer) for code in (400, 403, 404, 409, 413)}
@@ -231,6 +235,15 @@ class ApprovalPageView(View):
 
     template_name = "queuety/approval.html"
 
+    def dispatch(self, request, *args, **kwargs):
+        response = super().dispatch(request, *args, **kwargs)
+        if response.status_code >= 400:
+            # Django would log this answer with the request's path, which holds the token
+            # (a reused, expired or forged link): log it here without the token instead.
+            response._has_been_logged = True
+            logger.warning("Approval link refused with status %s.", response.status_code)
+        return response
+
     def get(self, request, token: str):
         return self._page(request, token)
 
@@ -281,7 +294,7 @@ class ApprovalPageView(View):
             return render(request, self.template_name, {
                 "error": "This request was already answered.", "dead": True}, status=410)
         context.update(run=run, step=step, wait=step.wait, fields=_form_fields(step.wait.schema),
-                       state=json.dumps(run.state, indent=2, ensure_ascii=False)[:4000])
+                       state=json.dumps(mask(run.state), indent=2, ensure_ascii=False)[:4000])
         return render(request, self.template_name, context, status=status)
 
 
