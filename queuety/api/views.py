@@ -21,9 +21,9 @@ from queuety.api import exceptions as api_errors
 from queuety.api import serializers
 from queuety.conf import settings
 from queuety.masking import mask
+from queuety.models import ApiReply, RunStatus, WorkflowRun
 
 logger = logging.getLogger("queuety")
-from queuety.models import ApiReply, RunStatus, WorkflowRun
 
 ERRORS = {code: OpenApiResponse(serializers.ErrorSerializer) for code in (400, 403, 404, 409, 413)}
 #: Run ids are positive bigints; the URL's ``<int:pk>`` matches no sign, and the database
