@@ -13,15 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import (  # noqa: F401 - fixtures shared with this package
-    db_session,
-    django_db_setup,
-    token,
-    worker,
-)
-
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE.parents[1] / "var" / "reliability.json"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _database(db_session):
+    """Every reliability test has the session's database (``db_session``, tests/conftest.py)."""
+    yield
 
 
 def pytest_collection_modifyitems(config, items):
@@ -31,7 +30,7 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(scope="module")
-def quiet_session_worker(worker):  # noqa: F811 - the imported fixture
+def quiet_session_worker(worker):
     """Stop the session's worker (and its sweeper) while a module's own pools do the work.
 
     Both sweepers would otherwise re-publish and recover the same rows, and the session's
