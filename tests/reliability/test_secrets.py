@@ -75,16 +75,22 @@ def test_admin__masks_secret_keys_in_state_timeline_signals_and_exports(superuse
     pages = {
         "run page": f"/admin/queuety/workflowrun/{run_id}/change/",
         "whole state": f"/admin/queuety/workflowrun/{run_id}/change/?state=all",
-        "approvals": "/admin/queuety/workflowrun/approvals/",
         "export": f"/admin/queuety/workflowrun/{run_id}/export/",
     }
 
     with override_settings(QUEUETY=SECRET_SETTINGS):
         shown = {name: superuser.get(path) for name, path in pages.items()}
+        # The approvals page lists the oldest waits first, 50 a page: find this run's page.
+        for page in range(1, 200):
+            listed = superuser.get(f"/admin/queuety/workflowrun/approvals/?page={page}")
+            if f"/workflowrun/{run_id}/change/" in listed.content.decode():
+                shown["approvals"] = listed
+                break
         public = Client().get(approvals.approval_link(run_id))
         document = json.loads(shown["export"].content)
     unmasked = superuser.get(pages["export"])
 
+    assert "approvals" in shown, "the run is on no page of the approvals list"
     for name, response in {**shown, "approval page": public}.items():
         assert response.status_code == 200, name
         body = response.content.decode()
