@@ -117,6 +117,14 @@ CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 # before and after EVERY task, so each step paid for a new PostgreSQL session. Broken or
 # expired connections are still closed, by queuety.tasks (Django's close_old_connections).
 CELERY_DB_REUSE_MAX = 10_000
+# Containment of a bad step (see README, "Running workers"): a pool process is replaced after
+# this many tasks, or after a task leaves it above this resident memory (KiB), so a leak costs
+# one process, not the worker; and a task still running after this many seconds is killed
+# (steps with their own `timeout` get a tighter limit with their message).
+CELERY_WORKER_MAX_TASKS_PER_CHILD = int(os.environ.get("QUEUETY_MAX_TASKS_PER_CHILD", 10_000))
+CELERY_WORKER_MAX_MEMORY_PER_CHILD = int(os.environ.get("QUEUETY_MAX_MEMORY_PER_CHILD_KIB",
+                                                        512 * 1024))
+CELERY_TASK_TIME_LIMIT = int(os.environ.get("QUEUETY_TASK_TIME_LIMIT", 3600))
 CELERY_TIMEZONE = TIME_ZONE
 
 QUEUETY = {}

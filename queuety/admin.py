@@ -52,6 +52,7 @@ from queuety.api.views import _form_fields, _form_reply
 from queuety.core import budget as budgets
 from queuety.core.definition import WorkflowSpec
 from queuety.management.commands.queuety import format_status
+from queuety.masking import mask
 from queuety.models import (
     Event,
     RunStatus,
@@ -102,9 +103,15 @@ def status_badge(status: str) -> str:
         STATUS_COLOURS.get(status, "#444444"), status)
 
 
-def pretty_json(value: Any, limit: int | None = None) -> tuple[str, bool]:
-    """Return ``value`` as indented JSON, cut at ``limit`` characters, and whether it was cut."""
-    text = json.dumps(value, indent=2, ensure_ascii=False, default=str)
+def pretty_json(value: Any, limit: int | None = None, *,
+                masked: bool = True) -> tuple[str, bool]:
+    """Return ``value`` as indented JSON, cut at ``limit`` characters, and whether it was cut.
+
+    Run data is shown ``masked`` (``QUEUETY["SECRET_KEYS"]``); schemas and definitions are not
+    run data and are shown as they are.
+    """
+    text = json.dumps(mask(value) if masked else value, indent=2, ensure_ascii=False,
+                      default=str)
     if limit is not None and len(text) > limit:
         return text[:limit] + "\n…", True
     return text, False
@@ -631,7 +638,7 @@ class WorkflowRunAdmin(admin.ModelAdmin):
             # JSON Lines: one complete export document per line, streamed run by run.
             for pk in ids:
                 try:
-                    yield json.dumps(history.export(pk), ensure_ascii=False) + "\n"
+                    yield json.dumps(mask(history.export(pk)), ensure_ascii=False) + "\n"
                 except exceptions.RunNotFound:
                     continue  # purged between the selection and the download
 
@@ -752,7 +759,8 @@ class WorkflowRunAdmin(admin.ModelAdmin):
             error=run.error,
             budget_bars=self._budget_bars(spec, status),
             wait_details=pretty_json(status.wait_details)[0] if status.wait_details else None,
-            schema=pretty_json(wait.schema)[0] if wait is not None and wait.schema else None,
+            schema=pretty_json(wait.schema, masked=False)[0]
+            if wait is not None and wait.schema else None,
             input_fields=_form_fields(wait.schema) if wait is not None and wait.human ==
             "input" else None,
             actions=actions, action_urls={a.name: self._url("act", run.pk, a.name)
@@ -825,7 +833,8 @@ class WorkflowRunAdmin(admin.ModelAdmin):
             document = history.export(pk)
         except exceptions.RunNotFound:
             raise Http404(f"Workflow run {pk} does not exist.") from None
-        response = HttpResponse(json.dumps(document, indent=2, ensure_ascii=False) + "\n",
+        # Downloaded by a person: secret values are masked (export_workflow() keeps them).
+        response = HttpResponse(json.dumps(mask(document), indent=2, ensure_ascii=False) + "\n",
                                 content_type="application/json")
         response["Content-Disposition"] = f'attachment; filename="queuety-run-{pk}.json"'
         return response
@@ -1008,4 +1017,4 @@ class WorkflowDefinitionAdmin(admin.ModelAdmin):
     @admin.display(description="definition")
     def document(self, definition):
         return format_html('<pre style="white-space:pre-wrap;margin:0">{}</pre>',
-                           pretty_json(definition.definition)[0])
+                           pretty_json(definition.definition, masked=False)[0])

@@ -55,6 +55,9 @@ DEFAULTS: dict[str, Any] = {
     "REPLAY_MODULES": [],
     # Seconds an approval link stays valid.
     "APPROVAL_LINK_MAX_AGE": 7 * 24 * 3600,
+    # Keys (case-insensitive, at any depth) whose values the admin and the approval-link page
+    # show as "********": in states, timelines, signal payloads and admin exports.
+    "SECRET_KEYS": [],
 }
 
 
@@ -89,6 +92,10 @@ class QueuetySettings:
         for key in ("STALE_AFTER", "HEARTBEAT_INTERVAL", "REDELIVER_AFTER", "INLINE_SECONDS"):
             if not values[key] > 0:
                 raise ImproperlyConfigured(f"QUEUETY[{key!r}] must be a positive number.")
+        keys = values["SECRET_KEYS"]
+        if isinstance(keys, str) or not all(isinstance(key, str) for key in keys):
+            raise ImproperlyConfigured("QUEUETY['SECRET_KEYS'] must be a list of key names "
+                                       "(strings), such as ['password', 'api_key'].")
         if values["HEARTBEAT_INTERVAL"] >= values["STALE_AFTER"]:
             raise ImproperlyConfigured(
                 "QUEUETY['HEARTBEAT_INTERVAL'] must be shorter than QUEUETY['STALE_AFTER'], "

@@ -18,6 +18,7 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from queuety import __version__, exceptions
+from queuety.core import budget as budgets
 from queuety.core.definition import WorkflowSpec, canonical_json
 from queuety.core.handlers import resolve_handler
 from queuety.models import Event, RunStatus, Signal, StepRun, WorkflowDependency, WorkflowRun
@@ -190,11 +191,17 @@ def read_document(document: Any) -> tuple[dict[str, Any], WorkflowSpec]:
             document = json.loads(document)
         except ValueError as error:
             raise _refuse(f"not JSON ({error}).") from None
-    errors = sorted(jsonschema.Draft202012Validator(EXPORT_SCHEMA).iter_errors(document),
-                    key=lambda e: list(e.absolute_path))
-    if errors:
-        where = "/".join(str(p) for p in errors[0].absolute_path) or "(root)"
-        raise _refuse(f"at {where}: {errors[0].message}.")
+        except RecursionError:
+            raise _refuse("not JSON this site can read: it is nested too deeply.") from None
+    try:
+        errors = sorted(jsonschema.Draft202012Validator(EXPORT_SCHEMA).iter_errors(document),
+                        key=lambda e: list(e.absolute_path))
+        if errors:
+            where = "/".join(str(p) for p in errors[0].absolute_path) or "(root)"
+            raise _refuse(f"at {where}: {errors[0].message}.")
+        state_size = budgets.state_bytes(document["run"]["state"])
+    except RecursionError:
+        raise _refuse("it is nested too deeply to be stored as JSON.") from None
     run = document["run"]
     # Checked on the raw JSON, before anything in the document is imported.
     try:
@@ -211,6 +218,10 @@ def read_document(document: Any) -> tuple[dict[str, Any], WorkflowSpec]:
         raise _refuse(f"its definition cannot be read ({error}).") from None
     if spec.name != run["name"]:
         raise _refuse(f"the run is named {run['name']!r} but its definition {spec.name!r}.")
+    limit = spec.budget.max_state_bytes
+    if limit is not None and state_size > limit:
+        raise _refuse(f"its state is {state_size} bytes, over the workflow's max_state_bytes "
+                      f"budget of {limit}.")
     if run["current_step"] > len(spec.steps):
         raise _refuse(f"current_step {run['current_step']} is past the definition's "
                       f"{len(spec.steps)} steps.")

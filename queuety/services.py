@@ -555,6 +555,10 @@ def _check_payload(name: str, payload: Any) -> dict[str, Any]:
         raise exceptions.WorkflowDefinitionError(
             f"The payload of workflow {name!r} is not JSON-serialisable: {error}."
         ) from None
+    except RecursionError:
+        raise exceptions.WorkflowDefinitionError(
+            f"The payload of workflow {name!r} is nested too deeply to be stored as JSON."
+        ) from None
 
 
 def _message(spec: WorkflowSpec, step_run_id: int, index: int,
@@ -1680,6 +1684,12 @@ def _claim_of(row: StepRun) -> Claim:
 
 
 def _interruption(row: StepRun, timed_out: bool) -> BaseException:
+    if timed_out and row.timeout is None:
+        # A step without a timeout of its own can still meet the worker's task_time_limit.
+        return exceptions.StepTimeout(
+            f"Step {row.step_name!r} of run {row.run_id} (attempt {row.attempt}) ran past the "
+            f"worker's hard time limit and its process ({row.claimed_by}) was killed."
+        )
     if timed_out:
         return exceptions.StepTimeout(
             f"Step {row.step_name!r} of run {row.run_id} (attempt {row.attempt}) ignored its "
@@ -1852,6 +1862,12 @@ def _signal_data(run_id: int, name: Any, data: Any) -> Any:
         raise exceptions.InvalidSignalData(
             f"The data of signal {name!r} for run {run_id} is not JSON: {error}.",
             [{"path": "/", "message": str(error)}],
+        ) from None
+    except RecursionError:
+        message = "it is nested too deeply"
+        raise exceptions.InvalidSignalData(
+            f"The data of signal {name!r} for run {run_id} is not storable JSON: {message}.",
+            [{"path": "/", "message": message}],
         ) from None
     size, limit = len(text.encode()), settings.MAX_SIGNAL_BYTES
     if size > limit:

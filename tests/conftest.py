@@ -29,6 +29,54 @@ class Semantics:
                           "python": python or platform.python_version()})
 
 
+# The session's database and worker live here, not in tests/integration/conftest.py, so that
+# tests/integration and tests/reliability share ONE of each: a session fixture imported into a
+# second conftest is a second fixture, which would create the test database (dropping it) and
+# start a worker a second time.
+
+@pytest.fixture(scope="session")
+def django_db_setup(django_test_environment, django_db_blocker):
+    """Create the test database for the session (pytest-django only does it for tests marked
+    ``django_db``, whose per-test transactions or flushes a worker process cannot live with)."""
+    from django.db import connection
+    from django.test.utils import setup_databases, teardown_databases
+
+    with django_db_blocker.unblock():
+        created = setup_databases(verbosity=0, interactive=False, aliases={"default"})
+    yield
+    with django_db_blocker.unblock():
+        connection.close()
+        teardown_databases(created, verbosity=0)
+
+
+@pytest.fixture(scope="session")
+def db_session(django_db_setup, django_db_blocker):
+    """Open database access for the whole session (no per-test transaction or flush).
+
+    Used automatically by tests/integration and tests/reliability (their ``_database``)."""
+    with django_db_blocker.unblock():
+        yield
+
+
+@pytest.fixture(scope="session")
+def worker(db_session, tmp_path_factory):
+    """The session's Celery worker (started on first use, stopped at the end)."""
+    from tests.integration.conftest import Worker
+
+    handle = Worker(tmp_path_factory.mktemp("worker"))
+    handle.start()
+    yield handle
+    handle.stop()
+
+
+@pytest.fixture
+def token() -> str:
+    """A unique token a test puts in its payload to find its own side-effect marks."""
+    import uuid
+
+    return uuid.uuid4().hex[:12]
+
+
 @pytest.fixture(scope="session")
 def semantics():
     collector = Semantics()

@@ -1,6 +1,6 @@
 """API URLs; mount under any prefix: ``path("queuety/api/", include("queuety.api.urls"))``."""
 
-from django.urls import path
+from django.urls import path, re_path
 from drf_spectacular.views import SpectacularAPIView
 
 from queuety.api import views
@@ -16,4 +16,6 @@ urlpatterns = [
     path("waits/", views.WaitsView.as_view(), name="waits"),
     path("approvals/<str:token>/", views.ApprovalPageView.as_view(), name="approval-page"),
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
+    # Last: paths no endpoint matches (``runs/-1/``, ``runs/abc/``) get a JSON 404 too.
+    re_path(r"^(?P<path>.*)$", views.not_found),
 ]

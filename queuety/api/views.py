@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 from django.db import IntegrityError, transaction
@@ -19,9 +20,18 @@ from queuety import approvals, exceptions, services
 from queuety.api import exceptions as api_errors
 from queuety.api import serializers
 from queuety.conf import settings
+from queuety.masking import mask
 from queuety.models import ApiReply, RunStatus, WorkflowRun
 
+logger = logging.getLogger("queuety")
+
 ERRORS = {code: OpenApiResponse(serializers.ErrorSerializer) for code in (400, 403, 404, 409, 413)}
+#: Run ids are positive bigints; the URL's ``<int:pk>`` matches no sign, and the database
+#: column holds no more than this.
+MAX_RUN_ID = 2**63 - 1
+RUN_ID = OpenApiParameter(
+    "id", {"type": "integer", "minimum": 1, "maximum": MAX_RUN_ID}, OpenApiParameter.PATH,
+    description="The workflow run's id.")
 IDEMPOTENCY_KEY = OpenApiParameter(
     "Idempotency-Key", str, OpenApiParameter.HEADER, required=False,
     description="Retrying a POST with the same key returns the first answer and records "
@@ -46,7 +56,9 @@ class RunAPIView(APIView):
         return response
 
     def get_run(self, pk: int) -> WorkflowRun:
-        run = WorkflowRun.objects.filter(pk=pk).only("pk", "name", "status").first()
+        # An id past the column's range would be a database error, not a missing run.
+        run = None if not 0 < pk <= MAX_RUN_ID else (
+            WorkflowRun.objects.filter(pk=pk).only("pk", "name", "status").first())
         if run is None:
             raise exceptions.RunNotFound(pk)
         self.check_object_permissions(self.request, run)
@@ -56,7 +68,8 @@ class RunAPIView(APIView):
 class RunDetailView(RunAPIView):
     """``GET runs/<id>/``: the run's status, as ``queuety.workflow_status()`` returns it."""
 
-    @extend_schema(responses={200: serializers.WorkflowStatusSerializer, **ERRORS})
+    @extend_schema(parameters=[RUN_ID],
+                   responses={200: serializers.WorkflowStatusSerializer, **ERRORS})
     def get(self, request, pk: int):
         self.get_run(pk)
         return Response(services.workflow_status(pk).to_dict())
@@ -77,6 +90,9 @@ class PostReplyView(RunAPIView):
             return json.loads(request.body, parse_constant=_refuse_constant)
         except ValueError as error:
             raise ParseError(f"The request body is not valid JSON: {error}.") from None
+        except RecursionError:
+            raise ParseError("The request body is not valid JSON here: it is nested too "
+                             "deeply.") from None
 
     def deliver(self, request, pk: int, **kwargs) -> services.SignalReceipt:
         raise NotImplementedError
@@ -134,7 +150,7 @@ def _sender(request) -> str:
     return f"user:{request.user.pk}:{request.user.get_username()}"
 
 
-REPLY_DOC = {"request": {"application/json": {}}, "parameters": [IDEMPOTENCY_KEY],
+REPLY_DOC = {"request": {"application/json": {}}, "parameters": [RUN_ID, IDEMPOTENCY_KEY],
              "responses": {200: serializers.SignalReceiptSerializer,
                            202: serializers.SignalReceiptSerializer, **ERRORS}}
 
@@ -182,6 +198,14 @@ class InputView(ReplyView):
     kind = "input"
 
 
+def not_found(request, path: str = ""):
+    """Any other path under the API: a JSON 404, like every other API answer."""
+    from django.http import JsonResponse
+
+    return JsonResponse({"detail": f"There is no API endpoint at {request.path}.",
+                         "code": "not_found"}, status=404)
+
+
 class WaitsView(RunAPIView):
     """``GET waits/``: runs waiting on a person, oldest first (at most 200)."""
 
@@ -210,6 +234,15 @@ class ApprovalPageView(View):
     """``GET``/``POST approvals/<token>/``: the page behind an approval link (no login)."""
 
     template_name = "queuety/approval.html"
+
+    def dispatch(self, request, *args, **kwargs):
+        response = super().dispatch(request, *args, **kwargs)
+        if response.status_code >= 400:
+            # Django would log this answer with the request's path, which holds the token
+            # (a reused, expired or forged link): log it here without the token instead.
+            response._has_been_logged = True
+            logger.warning("Approval link refused with status %s.", response.status_code)
+        return response
 
     def get(self, request, token: str):
         return self._page(request, token)
@@ -261,7 +294,7 @@ class ApprovalPageView(View):
             return render(request, self.template_name, {
                 "error": "This request was already answered.", "dead": True}, status=410)
         context.update(run=run, step=step, wait=step.wait, fields=_form_fields(step.wait.schema),
-                       state=json.dumps(run.state, indent=2, ensure_ascii=False)[:4000])
+                       state=json.dumps(mask(run.state), indent=2, ensure_ascii=False)[:4000])
         return render(request, self.template_name, context, status=status)
 
 

@@ -25,25 +25,10 @@ import queuety
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="session")
-def django_db_setup(django_test_environment, django_db_blocker):
-    """Create the test database for the session (pytest-django only does it for tests marked
-    ``django_db``, whose per-test transactions or flushes a worker process cannot live with)."""
-    from django.test.utils import setup_databases, teardown_databases
-
-    with django_db_blocker.unblock():
-        created = setup_databases(verbosity=0, interactive=False, aliases={"default"})
-    yield
-    with django_db_blocker.unblock():
-        connection.close()
-        teardown_databases(created, verbosity=0)
-
-
 @pytest.fixture(scope="session", autouse=True)
-def db_session(django_db_setup, django_db_blocker):
-    """Open database access for the whole session (no per-test transaction or flush)."""
-    with django_db_blocker.unblock():
-        yield
+def _database(db_session):
+    """Every integration test has the session's database (``db_session``, tests/conftest.py)."""
+    yield
 
 
 class Worker:
@@ -122,21 +107,6 @@ class Worker:
 
         stats = app.control.inspect([self.nodename], timeout=2).stats() or {}
         return list(stats.get(self.nodename, {}).get("pool", {}).get("processes", []))
-
-
-@pytest.fixture(scope="session")
-def worker(db_session, tmp_path_factory):
-    """The session's Celery worker (started on first use, stopped at the end)."""
-    handle = Worker(tmp_path_factory.mktemp("worker"))
-    handle.start()
-    yield handle
-    handle.stop()
-
-
-@pytest.fixture
-def token() -> str:
-    """A unique token a test puts in its payload to find its own side-effect marks."""
-    return uuid.uuid4().hex[:12]
 
 
 def wait_for(run_id: int, statuses=("completed", "failed", "cancelled"), timeout: float = 30,

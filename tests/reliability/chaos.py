@@ -1,0 +1,245 @@
+"""The fault harness: throwaway broker servers, worker pools on a chosen broker, and faults.
+
+Nothing here touches the machine's shared servers: Redis faults hit a ``redis-server`` this
+module starts on a free port; the PostgreSQL "restart" drops every connection to the session's
+own test database and refuses new ones for a while (see ``pg_outage`` for why not a real
+restart); RabbitMQ is used through a queue of its own.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import socket
+import subprocess
+import time
+import uuid
+from contextlib import contextmanager
+from pathlib import Path
+
+from celery import Celery
+from django.db import connection
+from kombu import Connection
+
+from queuety import publish
+from tests.integration.conftest import ROOT, Worker
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class RedisServer:
+    """A private ``redis-server`` (no persistence: a restart loses every queued message)."""
+
+    def __init__(self, log_dir: Path) -> None:
+        self.port = free_port()
+        self.log_dir = log_dir
+        self.proc: subprocess.Popen | None = None
+
+    def url(self, db: int = 5) -> str:
+        return f"redis://127.0.0.1:{self.port}/{db}"
+
+    def start(self) -> None:
+        with open(self.log_dir / f"redis-{self.port}.log", "a") as log:
+            self.proc = subprocess.Popen(
+                ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
+                 "--save", "", "--appendonly", "no", "--daemonize", "no"],
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
+                    return
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError(f"The test's own redis-server did not listen on {self.port} "
+                           "within 15 s.")
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def flushdb(self, db: int = 5) -> None:
+        import redis
+
+        redis.Redis.from_url(self.url(db)).flushdb()
+
+
+def purge_queue(broker_url: str, queue: str) -> int:
+    """Drop every message waiting in ``queue`` (the broker "loses" them)."""
+    with Connection(broker_url) as conn:
+        return conn.default_channel.queue_purge(queue) or 0
+
+
+def delete_queue(broker_url: str, queue: str) -> None:
+    with Connection(broker_url, connect_timeout=5) as conn:
+        try:
+            conn.default_channel.queue_delete(queue)
+        except Exception:  # noqa: BLE001 - clean-up only; the queue name is unique anyway
+            pass
+
+
+def broker_app(name: str, broker_url: str) -> Celery:
+    """A Celery app of this process talking to ``broker_url``.
+
+    Celery prefers the ``CELERY_BROKER_URL`` environment variable (the session's broker) to
+    the ``broker`` argument; the read and write URLs take precedence over both.
+    """
+    app = Celery(name, set_as_current=False)
+    app.conf.broker_read_url = app.conf.broker_write_url = broker_url
+    app.conf.broker_connection_timeout = 2
+    return app
+
+
+class PoolWorker(Worker):
+    """A ``Worker`` on a broker of its own choosing, pinged through that broker."""
+
+    def __init__(self, log_dir: Path, broker_url: str, queue: str, *, beat: bool,
+                 concurrency: int = 2, name: str = "w", options: tuple[str, ...] = ()) -> None:
+        super().__init__(log_dir, queue=queue, beat=beat, concurrency=concurrency)
+        self.name = name
+        self.options = options
+        self.env["CELERY_BROKER_URL"] = broker_url
+        # The worker publishes the next steps (and the sweeper's re-publications) here too.
+        self.env["CELERY_TASK_DEFAULT_QUEUE"] = queue
+        self.app = broker_app(f"chaos-{name}", broker_url)
+
+    @property
+    def log_path(self) -> Path:
+        return self.log_dir / f"worker-{self.name}-{self.starts}.log"
+
+    def start(self) -> None:
+        self.starts += 1
+        self.nodename = f"rel-{self.name}-{uuid.uuid4().hex[:8]}@localhost"
+        command = [
+            self.python, "-m", "celery", "-A", "project", "worker", "--pool", self.pool,
+            "--concurrency", str(self.concurrency), "--loglevel", "INFO", "-Q", self.queue,
+            "-n", self.nodename, "--without-gossip", "--without-mingle", *self.options,
+        ]
+        if self.beat:
+            command += ["-B", "--schedule", str(self.log_dir / f"beat-{self.name}")]
+        with open(self.log_path, "w") as log:
+            self.proc = subprocess.Popen(command, cwd=ROOT, env=self.env, stdout=log,
+                                         stderr=subprocess.STDOUT, start_new_session=True)
+        self._wait_ready()
+
+    def _wait_ready(self, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"Worker {self.name} exited with {self.proc.returncode}:\n"
+                                   + self.log_path.read_text()[-4000:])
+            try:
+                if self.app.control.ping(destination=[self.nodename], timeout=0.5):
+                    return
+            except Exception:  # noqa: BLE001 - the broker may be coming back
+                time.sleep(0.2)
+        raise RuntimeError(f"Worker {self.name} did not answer a ping within {timeout}s:\n"
+                           + self.log_path.read_text()[-4000:])
+
+    def children(self) -> list[int]:
+        """Pids of the main process's children (pool processes, and beat with ``-B``)."""
+        found = []
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    stat = Path(f"/proc/{entry}/stat").read_text()
+                except OSError:
+                    continue
+                if int(stat.rsplit(")", 1)[1].split()[1]) == self.proc.pid:
+                    found.append(int(entry))
+        return found
+
+    def pool_pids(self) -> list[int]:
+        stats = self.app.control.inspect([self.nodename], timeout=2).stats() or {}
+        return list(stats.get(self.nodename, {}).get("pool", {}).get("processes", []))
+
+    def kill_pool_process(self) -> int:
+        pids = self.pool_pids()
+        if not pids:
+            raise AssertionError(f"Worker {self.name} reported no pool process to kill.")
+        pid = random.choice(pids)
+        os.kill(pid, signal.SIGKILL)
+        return pid
+
+    def crash(self) -> int:
+        """SIGKILL the main process alone; then, as a supervisor would, its orphans."""
+        orphans = self.children()
+        os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+        time.sleep(0.5)
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        return len(orphans)
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> None:
+        super().stop(sig, timeout)
+        try:  # pool processes orphaned by a crash of the main process
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, AttributeError):
+            pass
+
+
+@contextmanager
+def publishing_to(broker_url: str, queue: str):
+    """Send this process's step messages (dispatch, signals) to the pools under test.
+
+    The test process's own Celery app talks to the session's broker; the runs under test
+    must reach the pools on another broker, so their messages go through a second app.
+    """
+    app = broker_app("chaos-client", broker_url)
+
+    def send(messages: list[publish.Message]) -> None:
+        for message in messages:
+            options = {"queue": queue, "retry": False}
+            if message.countdown:
+                options["countdown"] = message.countdown
+            try:
+                app.send_task("queuety.execute_step", (message.step_run_id,), **options)
+            except Exception:  # noqa: BLE001 - as in queuety.publish: the sweeper re-sends
+                pass
+
+    previous, publish._override = publish._override, send
+    try:
+        yield app
+    finally:
+        publish._override = previous
+        app.close()
+
+
+def pg_outage(seconds: float) -> int:
+    """Make PostgreSQL vanish for the workers, as a restart does, for ``seconds``.
+
+    Every other session of the test database is terminated (what a restart does to clients)
+    and new ones are refused until the window ends. A real restart of a private server would
+    also need the session's test database to live there; the machine's shared server must
+    not be restarted (others' tests run on it). This process keeps its own session to observe.
+    Returns the number of sessions terminated.
+    """
+    import psycopg
+    from psycopg import sql
+
+    name = connection.settings_dict["NAME"]
+    # A database cannot refuse connections to itself from inside: act from the server's
+    # maintenance database.
+    with psycopg.connect(os.environ["DATABASE_URL"], dbname="postgres",
+                         autocommit=True) as admin:
+        admin.execute(sql.SQL("ALTER DATABASE {} ALLOW_CONNECTIONS false")
+                      .format(sql.Identifier(name)))
+        try:
+            terminated = admin.execute(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                "WHERE datname = %s AND pid <> %s",
+                [name, connection.connection.info.backend_pid]).fetchone()[0]
+            time.sleep(seconds)
+        finally:
+            admin.execute(sql.SQL("ALTER DATABASE {} ALLOW_CONNECTIONS true")
+                          .format(sql.Identifier(name)))
+    return terminated
