@@ -1669,9 +1669,10 @@ def recover_attempt(step_run_id: int, claimed_by: str, *, hard_timeout: bool) ->
         .select_related("run").order_by("pk"))
     recorded = False
     for row in rows:
-        # Only the message's own step can have hit the hard limit: inline steps are untimed.
+        # The row still processing is the step that was running when the process was killed
+        # (the message's own, or an inline one under a site-wide time limit): the limit hit it.
         record_failure(_claim_of(row), load_spec(row.run.definition_id),
-                       _interruption(row, hard_timeout and row.pk == step_run_id), None)
+                       _interruption(row, hard_timeout), None)
         recorded = True
     return recorded
 

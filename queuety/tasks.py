@@ -61,11 +61,14 @@ def execute_step(self, step_run_id: int) -> None:
 
 
 def _time_limited(task) -> bool:
-    # Celery's time limits cover the whole task: a timed step's hard limit would also cut
-    # short the untimed steps run inline after it, so such a task runs its own step only.
-    limits = (*(task.request.timelimit or ()), task.time_limit, task.soft_time_limit,
-              task.app.conf.task_time_limit, task.app.conf.task_soft_time_limit)
-    return any(limit for limit in limits)
+    # Celery's time limits cover the whole task: the tight limit a timed step's message
+    # carries would also cut short the untimed steps run inline after it, so such a task runs
+    # its own step only, as does one under a soft limit (it would interrupt whichever step
+    # runs). The site-wide hard limit (CELERY_TASK_TIME_LIMIT, which Celery copies into every
+    # message) is a safety net for untimed steps: inline steps start within INLINE_SECONDS of
+    # the task, so each still gets that limit less at most INLINE_SECONDS.
+    hard, soft = task.request.timelimit or (None, None)
+    return bool(soft) or bool(hard and hard != task.app.conf.task_time_limit)
 
 
 @shared_task(name="queuety.sweep", ignore_result=True)
