@@ -25,6 +25,9 @@ class ChargeCard(queuety.Step):
     """Charge the customer; network errors are retried with a short, bounded back-off."""
 
     retry = queuety.RetryPolicy(max_attempts=4, initial_delay=0.5, retry_on=[ConnectionError])
+    # A payment provider that stops answering must not hold a worker: interrupted after 30 s
+    # (StepTimeout), and its process killed if it does not stop (the message's hard limit).
+    timeout = 30
 
     def handle(self, state):
         return {"charge_id": f"ch_{state['order_id']}_{state['total_cents']}"}
