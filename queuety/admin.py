@@ -732,7 +732,12 @@ class WorkflowRunAdmin(admin.ModelAdmin):
             status = services.workflow_status(run.pk)
         except exceptions.RunNotFound:  # purged between the two reads
             return HttpResponseRedirect(self._url("changelist"))
-        spec = services.load_spec(run.definition_id)
+        try:
+            spec = services.load_spec(run.definition_id)
+        except exceptions.WorkflowDefinitionError as error:  # e.g. a deploy removed a class
+            self.message_user(request, f"Workflow run {run.pk} ({status.status}) cannot be "
+                                       f"shown: {error}", messages.ERROR)
+            return HttpResponseRedirect(self._url("changelist"))
         step = spec.steps[run.current_step] if run.current_step < len(spec.steps) else None
         wait = step.wait if step is not None and status.wait_type else None
 

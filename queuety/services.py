@@ -2067,7 +2067,10 @@ def wait_info(run: WorkflowRun, spec: WorkflowSpec) -> dict[str, Any]:
 # -- queries ----------------------------------------------------------------------------------
 
 def _status_of(run: WorkflowRun) -> WorkflowStatus:
-    spec = load_spec(run.definition_id)
+    try:
+        spec = load_spec(run.definition_id)
+    except exceptions.WorkflowDefinitionError:
+        return _status_unloadable(run)
     finished = run.current_step >= len(spec.steps)
     return WorkflowStatus(
         id=run.pk, name=run.name, status=run.status, current_step=run.current_step,
@@ -2083,6 +2086,24 @@ def _status_of(run: WorkflowRun) -> WorkflowStatus:
         **wait_info(run, spec),
         created_at=run.created_at, updated_at=run.updated_at, finished_at=run.finished_at,
     )
+
+
+def _status_unloadable(run: WorkflowRun) -> WorkflowStatus:
+    """The status of a run whose definition this process cannot load (a deploy removed a
+    class its retry policies name, say): what the rows say, without step details."""
+    stored = WorkflowDefinition.objects.values("definition", "definition_hash").get(
+        pk=run.definition_id)
+    steps = stored["definition"].get("steps") or []
+    return WorkflowStatus(
+        id=run.pk, name=run.name, status=run.status, current_step=run.current_step,
+        total_steps=run.total_steps,
+        current_step_name=steps[run.current_step].get("name")
+        if run.current_step < len(steps) else None,
+        state=run.state, error=run.error, definition_hash=stored["definition_hash"],
+        definition_version=stored["definition"].get("version"),
+        idempotency_key=run.idempotency_key, budget=None, retry_policy=None,
+        wait_type=None, waiting_for=None, wait_mode=None, wait_details=None,
+        created_at=run.created_at, updated_at=run.updated_at, finished_at=run.finished_at)
 
 
 def workflow_status(run_id: int) -> WorkflowStatus:

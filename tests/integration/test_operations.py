@@ -298,6 +298,10 @@ def test_sweeper__a_step_whose_definition_cannot_load_fails_alone(worker, token)
     assert WorkflowRun.objects.get(pk=run.pk).status == "failed"
     assert "gone.Module" in WorkflowRun.objects.get(pk=run.pk).error["message"]
     assert wait_for(healthy, worker=worker).status == "completed"
+    # Its status still reads (the admin, the API and the CLI show it), from the rows alone.
+    status = queuety.workflow_status(run.pk)
+    assert (status.status, status.current_step_name, status.definition_hash) == \
+        ("failed", "slow", "0" * 64)
 
 
 def test_deadline__a_zero_duration_is_refused():
