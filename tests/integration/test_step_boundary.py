@@ -115,15 +115,21 @@ def test_duplicate_messages__run_the_handler_once(worker, token):
     assert kinds(run_id).count("step_completed") == 2
 
 
-def test_sigkill_mid_step__sweeper_recovers_and_each_output_merges_once(worker, token):
-    run_id = (queuety.workflow("crashing")
+def start_hanging_run(name: str, token: str) -> tuple[int, int]:
+    """Dispatch step_a -> hang_first_time -> step_c; return the run and the pid of the pool
+    process once it is inside the hanging step."""
+    run_id = (queuety.workflow(name)
               .then(workflows.step_a).then(workflows.hang_first_time).then(workflows.step_c)
               .dispatch({"token": token}))
     deadline = time.monotonic() + 30
     while not workflows.marks(f"{token}-hang"):
         assert time.monotonic() < deadline, "the hanging step never started"
         time.sleep(0.05)
-    pool_pid = int(workflows.marks(f"{token}-hang")[0].split()[0])
+    return run_id, int(workflows.marks(f"{token}-hang")[0].split()[0])
+
+
+def test_sigkill_mid_step__sweeper_recovers_and_each_output_merges_once(worker, token):
+    run_id, pool_pid = start_hanging_run("crashing", token)
 
     os.kill(pool_pid, signal.SIGKILL)
     status = wait_for(run_id, timeout=60, worker=worker)
@@ -243,14 +249,7 @@ def test_inline__bounded_by_steps_and_time(token, settings, limits, published):
 
 
 def test_inline__sigkill_of_the_pool_process_mid_inline_step_recovers_it_once(worker, token):
-    run_id = (queuety.workflow("crashing_inline")
-              .then(workflows.step_a).then(workflows.hang_first_time).then(workflows.step_c)
-              .dispatch({"token": token}))
-    deadline = time.monotonic() + 30
-    while not workflows.marks(f"{token}-hang"):
-        assert time.monotonic() < deadline, "the hanging step never started"
-        time.sleep(0.05)
-    pool_pid = int(workflows.marks(f"{token}-hang")[0].split()[0])
+    run_id, pool_pid = start_hanging_run("crashing_inline", token)
     first, hang = StepRun.objects.filter(run_id=run_id).order_by("seq")
     # The hanging step is running inline: claimed by the transition, never published.
     assert (hang.status, hang.published_at, hang.claimed_by) == (
@@ -273,13 +272,7 @@ def test_inline__sigkill_of_the_pool_process_mid_inline_step_recovers_it_once(wo
 
 def test_inline__sigkill_of_the_whole_worker_leaves_the_inline_step_to_the_sweeper(
         worker, token):
-    run_id = (queuety.workflow("worker_killed_inline")
-              .then(workflows.step_a).then(workflows.hang_first_time).then(workflows.step_c)
-              .dispatch({"token": token}))
-    deadline = time.monotonic() + 30
-    while not workflows.marks(f"{token}-hang"):
-        assert time.monotonic() < deadline, "the hanging step never started"
-        time.sleep(0.05)
+    run_id, _ = start_hanging_run("worker_killed_inline", token)
     hang = StepRun.objects.get(run_id=run_id, step_name="hang_first_time")
     assert hang.status == "processing" and hang.published_at is None
 
