@@ -34,4 +34,8 @@ def translate(error: Exception) -> QueuetyAPIError:
                                    status.HTTP_413_REQUEST_ENTITY_TOO_LARGE)
         return QueuetyAPIError(str(error), "invalid_payload", status.HTTP_400_BAD_REQUEST,
                                errors=error.errors)
+    if isinstance(error, exceptions.WorkflowDefinitionError):
+        # The run's stored definition no longer loads (a deploy removed code it names):
+        # nothing can move it until that is fixed, and nothing was written.
+        return QueuetyAPIError(str(error), "definition_unloadable", status.HTTP_409_CONFLICT)
     raise error

@@ -302,6 +302,16 @@ def test_sweeper__a_step_whose_definition_cannot_load_fails_alone(worker, token)
     status = queuety.workflow_status(run.pk)
     assert (status.status, status.current_step_name, status.definition_hash) == \
         ("failed", "slow", "0" * 64)
+    # The API answers for it too: its status, and a clear 409 for a reply (nothing written).
+    from django.contrib.auth.models import User
+    from django.test import Client
+
+    client = Client()
+    client.force_login(User.objects.create_superuser(f"ops-{token}", f"{token}@x.test", "pw"))
+    assert client.get(f"/queuety/api/runs/{run.pk}/").status_code == 200
+    answer = client.post(f"/queuety/api/runs/{run.pk}/approve/", {},
+                         content_type="application/json")
+    assert answer.status_code == 409 and answer.json()["code"] == "definition_unloadable"
 
 
 def test_deadline__a_zero_duration_is_refused():
