@@ -47,8 +47,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.utils.translation import ngettext
 
-from queuety import exceptions, history, operations, services
-from queuety.api.views import _form_fields, _form_reply
+from queuety import exceptions, history, operations, replyforms, services
 from queuety.core import budget as budgets
 from queuety.core.definition import WorkflowSpec
 from queuety.management.commands.queuety import format_status
@@ -448,7 +447,7 @@ def _input(request, run: LockedRun) -> str:
     step = spec.steps[run.current_step] if run.current_step < len(spec.steps) else None
     schema = step.wait.schema if step is not None and step.wait is not None else None
     try:
-        data = _form_reply(schema, request.POST)
+        data = replyforms.form_reply(schema, request.POST)
     except ValueError as error:
         raise exceptions.InvalidSignalData(
             f"The input for run {run.pk} was not sent: {error}") from None
@@ -766,8 +765,8 @@ class WorkflowRunAdmin(admin.ModelAdmin):
             wait_details=pretty_json(status.wait_details)[0] if status.wait_details else None,
             schema=pretty_json(wait.schema, masked=False)[0]
             if wait is not None and wait.schema else None,
-            input_fields=_form_fields(wait.schema) if wait is not None and wait.human ==
-            "input" else None,
+            input_fields=replyforms.form_fields(wait.schema)
+            if wait is not None and wait.human == "input" else None,
             actions=actions, action_urls={a.name: self._url("act", run.pk, a.name)
                                           for a in actions},
             can_operate=allowed["operate"], can_signal=allowed["signal"],

@@ -16,7 +16,7 @@ from rest_framework.exceptions import ParseError
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from queuety import approvals, exceptions, services
+from queuety import approvals, exceptions, replyforms, services
 from queuety.api import exceptions as api_errors
 from queuety.api import serializers
 from queuety.conf import settings
@@ -87,7 +87,7 @@ class PostReplyView(RunAPIView):
         if not request.body.strip():
             return None
         try:
-            return json.loads(request.body, parse_constant=_refuse_constant)
+            return json.loads(request.body, parse_constant=replyforms.refuse_constant)
         except ValueError as error:
             raise ParseError(f"The request body is not valid JSON: {error}.") from None
         except RecursionError:
@@ -140,10 +140,6 @@ class PostReplyView(RunAPIView):
 
 class _Replay(Exception):
     """Internal: this Idempotency-Key already has an answer."""
-
-
-def _refuse_constant(name: str):
-    raise ValueError(f"{name} is not JSON")
 
 
 def _sender(request) -> str:
@@ -255,7 +251,7 @@ class ApprovalPageView(View):
         try:
             ticket = approvals.read_token(token)
             wait = self._wait(ticket.run_id)
-            data = _form_reply(wait.schema if wait else None, request.POST) \
+            data = replyforms.form_reply(wait.schema if wait else None, request.POST) \
                 if kind == "input" else {"note": request.POST.get("note", "")}
             receipt = approvals.redeem(token, kind, data)
         except (approvals.InvalidLink, approvals.ExpiredLink, exceptions.QueuetyError,
@@ -293,7 +289,8 @@ class ApprovalPageView(View):
                               status=status)
             return render(request, self.template_name, {
                 "error": "This request was already answered.", "dead": True}, status=410)
-        context.update(run=run, step=step, wait=step.wait, fields=_form_fields(step.wait.schema),
+        context.update(run=run, step=step, wait=step.wait,
+                       fields=replyforms.form_fields(step.wait.schema),
                        state=json.dumps(mask(run.state), indent=2, ensure_ascii=False)[:4000])
         return render(request, self.template_name, context, status=status)
 
@@ -306,45 +303,3 @@ def _page_status(error: Exception) -> int:
     return 400
 
 
-def _form_fields(schema: dict | None) -> list[dict[str, Any]] | None:
-    """Form fields for a flat object schema; None means 'one JSON text area'."""
-    if not schema or schema.get("type", "object") != "object" or "properties" not in schema:
-        return None
-    fields = []
-    required = set(schema.get("required", []))
-    for name, prop in schema["properties"].items():
-        kind = "select" if "enum" in prop else prop.get("type", "string")
-        if kind not in ("string", "integer", "number", "boolean", "select"):
-            return None
-        fields.append({"name": name, "kind": kind, "required": name in required,
-                       "choices": prop.get("enum", []), "title": prop.get("title", name)})
-    return fields
-
-
-def _form_reply(schema: dict | None, post) -> Any:
-    """Read a reply from the form: typed by each field's declared type, then the schema
-    validates it exactly (a number field holding 'abc' stays 'abc' and is refused)."""
-    fields = _form_fields(schema)
-    if fields is None:
-        text = post.get("reply", "")
-        try:
-            return json.loads(text, parse_constant=_refuse_constant)
-        except ValueError as error:
-            raise ValueError(f"The reply is not valid JSON: {error}.") from None
-    reply: dict[str, Any] = {}
-    for field in fields:
-        raw = post.get(field["name"])
-        if field["kind"] == "boolean":
-            reply[field["name"]] = raw == "on"
-        elif raw in (None, ""):
-            continue
-        elif field["kind"] == "integer" and raw.lstrip("-").isdigit():
-            reply[field["name"]] = int(raw)
-        elif field["kind"] == "number":
-            try:
-                reply[field["name"]] = float(raw) if "." in raw else int(raw)
-            except ValueError:
-                reply[field["name"]] = raw
-        else:
-            reply[field["name"]] = raw
-    return reply
