@@ -155,6 +155,14 @@ class PoolWorker(Worker):
                     found.append(int(entry))
         return found
 
+    def exit_reason(self) -> str | None:
+        """Why the main process ended on its own (its last CRITICAL line), or None if alive."""
+        if self.proc is None or self.proc.poll() is None:
+            return None
+        critical = [line for line in self.log().splitlines() if "CRITICAL/" in line]
+        last = critical[-1].split("] ", 1)[-1] if critical else "no CRITICAL line logged"
+        return f"exit code {self.proc.returncode}: {last}"
+
     def pool_pids(self) -> list[int]:
         stats = self.app.control.inspect([self.nodename], timeout=2).stats() or {}
         return list(stats.get(self.nodename, {}).get("pool", {}).get("processes", []))
