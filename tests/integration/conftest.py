@@ -52,35 +52,51 @@ class Worker:
             "PYTHONPATH": str(ROOT),
         }
 
+    #: Prefix of the node name, and extra ``celery worker`` options (subclasses change them).
+    node_prefix = "test"
+    options: tuple[str, ...] = ()
+
     @property
     def log_path(self) -> Path:
         return self.log_dir / f"worker-{self.starts}.log"
 
+    @property
+    def schedule_path(self) -> Path:
+        return self.log_dir / "celerybeat-schedule"
+
+    def control_app(self):
+        """The Celery app this test process pings and inspects the worker through."""
+        from project.celery import app
+
+        return app
+
     def start(self) -> None:
         self.starts += 1
-        self.nodename = f"test-{uuid.uuid4().hex[:8]}@localhost"
+        self.nodename = f"{self.node_prefix}-{uuid.uuid4().hex[:8]}@localhost"
         command = [
             self.python, "-m", "celery", "-A", "project", "worker",
             "--pool", self.pool, "--concurrency", str(self.concurrency), "--loglevel", "INFO",
             "-Q", self.queue, "-n", self.nodename, "--without-gossip", "--without-mingle",
+            *self.options,
         ]
         if self.beat:
-            command += ["-B", "--schedule", str(self.log_dir / "celerybeat-schedule")]
+            command += ["-B", "--schedule", str(self.schedule_path)]
         with open(self.log_path, "w") as log:
             self.proc = subprocess.Popen(command, cwd=ROOT, env=self.env, stdout=log,
                                          stderr=subprocess.STDOUT, start_new_session=True)
         self._wait_ready()
 
     def _wait_ready(self, timeout: float = 60) -> None:
-        from project.celery import app
-
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"The Celery worker exited with {self.proc.returncode}:\n"
                                    + self.log_path.read_text()[-4000:])
-            if app.control.ping(destination=[self.nodename], timeout=0.5):
-                return
+            try:
+                if self.control_app().control.ping(destination=[self.nodename], timeout=0.5):
+                    return
+            except Exception:  # noqa: BLE001 - the broker may be coming back
+                time.sleep(0.2)
         raise RuntimeError("The Celery worker did not answer a ping within "
                            f"{timeout}s:\n" + self.log_path.read_text()[-4000:])
 
@@ -103,9 +119,7 @@ class Worker:
         return self.log_path.read_text()
 
     def pool_pids(self) -> list[int]:
-        from project.celery import app
-
-        stats = app.control.inspect([self.nodename], timeout=2).stats() or {}
+        stats = self.control_app().control.inspect([self.nodename], timeout=2).stats() or {}
         return list(stats.get(self.nodename, {}).get("pool", {}).get("processes", []))
 
 

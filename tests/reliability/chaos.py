@@ -14,7 +14,6 @@ import signal
 import socket
 import subprocess
 import time
-import uuid
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -23,7 +22,7 @@ from django.db import connection
 from kombu import Connection
 
 from queuety import publish
-from tests.integration.conftest import ROOT, Worker
+from tests.integration.conftest import Worker
 
 
 def free_port() -> int:
@@ -99,6 +98,8 @@ def broker_app(name: str, broker_url: str) -> Celery:
 class PoolWorker(Worker):
     """A ``Worker`` on a broker of its own choosing, pinged through that broker."""
 
+    node_prefix = "rel"
+
     def __init__(self, log_dir: Path, broker_url: str, queue: str, *, beat: bool,
                  concurrency: int = 2, name: str = "w", options: tuple[str, ...] = ()) -> None:
         super().__init__(log_dir, queue=queue, beat=beat, concurrency=concurrency)
@@ -113,34 +114,12 @@ class PoolWorker(Worker):
     def log_path(self) -> Path:
         return self.log_dir / f"worker-{self.name}-{self.starts}.log"
 
-    def start(self) -> None:
-        self.starts += 1
-        self.nodename = f"rel-{self.name}-{uuid.uuid4().hex[:8]}@localhost"
-        command = [
-            self.python, "-m", "celery", "-A", "project", "worker", "--pool", self.pool,
-            "--concurrency", str(self.concurrency), "--loglevel", "INFO", "-Q", self.queue,
-            "-n", self.nodename, "--without-gossip", "--without-mingle", *self.options,
-        ]
-        if self.beat:
-            command += ["-B", "--schedule", str(self.log_dir / f"beat-{self.name}")]
-        with open(self.log_path, "w") as log:
-            self.proc = subprocess.Popen(command, cwd=ROOT, env=self.env, stdout=log,
-                                         stderr=subprocess.STDOUT, start_new_session=True)
-        self._wait_ready()
+    @property
+    def schedule_path(self) -> Path:
+        return self.log_dir / f"beat-{self.name}"
 
-    def _wait_ready(self, timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"Worker {self.name} exited with {self.proc.returncode}:\n"
-                                   + self.log_path.read_text()[-4000:])
-            try:
-                if self.app.control.ping(destination=[self.nodename], timeout=0.5):
-                    return
-            except Exception:  # noqa: BLE001 - the broker may be coming back
-                time.sleep(0.2)
-        raise RuntimeError(f"Worker {self.name} did not answer a ping within {timeout}s:\n"
-                           + self.log_path.read_text()[-4000:])
+    def control_app(self) -> Celery:
+        return self.app
 
     def children(self) -> list[int]:
         """Pids of the main process's children (pool processes, and beat with ``-B``)."""
@@ -162,10 +141,6 @@ class PoolWorker(Worker):
         critical = [line for line in self.log().splitlines() if "CRITICAL/" in line]
         last = critical[-1].split("] ", 1)[-1] if critical else "no CRITICAL line logged"
         return f"exit code {self.proc.returncode}: {last}"
-
-    def pool_pids(self) -> list[int]:
-        stats = self.app.control.inspect([self.nodename], timeout=2).stats() or {}
-        return list(stats.get(self.nodename, {}).get("pool", {}).get("processes", []))
 
     def kill_pool_process(self) -> int:
         pids = self.pool_pids()
