@@ -28,12 +28,12 @@ import signal
 import socket
 import threading
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import InterfaceError, OperationalError, connection, transaction
 from django.db.backends.utils import CursorDebugWrapper
 from django.db.models import Count, F, Q
 from django.utils import timezone
@@ -766,8 +766,8 @@ def _execute_task_step(held: Claim, spec: WorkflowSpec, *, inline_until: float |
             try:
                 claim_next = (inline_until is not None and step.timeout is None
                               and time.monotonic() < inline_until)
-                following = _record_success(held, spec, outcome, _ms_since(started),
-                                            claim_next=claim_next)
+                following = _record_success_retrying(held, spec, outcome, _ms_since(started),
+                                                     claim_next=claim_next)
             except (exceptions.BudgetExceeded, exceptions.WorkflowDefinitionError) as error:
                 # Found while landing on the next step (the run had moved on, or a for_each's
                 # items are not a list or too many): this step's outcome cannot stand.
@@ -874,9 +874,68 @@ def _requeue_if_early(step_run_id: int) -> None:
                  else Message(step_run_id, wait, None, spec.queue)])
 
 
+#: Pauses before trying a transition again after a transient database error (7.3 s in all,
+#: well inside STALE_AFTER's default of 60 s). The handler's output is in hand; running the
+#: handler again (an LLM call, a payment) would cost far more than waiting.
+TRANSITION_RETRY_DELAYS = (0.05, 0.25, 1.0, 2.0, 4.0)
+
+
+def _transient(error: BaseException) -> bool:
+    """A database error after which the same transition may well succeed: a serialization
+    failure, a deadlock, or a lost or refused connection (no SQLSTATE, classes 08 and 57P)."""
+    if not isinstance(error, (OperationalError, InterfaceError)):
+        return False
+    sqlstate = getattr(error.__cause__, "sqlstate", None)
+    return sqlstate is None or sqlstate in ("40001", "40P01") or sqlstate.startswith(
+        ("08", "57P"))
+
+
+def _record_success_retrying(held: Claim, spec: WorkflowSpec, outcome: engine.Advance,
+                             duration_ms: float, *, claim_next: bool) -> Claim | None:
+    """``_record_success``, tried again in place when the database refuses it for a transient
+    reason, so a deadlock or a dropped connection does not cost a second run of the handler.
+
+    Every try is the same compare-and-set: nothing is applied twice, and if the sweeper took
+    the attempt for lost meanwhile, the try writes nothing and the outcome is discarded. Past
+    the last pause the error propagates and the step is recovered as before (after
+    ``STALE_AFTER``, by running it again).
+    """
+    for tries, pause in enumerate((*TRANSITION_RETRY_DELAYS, None)):
+        try:
+            return _record_success(held, spec, outcome, duration_ms, claim_next=claim_next,
+                                   retried=tries > 0)
+        except (OperationalError, InterfaceError) as error:
+            if pause is None or not _transient(error) or connection.in_atomic_block:
+                raise
+            sqlstate = getattr(error.__cause__, "sqlstate", None)
+            logger.warning("The transition of step run id=%s (run id=%s, attempt %s) failed "
+                           "with a transient database error (%s, SQLSTATE %s); trying it again "
+                           "in %.2f s.", held.step_run_id, held.run_id, held.attempt,
+                           type(error.__cause__ or error).__name__, sqlstate, pause)
+            if sqlstate not in ("40001", "40P01"):
+                # The connection is gone: the next query must open a new one (Django forgets
+                # the old one even when closing it complains).
+                with suppress(Exception):
+                    connection.close()
+            time.sleep(pause)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _applied_by(held: Claim) -> bool:
+    """Whether this very attempt already completed its step row: a try whose commit reached
+    the server although its answer was lost with the connection."""
+    return StepRun.objects.filter(pk=held.step_run_id, status=StepStatus.COMPLETED,
+                                  attempt=held.attempt, claimed_by=held.claimed_by).exists()
+
+
 def _record_success(held: Claim, spec: WorkflowSpec, outcome: engine.Advance,
-                    duration_ms: float, *, claim_next: bool = False) -> Claim | None:
-    """Apply a successful attempt; return the next step's claim when this process got it."""
+                    duration_ms: float, *, claim_next: bool = False,
+                    retried: bool = False) -> Claim | None:
+    """Apply a successful attempt; return the next step's claim when this process got it.
+
+    ``retried``: an earlier try failed, perhaps after its commit; finding the row completed
+    by this attempt then means the transition is already applied.
+    """
     now = timezone.now()
     step = spec.steps[held.step_index]
     completed = Event(
@@ -894,11 +953,13 @@ def _record_success(held: Claim, spec: WorkflowSpec, outcome: engine.Advance,
         if advanced:
             return following
         if not owned:
-            _discard(held, completed, "the attempt no longer owned its step row")
+            if not (retried and _applied_by(held)):
+                _discard(held, completed, "the attempt no longer owned its step row")
             return None
     with transaction.atomic():
         if not _mark_completed(held, outcome.output, now):
-            _discard(held, completed, "the attempt no longer owned its step row")
+            if not (retried and _applied_by(held)):
+                _discard(held, completed, "the attempt no longer owned its step row")
             return None
         # Decide under the run's row lock, in the transaction that holds the completed step
         # row: the run changed since the claim, the next step is a wait, or this is SQLite.

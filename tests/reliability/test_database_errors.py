@@ -1,11 +1,12 @@
 """Database errors at the step boundary: a serialization failure, a deadlock and a lost
-connection in the middle of the transition transaction.
+connection in the middle of the transition statement.
 
 A trigger on the run table raises the real PostgreSQL error (SQLSTATE 40001 or 40P01) or
 terminates its own session, inside the statement that applies the transition, a set number
-of times. The worker's transaction must roll back whole (nothing half-applied: the run, the
-step row and the timeline are as before the step), and the step must be recovered and
-completed, its output merged once.
+of times. Each failed try must roll back whole (nothing half-applied: one completion, one next
+step, the right transition count), and the worker must try the transition again in place, with
+the handler's output in hand, so the handler runs once. An error that outlasts the retries
+leaves the step recoverable: the sweeper takes it back and it runs again.
 """
 
 from __future__ import annotations
@@ -13,9 +14,10 @@ from __future__ import annotations
 import time
 
 import pytest
-from django.db import connection
+from django.db import OperationalError, connection
 
 import queuety
+from queuety import services
 from queuety.models import Event, StepRun, WorkflowRun
 from tests import workflows
 from tests.integration.conftest import wait_for
@@ -25,7 +27,8 @@ CREATE OR REPLACE FUNCTION rel_inject_fault() RETURNS trigger AS $$
 BEGIN
     IF NEW.transitions > OLD.transitions AND NEW.state ? 'fault'
        AND OLD.current_step = (NEW.state->>'fault_step')::int
-       AND nextval(format('rel_fault_%s', NEW.state->>'token')) <= 1 THEN
+       AND nextval(format('rel_fault_%s', NEW.state->>'token'))
+           <= COALESCE((NEW.state->>'fires')::int, 1) THEN
         IF NEW.state->>'fault' = 'lost' THEN
             PERFORM pg_terminate_backend(pg_backend_pid());
             PERFORM pg_sleep(5);  -- the termination arrives during the sleep
@@ -56,40 +59,105 @@ def fired(token: str) -> bool:
         return cursor.fetchone()[0]
 
 
-@pytest.mark.parametrize("fault", ["40001", "40P01", "lost"],
-                         ids=["serialization_failure", "deadlock", "lost_connection"])
-def test_error_in_the_transition__rolls_back_whole_and_the_step_is_recovered(
-        fault_trigger, worker, token, fault, figures):
+def run_with_fault(token: str, fault: str, fires: int) -> tuple[int, float]:
+    """Dispatch a three-step run whose second transition fails ``fires`` times; return the
+    run id and when the first fault fired."""
     with connection.cursor() as cursor:
         cursor.execute(f"CREATE SEQUENCE rel_fault_{token}")
     run_id = (queuety.workflow("rel_db_fault").then(workflows.step_a)
               .then(workflows.step_b).then(workflows.step_c)
-              .dispatch({"token": token, "fault": fault, "fault_step": 1}))
-
+              .dispatch({"token": token, "fault": fault, "fault_step": 1, "fires": fires}))
     deadline = time.monotonic() + 30
     while not fired(token):
         assert time.monotonic() < deadline, "the fault never fired"
-        time.sleep(0.02)
-    injected = time.monotonic()
-    # Nothing of step_b's transition is visible: same run row, no next step, no event.
+        time.sleep(0.01)
+    return run_id, time.monotonic()
+
+
+def assert_applied_once(run_id: int) -> None:
+    """One completion per step, one row per step, three transitions: no try left a half."""
     run = WorkflowRun.objects.get(pk=run_id)
-    assert (run.current_step, run.transitions, run.state["log"]) == (1, 1, ["a"])
-    assert not StepRun.objects.filter(run_id=run_id, step_index=2).exists()
-    assert not Event.objects.filter(run_id=run_id, kind="step_completed",
-                                    step_name="step_b").exists()
+    assert (run.status, run.transitions, run.state["log"]) == ("completed", 3, ["a", "b", "c"])
+    completions = list(Event.objects.filter(run_id=run_id, kind="step_completed")
+                       .values_list("step_name", flat=True).order_by("id"))
+    assert completions == ["step_a", "step_b", "step_c"]
+    assert sorted(StepRun.objects.filter(run_id=run_id).values_list("step_index", "status")) \
+        == [(0, "completed"), (1, "completed"), (2, "completed")]
+
+
+@pytest.mark.parametrize("fault", ["40001", "40P01", "lost"],
+                         ids=["serialization_failure", "deadlock", "lost_connection"])
+def test_error_in_the_transition__rolls_back_and_is_tried_again_in_place(
+        fault_trigger, worker, token, fault, figures):
+    run_id, injected = run_with_fault(token, fault, fires=1)
 
     status = wait_for(run_id, timeout=30, worker=worker)
     recovered = time.monotonic() - injected
 
     assert status.status == "completed", status.error
-    assert status.state["log"] == ["a", "b", "c"]
-    assert Event.objects.filter(run_id=run_id, kind="step_completed",
-                                step_name="step_b").count() == 1
+    assert_applied_once(run_id)
+    # Tried again in place: the handler ran once, its attempt was never taken for lost.
+    assert len(workflows.marks(f"{token}-b")) == 1
+    assert StepRun.objects.get(run_id=run_id, step_index=1).attempt == 1
+    assert not Event.objects.filter(run_id=run_id, kind="step_retried").exists()
+    assert f"The transition of step run id={StepRun.objects.get(run_id=run_id, step_index=1).pk}" \
+        f" (run id={run_id}, attempt 1) failed with a transient database error" in worker.log()
+    figures.record(f"db_error_{fault}", recovered_s=round(recovered, 2), handler_runs=1,
+                   merged=1)
+
+
+def test_error_outlasting_the_retries__the_step_is_recovered_and_runs_again(
+        fault_trigger, worker, token, figures):
+    # One more failure than the worker tries: the error propagates, the heartbeat stops, and
+    # the sweeper takes the attempt back as lost.
+    run_id, injected = run_with_fault(token, "40001",
+                                      fires=len(services.TRANSITION_RETRY_DELAYS) + 1)
+
+    status = wait_for(run_id, timeout=60, worker=worker)
+    recovered = time.monotonic() - injected
+
+    assert status.status == "completed", status.error
+    assert_applied_once(run_id)
     row = StepRun.objects.get(run_id=run_id, step_index=1)
-    assert (row.status, row.attempt) == ("completed", 2)
+    assert row.attempt == 2
     lost = Event.objects.get(run_id=run_id, kind="step_retried")
     assert lost.data["error"]["type"] == "queuety.exceptions.WorkerLost"
     # The handler ran again (at least once per attempt); its output merged once.
     assert len(workflows.marks(f"{token}-b")) == 2
-    figures.record(f"db_error_{fault}", recovered_s=round(recovered, 2),
+    figures.record("db_error_outlasting_retries", recovered_s=round(recovered, 2),
                    handler_runs=2, merged=1)
+
+
+def test_a_try_whose_commit_landed_but_whose_answer_was_lost__is_not_applied_twice(
+        db_session, token, monkeypatch):
+    """The one case a worker cannot tell from the error alone: the connection dropped after
+    the server committed the transition. The next try finds the step row completed by this
+    very attempt and stops there, recording nothing more (no discard, no second completion).
+
+    No server-side fault can commit and then lose the answer, so the step is run in this
+    process with the transition statement wrapped to do exactly that once.
+    """
+    run_id = (queuety.workflow("rel_db_ambiguous").on_queue(f"nobody-{token}")
+              .then(workflows.step_a).then(workflows.step_b).dispatch({"token": token}))
+    first = StepRun.objects.get(run_id=run_id, step_index=0)
+    real = services._complete_postgres
+    lost = []
+
+    def commit_then_lose_the_answer(*args, **kwargs):
+        result = real(*args, **kwargs)
+        if not lost:
+            lost.append(result)
+            raise OperationalError("server closed the connection unexpectedly")
+        return result
+
+    monkeypatch.setattr(services, "_complete_postgres", commit_then_lose_the_answer)
+    services.execute_step(first.pk, inline=False)
+
+    assert lost and lost[0][1], "the first try did not apply the transition"
+    run = WorkflowRun.objects.get(pk=run_id)
+    assert (run.current_step, run.transitions, run.state["log"]) == (1, 1, ["a"])
+    assert list(Event.objects.filter(run_id=run_id).exclude(kind__in=(
+        "workflow_started", "step_started")).values_list("kind", "step_name")) == [
+        ("step_completed", "step_a")]
+    assert list(StepRun.objects.filter(run_id=run_id).order_by("step_index").values_list(
+        "step_index", "status", "attempt")) == [(0, "completed", 1), (1, "pending", 0)]
