@@ -764,10 +764,12 @@ def _execute_task_step(held: Claim, spec: WorkflowSpec, *, inline_until: float |
             timed_out = isinstance(error, exceptions.StepTimeout)
         else:
             try:
-                claim_next = (inline_until is not None and step.timeout is None
-                              and time.monotonic() < inline_until)
+                # A timed step's message carries a hard limit: no try may outlive it.
+                give_up_at = None if step.timeout is None else (
+                    started + step.timeout + settings.HARD_TIMEOUT_GRACE)
                 following = _record_success_retrying(held, spec, outcome, _ms_since(started),
-                                                     claim_next=claim_next)
+                                                     inline_until=inline_until,
+                                                     give_up_at=give_up_at)
             except (exceptions.BudgetExceeded, exceptions.WorkflowDefinitionError) as error:
                 # Found while landing on the next step (the run had moved on, or a for_each's
                 # items are not a list or too many): this step's outcome cannot stand.
@@ -881,38 +883,49 @@ TRANSITION_RETRY_DELAYS = (0.05, 0.25, 1.0, 2.0, 4.0)
 
 
 def _transient(error: BaseException) -> bool:
-    """A database error after which the same transition may well succeed: a serialization
-    failure, a deadlock, or a lost or refused connection (no SQLSTATE, classes 08 and 57P)."""
+    """A database error after which the same transition may well succeed: on PostgreSQL a
+    serialization failure, a deadlock, or a lost or refused connection (no SQLSTATE, classes
+    08 and 57P); on SQLite a busy or locked database."""
     if not isinstance(error, (OperationalError, InterfaceError)):
         return False
+    if connection.vendor == "sqlite":
+        return getattr(error.__cause__, "sqlite_errorname", "").startswith(
+            ("SQLITE_BUSY", "SQLITE_LOCKED"))
     sqlstate = getattr(error.__cause__, "sqlstate", None)
     return sqlstate is None or sqlstate in ("40001", "40P01") or sqlstate.startswith(
         ("08", "57P"))
 
 
 def _record_success_retrying(held: Claim, spec: WorkflowSpec, outcome: engine.Advance,
-                             duration_ms: float, *, claim_next: bool) -> Claim | None:
+                             duration_ms: float, *, inline_until: float | None,
+                             give_up_at: float | None) -> Claim | None:
     """``_record_success``, tried again in place when the database refuses it for a transient
     reason, so a deadlock or a dropped connection does not cost a second run of the handler.
 
     Every try is the same compare-and-set: nothing is applied twice, and if the sweeper took
-    the attempt for lost meanwhile, the try writes nothing and the outcome is discarded. Past
-    the last pause the error propagates and the step is recovered as before (after
+    the attempt for lost meanwhile, the try writes nothing and the outcome is discarded. The
+    next step is taken inline only while ``inline_until`` has not passed, decided at each try.
+    Past the last pause, or when the next pause would end after ``give_up_at`` (the hard
+    limit of a timed step), the error propagates and the step is recovered as before (after
     ``STALE_AFTER``, by running it again).
     """
+    step = spec.steps[held.step_index]
     for tries, pause in enumerate((*TRANSITION_RETRY_DELAYS, None)):
+        claim_next = (inline_until is not None and step.timeout is None
+                      and time.monotonic() < inline_until)
         try:
             return _record_success(held, spec, outcome, duration_ms, claim_next=claim_next,
                                    retried=tries > 0)
         except (OperationalError, InterfaceError) as error:
-            if pause is None or not _transient(error) or connection.in_atomic_block:
+            if pause is None or not _transient(error) or connection.in_atomic_block or (
+                    give_up_at is not None and time.monotonic() + pause >= give_up_at):
                 raise
             sqlstate = getattr(error.__cause__, "sqlstate", None)
             logger.warning("The transition of step run id=%s (run id=%s, attempt %s) failed "
                            "with a transient database error (%s, SQLSTATE %s); trying it again "
                            "in %.2f s.", held.step_run_id, held.run_id, held.attempt,
                            type(error.__cause__ or error).__name__, sqlstate, pause)
-            if sqlstate not in ("40001", "40P01"):
+            if connection.vendor != "sqlite" and sqlstate not in ("40001", "40P01"):
                 # The connection is gone: the next query must open a new one (Django forgets
                 # the old one even when closing it complains).
                 with suppress(Exception):
@@ -926,6 +939,25 @@ def _applied_by(held: Claim) -> bool:
     the server although its answer was lost with the connection."""
     return StepRun.objects.filter(pk=held.step_run_id, status=StepStatus.COMPLETED,
                                   attempt=held.attempt, claimed_by=held.claimed_by).exists()
+
+
+def _after_lost_answer(held: Claim, spec: WorkflowSpec, next_index: int | None) -> None:
+    """Do what follows the commit of a transition whose answer was lost: wake the runs
+    waiting for a finished run; publish the next step's row, first handing back to the
+    broker a row that try had claimed for this process to run inline (nobody runs it now)."""
+    if next_index is None:
+        notify_finished(held.run_id)
+        return
+    now = timezone.now()
+    rows = StepRun.objects.filter(run_id=held.run_id, kind="step",
+                                  seq=held.usage.transitions + 1)
+    rows.filter(status=StepStatus.PROCESSING, attempt=1, claimed_by=held.claimed_by).update(
+        status=StepStatus.PENDING, attempt=0, claimed_by="", claimed_at=None,
+        heartbeat_at=None, published_at=now)
+    # Every due row that transition created (a fan-out creates several); a second message for
+    # a row already published is harmless, as the claim drops it. Later ones are the sweeper's.
+    publish_on_commit([_message(spec, pk, index) for pk, index in rows.filter(
+        status=StepStatus.PENDING, available_at__lte=now).values_list("pk", "step_index")])
 
 
 def _record_success(held: Claim, spec: WorkflowSpec, outcome: engine.Advance,
@@ -953,12 +985,16 @@ def _record_success(held: Claim, spec: WorkflowSpec, outcome: engine.Advance,
         if advanced:
             return following
         if not owned:
-            if not (retried and _applied_by(held)):
+            if retried and _applied_by(held):
+                _after_lost_answer(held, spec, outcome.next_index)
+            else:
                 _discard(held, completed, "the attempt no longer owned its step row")
             return None
     with transaction.atomic():
         if not _mark_completed(held, outcome.output, now):
-            if not (retried and _applied_by(held)):
+            if retried and _applied_by(held):
+                _after_lost_answer(held, spec, outcome.next_index)
+            else:
                 _discard(held, completed, "the attempt no longer owned its step row")
             return None
         # Decide under the run's row lock, in the transaction that holds the completed step

@@ -12,12 +12,13 @@ leaves the step recoverable: the sweeper takes it back and it runs again.
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 
 import pytest
 from django.db import OperationalError, connection
 
 import queuety
-from queuety import services
+from queuety import publish, services
 from queuety.models import Event, StepRun, WorkflowRun
 from tests import workflows
 from tests.integration.conftest import wait_for
@@ -108,8 +109,8 @@ def test_error_in_the_transition__rolls_back_and_is_tried_again_in_place(
 
 def test_error_outlasting_the_retries__the_step_is_recovered_and_runs_again(
         fault_trigger, worker, token, figures):
-    # One more failure than the worker tries: the error propagates, the heartbeat stops, and
-    # the sweeper takes the attempt back as lost.
+    # As many failures as the worker makes tries (the first and one per pause): the error
+    # propagates, the heartbeat stops, and the sweeper takes the attempt back as lost.
     run_id, injected = run_with_fault(token, "40001",
                                       fires=len(services.TRANSITION_RETRY_DELAYS) + 1)
 
@@ -128,11 +129,15 @@ def test_error_outlasting_the_retries__the_step_is_recovered_and_runs_again(
                    handler_runs=2, merged=1)
 
 
+@pytest.mark.parametrize("inline", [False, True], ids=["next_step_published",
+                                                   "next_step_claimed_inline"])
 def test_a_try_whose_commit_landed_but_whose_answer_was_lost__is_not_applied_twice(
-        db_session, token, monkeypatch):
+        db_session, token, monkeypatch, inline):
     """The one case a worker cannot tell from the error alone: the connection dropped after
     the server committed the transition. The next try finds the step row completed by this
-    very attempt and stops there, recording nothing more (no discard, no second completion).
+    very attempt and records nothing more (no discard, no second completion); it does what
+    should have followed the commit: the next step is published, and a next step that try had
+    claimed for this process to run inline is handed back to the broker first.
 
     No server-side fault can commit and then lose the answer, so the step is run in this
     process with the transition statement wrapped to do exactly that once.
@@ -140,24 +145,81 @@ def test_a_try_whose_commit_landed_but_whose_answer_was_lost__is_not_applied_twi
     run_id = (queuety.workflow("rel_db_ambiguous").on_queue(f"nobody-{token}")
               .then(workflows.step_a).then(workflows.step_b).dispatch({"token": token}))
     first = StepRun.objects.get(run_id=run_id, step_index=0)
-    real = services._complete_postgres
+    real_cursor = services._hot_cursor
     lost = []
 
-    def commit_then_lose_the_answer(*args, **kwargs):
-        result = real(*args, **kwargs)
-        if not lost:
-            lost.append(result)
-            raise OperationalError("server closed the connection unexpectedly")
-        return result
+    class AnswerLosingCursor:
+        """Runs the transition statement (it commits by itself), then fails as a dropped
+        connection would before the answer arrives, once."""
 
-    monkeypatch.setattr(services, "_complete_postgres", commit_then_lose_the_answer)
-    services.execute_step(first.pk, inline=False)
+        def __init__(self, cursor) -> None:
+            self.cursor = cursor
 
-    assert lost and lost[0][1], "the first try did not apply the transition"
+        def execute(self, sql, params=None):
+            result = self.cursor.execute(sql, params)
+            if sql is services._COMPLETE_POSTGRES and not lost:
+                owned, advanced, next_id = self.cursor.fetchone()
+                lost.append((owned, advanced, StepRun.objects.values_list(
+                    "status", "claimed_by").get(pk=next_id)))
+                raise OperationalError("server closed the connection unexpectedly")
+            return result
+
+        def __getattr__(self, name):
+            return getattr(self.cursor, name)
+
+    @contextmanager
+    def losing_cursor():
+        with real_cursor() as cursor:
+            yield AnswerLosingCursor(cursor)
+
+    monkeypatch.setattr(services, "_hot_cursor", losing_cursor)
+    with publish.captured() as sent:
+        services.execute_step(first.pk, inline=inline)
+
+    owned, advanced, (next_status, next_claimer) = lost[0]
+    assert owned and advanced, "the first try did not apply the transition"
+    # The lost try had created the next row pending, or already claimed for this process.
+    assert (next_status, next_claimer == first_claimer(run_id)) == (
+        ("processing", True) if inline else ("pending", False))
     run = WorkflowRun.objects.get(pk=run_id)
     assert (run.current_step, run.transitions, run.state["log"]) == (1, 1, ["a"])
     assert list(Event.objects.filter(run_id=run_id).exclude(kind__in=(
         "workflow_started", "step_started")).values_list("kind", "step_name")) == [
         ("step_completed", "step_a")]
+    second = StepRun.objects.get(run_id=run_id, step_index=1)
     assert list(StepRun.objects.filter(run_id=run_id).order_by("step_index").values_list(
         "step_index", "status", "attempt")) == [(0, "completed", 1), (1, "pending", 0)]
+    assert (second.claimed_by, second.claimed_at) == ("", None)
+    assert [message.step_run_id for message in sent] == [second.pk]
+    assert workflows.marks(f"{token}-b") == []
+
+
+def first_claimer(run_id: int) -> str:
+    """``host:pid`` of the process that ran the first step (this one)."""
+    return StepRun.objects.get(run_id=run_id, step_index=0).claimed_by
+
+
+def test_which_database_errors_the_transition_tries_again():
+    import psycopg
+    from psycopg import errors
+
+    def wrapped(cause: Exception) -> OperationalError:
+        error = OperationalError(str(cause))
+        error.__cause__ = cause
+        return error
+
+    tried_again = {name: services._transient(wrapped(cause)) for name, cause in {
+        "serialization failure": errors.SerializationFailure(),
+        "deadlock": errors.DeadlockDetected(),
+        "session terminated": errors.AdminShutdown(),
+        "server starting up": errors.CannotConnectNow(),
+        "connection dropped": psycopg.OperationalError("server closed the connection"),
+        "statement timeout": errors.QueryCanceled(),
+        "lock timeout": errors.LockNotAvailable(),
+        "disk full": errors.DiskFull(),
+    }.items()}
+    assert tried_again == {
+        "serialization failure": True, "deadlock": True, "session terminated": True,
+        "server starting up": True, "connection dropped": True,
+        "statement timeout": False, "lock timeout": False, "disk full": False}
+    assert not services._transient(ValueError("not a database error"))
