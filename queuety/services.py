@@ -985,17 +985,11 @@ def _record_success(held: Claim, spec: WorkflowSpec, outcome: engine.Advance,
         if advanced:
             return following
         if not owned:
-            if retried and _applied_by(held):
-                _after_lost_answer(held, spec, outcome.next_index)
-            else:
-                _discard(held, completed, "the attempt no longer owned its step row")
+            _not_owned(held, spec, outcome, completed, retried)
             return None
     with transaction.atomic():
         if not _mark_completed(held, outcome.output, now):
-            if retried and _applied_by(held):
-                _after_lost_answer(held, spec, outcome.next_index)
-            else:
-                _discard(held, completed, "the attempt no longer owned its step row")
+            _not_owned(held, spec, outcome, completed, retried)
             return None
         # Decide under the run's row lock, in the transaction that holds the completed step
         # row: the run changed since the claim, the next step is a wait, or this is SQLite.
@@ -1004,6 +998,16 @@ def _record_success(held: Claim, spec: WorkflowSpec, outcome: engine.Advance,
             completed.data["reason"] = "the run was no longer running this step"
             completed.save()
     return None
+
+
+def _not_owned(held: Claim, spec: WorkflowSpec, outcome: engine.Advance, completed: Event,
+               retried: bool) -> None:
+    """The step row is no longer this attempt's to complete: because an earlier try of this
+    transition committed (its answer lost), or because the row was taken back."""
+    if retried and _applied_by(held):
+        _after_lost_answer(held, spec, outcome.next_index)
+    else:
+        _discard(held, completed, "the attempt no longer owned its step row")
 
 
 def _discard(held: Claim, completed: Event, reason: str) -> None:
