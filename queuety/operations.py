@@ -74,7 +74,7 @@ def _retry_deadlocks(operation):
             try:
                 return operation(*args, **kwargs)
             except OperationalError as error:
-                deadlock = getattr(error.__cause__, "sqlstate", None) == "40P01"
+                deadlock = services.sqlstate_of(error) == "40P01"
                 if not deadlock or attempt == 2 or connection.in_atomic_block:
                     raise
                 logger.warning("%s(%r) hit a deadlock; running it again.",

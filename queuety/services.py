@@ -882,6 +882,16 @@ def _requeue_if_early(step_run_id: int) -> None:
 TRANSITION_RETRY_DELAYS = (0.05, 0.25, 1.0, 2.0, 4.0)
 
 
+#: SQLSTATEs after which the same transaction, run again, may well succeed as it stands.
+SERIALIZATION_FAILURES = ("40001", "40P01")
+
+
+def sqlstate_of(error: BaseException) -> str | None:
+    """The PostgreSQL SQLSTATE of a database error Django raised (None when it carries none,
+    as for a lost connection or another backend)."""
+    return getattr(error.__cause__, "sqlstate", None)
+
+
 def _transient(error: BaseException) -> bool:
     """A database error after which the same transition may well succeed: on PostgreSQL a
     serialization failure, a deadlock, or a lost or refused connection (no SQLSTATE, classes
@@ -891,8 +901,8 @@ def _transient(error: BaseException) -> bool:
     if connection.vendor == "sqlite":
         return getattr(error.__cause__, "sqlite_errorname", "").startswith(
             ("SQLITE_BUSY", "SQLITE_LOCKED"))
-    sqlstate = getattr(error.__cause__, "sqlstate", None)
-    return sqlstate is None or sqlstate in ("40001", "40P01") or sqlstate.startswith(
+    sqlstate = sqlstate_of(error)
+    return sqlstate is None or sqlstate in SERIALIZATION_FAILURES or sqlstate.startswith(
         ("08", "57P"))
 
 
@@ -920,12 +930,12 @@ def _record_success_retrying(held: Claim, spec: WorkflowSpec, outcome: engine.Ad
             if pause is None or not _transient(error) or connection.in_atomic_block or (
                     give_up_at is not None and time.monotonic() + pause >= give_up_at):
                 raise
-            sqlstate = getattr(error.__cause__, "sqlstate", None)
+            sqlstate = sqlstate_of(error)
             logger.warning("The transition of step run id=%s (run id=%s, attempt %s) failed "
                            "with a transient database error (%s, SQLSTATE %s); trying it again "
                            "in %.2f s.", held.step_run_id, held.run_id, held.attempt,
                            type(error.__cause__ or error).__name__, sqlstate, pause)
-            if connection.vendor != "sqlite" and sqlstate not in ("40001", "40P01"):
+            if connection.vendor != "sqlite" and sqlstate not in SERIALIZATION_FAILURES:
                 # The connection is gone: the next query must open a new one (Django forgets
                 # the old one even when closing it complains).
                 with suppress(Exception):
