@@ -117,7 +117,7 @@ CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 # before and after EVERY task, so each step paid for a new PostgreSQL session. Broken or
 # expired connections are still closed, by queuety.tasks (Django's close_old_connections).
 CELERY_DB_REUSE_MAX = 10_000
-# Containment of a bad step (see README, "Running workers"): a pool process is replaced after
+# Containment of a bad step (see docs/deploy/running-workers.md): a pool process is replaced after
 # this many tasks, or after a task leaves it above this resident memory (KiB), so a leak costs
 # one process, not the worker. Steps that may hang get a `timeout` (the demo's ChargeCard has
 # one): their message carries a hard time limit. A site-wide limit is opt-in

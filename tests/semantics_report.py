@@ -15,7 +15,7 @@ Each row is a test in `tests/integration/test_retries.py`, `test_timeouts.py`, `
 `test_fanout.py` (F rows) or `test_signals.py` (H rows), run against
 PostgreSQL with real prefork Celery workers. The criteria (R1-R8, S1-S5, T1-T5, RT1-RT5,
 F1-F4) are those of `shared/reference/adk-lessons.md`; F5 (two terminal outputs) cannot be
-written as a definition here: see the README, "Routes, fan-out and durable delays".
+written as a definition here: see [control flow](guide/control-flow.md), "One terminal output".
 Timeout cases run on a worker of each Python version;
 retry cases and the pure policy checks run on the main interpreter only ("—" elsewhere).
 Regenerate with `./dev test tests/integration/test_retries.py tests/integration/test_timeouts.py

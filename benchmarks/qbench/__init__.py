@@ -1,1 +1,1 @@
-"""Benchmark suite of Queuety for Django (run it with ``benchmarks/run``; see README.md)."""
+"""Benchmark suite of Queuety for Django (run with ``benchmarks/run``; see benchmarks/README.md)."""

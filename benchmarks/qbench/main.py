@@ -1,4 +1,4 @@
-"""The benchmark driver: ``benchmarks/run [options]`` (see README.md).
+"""The benchmark driver: ``benchmarks/run [options]`` (see benchmarks/README.md).
 
 Every round runs each workload once for every engine, in the same run, on the same PostgreSQL
 and Redis, so that same-round ratios hold on a noisy shared machine. Each figure is then

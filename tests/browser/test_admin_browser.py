@@ -1,5 +1,5 @@
 """End to end in headless Chromium: an operator logs in to the admin, opens a run waiting for
-approval, approves it, and watches it complete. Saves the README's screenshots on the way."""
+approval, approves it, and watches it complete, saving docs/guide/admin.md's screenshots."""
 
 from __future__ import annotations
 

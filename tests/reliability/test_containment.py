@@ -1,7 +1,7 @@
 """A step that leaks memory or hangs is contained by the worker's limits.
 
 The demo project sets ``CELERY_WORKER_MAX_TASKS_PER_CHILD``, ``CELERY_WORKER_MAX_MEMORY_PER_CHILD``
-and ``CELERY_TASK_TIME_LIMIT`` (README, "Running workers"); here workers get small limits so
+and ``CELERY_TASK_TIME_LIMIT`` (docs/deploy/running-workers.md); here workers get small limits so
 the test sees them act in seconds.
 """
 
