@@ -1,19 +1,14 @@
-"""Test settings: the demo project's, on PostgreSQL, with short sweeper and heartbeat periods."""
+"""Test settings: the demo project's, with short sweeper and heartbeat periods.
+
+They need no server: without DATABASE_URL / CELERY_BROKER_URL they are the demo's embedded
+default (SQLite, filesystem broker), which is all tests/unit needs. The suites that run against
+PostgreSQL and a real broker (tests/integration, tests/reliability, tests/browser) check both
+variables in their conftest (tests/servers.py) and fail loudly without them.
+"""
 
 import os
 import uuid
 
-from django.core.exceptions import ImproperlyConfigured
-
-if not os.environ.get("DATABASE_URL", "").startswith(("postgres://", "postgresql://")):
-    raise ImproperlyConfigured(
-        "The test suite runs against PostgreSQL: set DATABASE_URL=postgres://... "
-        "(./dev test sets it to the local server)."
-    )
-if "CELERY_BROKER_URL" not in os.environ:
-    raise ImproperlyConfigured(
-        "The test suite runs a real Celery worker: set CELERY_BROKER_URL (./dev test uses Redis)."
-    )
 # One queue per test session, shared with the worker subprocess through the environment, so
 # messages left over from an earlier session never reach this one's worker.
 os.environ.setdefault("CELERY_TASK_DEFAULT_QUEUE", f"queuety-test-{uuid.uuid4().hex[:12]}")

@@ -23,14 +23,20 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
-from tests.integration.conftest import Worker
+from tests.servers import require_servers
+
+# PostgreSQL and a real broker, or the run stops here (this suite creates its own PostgreSQL
+# database and runs its own worker).
+require_servers()
+
+from tests.integration.conftest import Worker  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--headless=new",
                  "--disable-background-networking", "--disable-component-update",
                  "--no-first-run"]
-# The README's screenshots are refreshed only on request (QUEUETY_SCREENSHOTS=docs), so an
+# docs/guide/admin.md's screenshots are refreshed only on request (QUEUETY_SCREENSHOTS=docs), so an
 # ordinary test run leaves the working tree clean.
 SCREENSHOTS = (ROOT / "docs" / "screenshots" if os.environ.get("QUEUETY_SCREENSHOTS") == "docs"
                else ROOT / "var" / "screenshots")

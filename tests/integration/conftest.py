@@ -21,6 +21,11 @@ from django.conf import settings
 from django.db import connection
 
 import queuety
+from tests.servers import require_servers
+
+# PostgreSQL and a real broker, or the run stops here (tests.settings alone would fall back to
+# the demo's SQLite and filesystem broker).
+require_servers()
 
 ROOT = Path(__file__).resolve().parents[2]
 

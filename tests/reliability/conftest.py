@@ -13,6 +13,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.servers import require_servers
+
+# PostgreSQL and a real broker, or the run stops here (tests.settings alone would fall back to
+# the demo's SQLite and filesystem broker).
+require_servers()
+
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE.parents[1] / "var" / "reliability.json"
 
