@@ -94,16 +94,16 @@ def workflow_status(run_id: int) -> WorkflowStatus:
     Raises:
         RunNotFound: no run has that id.
     """
-    from queuety import services
+    from queuety import queries
 
-    return services.workflow_status(run_id)
+    return queries.workflow_status(run_id)
 
 
 def list_workflows(status: str | None = None, limit: int = 50) -> list[WorkflowStatus]:
     """Return up to ``limit`` runs, newest first, optionally only those with ``status``."""
-    from queuety import services
+    from queuety import queries
 
-    return services.list_workflows(status=status, limit=limit)
+    return queries.list_workflows(status=status, limit=limit)
 
 
 def signal(run_id: int, name: str, data=None):
@@ -114,9 +114,9 @@ def signal(run_id: int, name: str, data=None):
     Raises:
         RunNotFound, RunNotWaiting, InvalidSignalData, BudgetExceeded: nothing is recorded.
     """
-    from queuety import services
+    from queuety import inbox
 
-    return services.send_signal(run_id, name, data)
+    return inbox.send_signal(run_id, name, data)
 
 
 def approve(run_id: int, data=None, *, signal: str | None = None):
@@ -126,16 +126,16 @@ def approve(run_id: int, data=None, *, signal: str | None = None):
         RunNotWaiting: the run is not waiting for an approval (``AlreadyAnswered`` if its
             wait was answered already).
     """
-    from queuety import services
+    from queuety import inbox
 
-    return services.reply(run_id, "approve", data, signal=signal)
+    return inbox.reply(run_id, "approve", data, signal=signal)
 
 
 def reject(run_id: int, data=None, *, signal: str | None = None):
     """Reject the run's current ``wait_for_decision()``."""
-    from queuety import services
+    from queuety import inbox
 
-    return services.reply(run_id, "reject", data, signal=signal)
+    return inbox.reply(run_id, "reject", data, signal=signal)
 
 
 def submit_input(run_id: int, data=None, *, signal: str | None = None):
@@ -144,9 +144,9 @@ def submit_input(run_id: int, data=None, *, signal: str | None = None):
     Raises:
         InvalidSignalData: ``errors`` lists each failing path; the run keeps waiting.
     """
-    from queuety import services
+    from queuety import inbox
 
-    return services.reply(run_id, "input", data, signal=signal)
+    return inbox.reply(run_id, "input", data, signal=signal)
 
 
 def cancel(run_id: int) -> None:
@@ -197,27 +197,27 @@ def fork(run_id: int) -> int:
 
 def workflow_timeline(run_id: int, limit: int = 100, offset: int = 0) -> list[dict]:
     """Return the run's events, oldest first."""
-    from queuety import history
+    from queuety import timeline
 
-    return history.timeline(run_id, limit, offset)
+    return timeline.timeline(run_id, limit, offset)
 
 
 def workflow_state_at(run_id: int, step: int | str) -> dict:
     """Return the public state right after ``step`` (index or name) last completed."""
-    from queuety import history
+    from queuety import timeline
 
-    return history.state_at(run_id, step)
+    return timeline.state_at(run_id, step)
 
 
 def export_workflow(run_id: int) -> dict:
     """Return the run as a versioned JSON document (``format_version`` 1)."""
-    from queuety import history
+    from queuety import export
 
-    return history.export(run_id)
+    return export.export(run_id)
 
 
 def replay_workflow(document) -> int:
     """Start a run that continues where an exported one stood; return its id."""
-    from queuety import history
+    from queuety import export
 
-    return history.replay(document)
+    return export.replay(document)

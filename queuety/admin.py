@@ -13,7 +13,7 @@ Pages:
 - the run page (status block, error, budget bars, wait, definition, timeline, state, signals
   and the actions valid in the run's status);
 - ``approvals/``: every run waiting on a person, oldest first, answerable inline;
-- ``<id>/export/``: the run's JSON export (``history.export()``);
+- ``<id>/export/``: the run's JSON export (``export.export()``);
 - the definitions changelist with run counts per status.
 """
 
@@ -29,7 +29,7 @@ from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
 from django.db import connections, transaction
-from django.db.models import Count, Q
+from django.db.models import Count, Q, QuerySet
 from django.http import (
     Http404,
     HttpRequest,
@@ -39,7 +39,7 @@ from django.http import (
     StreamingHttpResponse,
 )
 from django.template.response import TemplateResponse
-from django.urls import path, reverse
+from django.urls import URLPattern, path, reverse
 from django.utils import timezone
 from django.utils.formats import number_format
 from django.utils.functional import cached_property
@@ -47,10 +47,11 @@ from django.utils.html import format_html, format_html_join
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.utils.translation import ngettext
 
-from queuety import exceptions, history, operations, replyforms, services
+from queuety import exceptions, export, inbox, operations, queries, replyforms
 from queuety.core import budget as budgets
 from queuety.core.definition import WorkflowSpec
-from queuety.management.commands.queuety import format_status
+from queuety.core.describe import describe_step, format_status, human_duration, waiting_label
+from queuety.core.status import WorkflowStatus
 from queuety.masking import mask
 from queuety.models import (
     Event,
@@ -61,10 +62,16 @@ from queuety.models import (
     WorkflowDependency,
     WorkflowRun,
 )
+from queuety.store import rows
+from queuety.store.definitions import definition_hash, effective_policy, load_spec, wait_kinds
+
+# -- settings and shared helpers ---------------------------------------------------------------
+# (What steps do, what runs wait for and how long things took: ``queuety.core.describe``, the
+# vocabulary the CLI and the API use too.)
 
 #: Status colours: the same on the changelist, the run page and the approvals page. White
 #: text on these backgrounds stays readable in the admin's light and dark themes.
-STATUS_COLOURS = {
+STATUS_COLOURS: dict[str, str] = {
     RunStatus.RUNNING: "#1d6fb8",
     RunStatus.WAITING_FOR_SIGNAL: "#a85d00",
     RunStatus.WAITING_FOR_WORKFLOWS: "#7a5a00",
@@ -116,61 +123,7 @@ def pretty_json(value: Any, limit: int | None = None, *,
     return text, False
 
 
-def human_duration(seconds: float) -> str:
-    """Return a duration as a person reads it: ``0.4 s``, ``3 min 2 s``, ``2 d 5 h``."""
-    if seconds < 10:
-        return f"{max(seconds, 0):.1f} s"
-    if seconds < 60:
-        return f"{int(seconds)} s"
-    minutes, secs = divmod(int(seconds), 60)
-    if minutes < 60:
-        return f"{minutes} min {secs} s"
-    hours, minutes = divmod(minutes, 60)
-    if hours < 48:
-        return f"{hours} h {minutes} min"
-    days, hours = divmod(hours, 24)
-    return f"{days} d {hours} h"
-
-
-# Definition hashes by definition id. ``WorkflowSpec.definition_hash`` digests the canonical
-# JSON on every access, too slow for every row of a changelist; definitions never change.
-_hash_cache: dict[int, str] = {}
-
-
-def definition_hash(definition_pk: int) -> str:
-    """Return the hash of a stored definition (cached for the life of the process)."""
-    found = _hash_cache.get(definition_pk)
-    if found is None:
-        found = _hash_cache[definition_pk] = services.load_spec(definition_pk).definition_hash
-    return found
-
-
 # -- what waits where ---------------------------------------------------------------------------
-
-# Definitions are immutable rows, so what each one waits for at which step is cached for the
-# life of the process: definition id -> {step index: "approval" | "decision" | "input" | "signal"}.
-_wait_kinds_cache: dict[int, dict[int, str]] = {}
-
-
-def wait_kinds() -> dict[int, dict[int, str]]:
-    """Return, for every definition, the kind of each of its wait steps.
-
-    One query for the definition ids; definitions not seen before are read in one more query.
-    """
-    ids = set(WorkflowDefinition.objects.values_list("pk", flat=True))
-    missing = ids - _wait_kinds_cache.keys()
-    if missing:
-        for pk, document in (WorkflowDefinition.objects.filter(pk__in=missing)
-                             .values_list("pk", "definition")):
-            try:
-                spec = WorkflowSpec.from_dict(document)
-            except (exceptions.WorkflowDefinitionError, KeyError, TypeError, ValueError):
-                spec = None  # a definition this version cannot read waits for nothing we know
-            _wait_kinds_cache[pk] = {} if spec is None else {
-                index: step.wait.human or "signal"
-                for index, step in enumerate(spec.steps) if step.wait is not None}
-    return {pk: _wait_kinds_cache[pk] for pk in ids}
-
 
 def waiting_on(kinds: Iterable[str]) -> Q:
     """Return a filter for runs parked at a wait of one of ``kinds``.
@@ -187,69 +140,6 @@ def waiting_on(kinds: Iterable[str]) -> Q:
     return Q(status=RunStatus.WAITING_FOR_SIGNAL) & where
 
 
-def waiting_label(run: WorkflowRun, spec: WorkflowSpec) -> str:
-    """Return what a run waits for, in a few words (``""`` when it is not waiting)."""
-    if run.status == RunStatus.WAITING_FOR_WORKFLOWS:
-        return "child workflows"
-    if run.current_step >= len(spec.steps):
-        return ""
-    step = spec.steps[run.current_step]
-    if run.status == RunStatus.RUNNING and step.kind == "delay":
-        return f"a delay of {human_duration(step.delay_seconds or 0)}"
-    wait = step.wait
-    if run.status != RunStatus.WAITING_FOR_SIGNAL or wait is None:
-        return ""
-    if wait.human:
-        return f"{wait.human} (a person)"
-    names = ", ".join(wait.signals)
-    return f"signal: {names}" + (" (any)" if wait.mode == "any" and len(wait.signals) > 1
-                                 else "")
-
-
-def describe_step(step) -> str:
-    """Return what a step does, in one line, for the run page's definition table."""
-    if step.kind == "wait":
-        who = f"{step.wait.human} from a person: " if step.wait.human else "signals: "
-        return who + ", ".join(step.wait.signals) + (
-            " (any)" if step.wait.mode == "any" and len(step.wait.signals) > 1 else "")
-    if step.kind == "delay":
-        return f"sleep {human_duration(step.delay_seconds or 0)}"
-    if step.kind == "repeat":
-        loop = step.repeat or {}
-        test = loop.get("condition") or f"state[{loop.get('state_key')!r}] == " \
-            f"{json.dumps(loop.get('expected'))}"
-        limit = f", at most {loop['max_iterations']} times" if loop.get("max_iterations") else ""
-        return f"back to {loop.get('target')} {loop.get('mode')} {test}{limit}"
-    if step.kind == "child":
-        restart = f"; restarted by {step.retry.describe()}" if step.retry else ""
-        return f"child workflow {step.name} ({len(step.child['steps'])} steps){restart}"
-    if step.kind == "start":
-        group = f", group {step.start.group!r}" if step.start.group else ""
-        return (f"start a {step.child['name']} run per item of state[{step.start.items_key!r}]"
-                f" → state[{step.start.result_key!r}]{group}")
-    if step.kind == "wait_workflows":
-        on = step.workflows
-        which = (f"runs {', '.join(map(str, on.ids))}" if on.ids is not None else
-                 f"group {on.group!r}" if on.group else f"the runs in state[{on.state_key!r}]")
-        quorum = f" {on.quorum}" if on.quorum else ""
-        return f"wait for {which}: {on.mode}{quorum}"
-    limit = (f", at most {step.fanout.max_concurrency} at once"
-             if step.fanout is not None and step.fanout.max_concurrency else "")
-    if step.kind == "parallel" and step.fanout is not None:
-        return "in parallel: " + ", ".join(step.fanout.branches) + limit
-    text = step.handler
-    if step.kind == "for_each" and step.fanout is not None:
-        quorum = f" {step.fanout.quorum}" if step.fanout.quorum else ""
-        text += (f" for each item of state[{step.fanout.items_key!r}], join "
-                 f"{step.fanout.mode}{quorum}{limit}")
-    if step.routes is not None:
-        routes = [f"{label} → {target}" for label, target in step.routes.items()]
-        if step.default_route:
-            routes.append(f"otherwise → {step.default_route}")
-        text += "; routes " + ", ".join(routes)
-    return text
-
-
 # -- counting big tables -----------------------------------------------------------------------
 
 class EstimatedCountPaginator(Paginator):
@@ -263,6 +153,7 @@ class EstimatedCountPaginator(Paginator):
 
     exact_below = 10_000
     estimated = False
+    object_list: QuerySet[Any]  # for mypy: this paginator pages querysets only
 
     @cached_property
     def count(self) -> int:
@@ -291,12 +182,14 @@ class NameFilter(admin.SimpleListFilter):
     title = "workflow"
     parameter_name = "workflow"
 
-    def lookups(self, request, model_admin):
+    def lookups(self, request: HttpRequest,
+                model_admin: admin.ModelAdmin[Any]) -> list[tuple[str, str]]:
         names = (WorkflowDefinition.objects.order_by("name").values_list("name", flat=True)
                  .distinct())
         return [(name, name) for name in names]
 
-    def queryset(self, request, queryset):
+    def queryset(self, request: HttpRequest,
+                 queryset: QuerySet[WorkflowRun]) -> QuerySet[WorkflowRun]:
         return queryset.filter(name=self.value()) if self.value() else queryset
 
 
@@ -314,11 +207,13 @@ class VersionFilter(admin.SimpleListFilter):
                 WorkflowDefinition.objects.values_list("pk", "definition__version"))
         return self._by_definition
 
-    def lookups(self, request, model_admin):
+    def lookups(self, request: HttpRequest,
+                model_admin: admin.ModelAdmin[Any]) -> list[tuple[str, str]]:
         versions = sorted({v for v in self._versions().values() if v is not None})
         return [(v, v) for v in versions] + [(self.UNLABELLED, "no version label")]
 
-    def queryset(self, request, queryset):
+    def queryset(self, request: HttpRequest,
+                 queryset: QuerySet[WorkflowRun]) -> QuerySet[WorkflowRun]:
         wanted = self.value()
         if not wanted:
             return queryset
@@ -334,11 +229,13 @@ class WaitingFilter(admin.SimpleListFilter):
     title = "waiting for"
     parameter_name = "waiting"
 
-    def lookups(self, request, model_admin):
+    def lookups(self, request: HttpRequest,
+                model_admin: admin.ModelAdmin[Any]) -> list[tuple[str, str]]:
         return [("person", "a person (any)"), *HUMAN_WAITS.items(), ("signal", "a signal"),
                 ("workflows", "child workflows")]
 
-    def queryset(self, request, queryset):
+    def queryset(self, request: HttpRequest,
+                 queryset: QuerySet[WorkflowRun]) -> QuerySet[WorkflowRun]:
         wanted = self.value()
         if wanted == "workflows":
             return queryset.filter(status=RunStatus.WAITING_FOR_WORKFLOWS)
@@ -358,14 +255,16 @@ class DefinitionFilter(admin.SimpleListFilter):
     title = "definition"
     parameter_name = "definition"
 
-    def lookups(self, request, model_admin):
+    def lookups(self, request: HttpRequest,
+                model_admin: admin.ModelAdmin[Any]) -> list[tuple[str, str]]:
         value = self.value()
         if not (value and value.isdigit()):
             return []
         found = WorkflowDefinition.objects.filter(pk=int(value)).first()
         return [(value, str(found) if found else f"#{value} (deleted)")]
 
-    def queryset(self, request, queryset):
+    def queryset(self, request: HttpRequest,
+                 queryset: QuerySet[WorkflowRun]) -> QuerySet[WorkflowRun]:
         value = self.value()
         if value and value.isdigit():
             return queryset.filter(definition_id=int(value))
@@ -404,27 +303,27 @@ class RunAction:
     """Do it (inside the transaction holding the run's lock); return the success message."""
 
 
-def _retry(request, run: LockedRun) -> str:
+def _retry(request: HttpRequest, run: LockedRun) -> str:
     operations.retry(run.pk, actor=actor(request))
     return f"Run {run.pk} was scheduled for retry from its failed step."
 
 
-def _pause(request, run: LockedRun) -> str:
+def _pause(request: HttpRequest, run: LockedRun) -> str:
     operations.pause(run.pk, actor=actor(request))
     return f"Run {run.pk} was paused: a step in flight finishes, nothing new starts."
 
 
-def _resume(request, run: LockedRun) -> str:
+def _resume(request: HttpRequest, run: LockedRun) -> str:
     status = operations.resume(run.pk, actor=actor(request))
     return f"Run {run.pk} was resumed; it is now {status}."
 
 
-def _cancel(request, run: LockedRun) -> str:
+def _cancel(request: HttpRequest, run: LockedRun) -> str:
     operations.cancel(run.pk, actor=actor(request))
     return f"Run {run.pk} was cancelled; its compensations, if any, run next."
 
 
-def _decision_data(request) -> dict[str, Any]:
+def _decision_data(request: HttpRequest) -> dict[str, Any]:
     data = {"by": request.user.get_username()}
     note = request.POST.get("note", "").strip()
     if note:
@@ -432,18 +331,18 @@ def _decision_data(request) -> dict[str, Any]:
     return data
 
 
-def _approve(request, run: LockedRun) -> str:
-    receipt = services.reply(run.pk, "approve", _decision_data(request), sent_by=actor(request))
+def _approve(request: HttpRequest, run: LockedRun) -> str:
+    receipt = inbox.reply(run.pk, "approve", _decision_data(request), sent_by=actor(request))
     return f"Run {run.pk} was approved; it is now {receipt.status}."
 
 
-def _reject(request, run: LockedRun) -> str:
-    receipt = services.reply(run.pk, "reject", _decision_data(request), sent_by=actor(request))
+def _reject(request: HttpRequest, run: LockedRun) -> str:
+    receipt = inbox.reply(run.pk, "reject", _decision_data(request), sent_by=actor(request))
     return f"Run {run.pk} was rejected; it is now {receipt.status}."
 
 
-def _input(request, run: LockedRun) -> str:
-    spec = services.load_spec(run.definition_id)
+def _input(request: HttpRequest, run: LockedRun) -> str:
+    spec = load_spec(run.definition_id)
     step = spec.steps[run.current_step] if run.current_step < len(spec.steps) else None
     schema = step.wait.schema if step is not None and step.wait is not None else None
     try:
@@ -451,7 +350,7 @@ def _input(request, run: LockedRun) -> str:
     except ValueError as error:
         raise exceptions.InvalidSignalData(
             f"The input for run {run.pk} was not sent: {error}") from None
-    receipt = services.reply(run.pk, "input", data, sent_by=actor(request))
+    receipt = inbox.reply(run.pk, "input", data, sent_by=actor(request))
     return f"Your input was sent to run {run.pk}; it is now {receipt.status}."
 
 
@@ -522,27 +421,30 @@ class WorkflowRunAdmin(admin.ModelAdmin):
 
     # -- permissions: read-only, actions need their own permission
 
-    def has_add_permission(self, request):
+    def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
-    def has_change_permission(self, request, obj=None):
+    def has_change_permission(self, request: HttpRequest,
+                              obj: WorkflowRun | None = None) -> bool:
         return False
 
-    def has_delete_permission(self, request, obj=None):
+    def has_delete_permission(self, request: HttpRequest,
+                              obj: WorkflowRun | None = None) -> bool:
         return False
 
-    def has_operate_permission(self, request) -> bool:
+    def has_operate_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm("queuety.change_workflowrun")
 
-    def has_signal_permission(self, request) -> bool:
+    def has_signal_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm("queuety.signal_workflowrun")
 
     # -- the changelist
 
-    def get_queryset(self, request):
+    def get_queryset(self, request: HttpRequest) -> QuerySet[WorkflowRun]:
         return super().get_queryset(request).only(*LIST_COLUMNS)
 
-    def get_search_results(self, request, queryset, search_term):
+    def get_search_results(self, request: HttpRequest, queryset: QuerySet[WorkflowRun],
+                           search_term: str) -> tuple[QuerySet[WorkflowRun], bool]:
         # Exact id, or a prefix of the name or key: each is served by an index (the CharField
         # indexes come with a varchar_pattern_ops twin on PostgreSQL), unlike icontains.
         term = search_term.strip()
@@ -556,34 +458,34 @@ class WorkflowRunAdmin(admin.ModelAdmin):
 
     @staticmethod
     def spec(run: WorkflowRun) -> WorkflowSpec:
-        return services.load_spec(run.definition_id)  # cached per process: no query per row
+        return load_spec(run.definition_id)  # cached per process: no query per row
 
     @admin.display(description="status", ordering="status")
-    def status_display(self, run):
+    def status_display(self, run: WorkflowRun) -> str:
         return status_badge(run.status)
 
     @admin.display(description="version")
-    def version(self, run):
+    def version(self, run: WorkflowRun) -> str:
         return self.spec(run).version or "-"
 
     @admin.display(description="hash")
-    def short_hash(self, run):
+    def short_hash(self, run: WorkflowRun) -> str:
         full = definition_hash(run.definition_id)
         return format_html('<code title="{}">{}</code>', full, full[:12])
 
     @admin.display(description="current step")
-    def step_display(self, run):
+    def step_display(self, run: WorkflowRun) -> str:
         steps = self.spec(run).steps
         if run.current_step >= len(steps):
             return "-"
         return f"{steps[run.current_step].name} ({run.current_step + 1}/{run.total_steps})"
 
     @admin.display(description="waiting for")
-    def waiting_for(self, run):
-        return waiting_label(run, self.spec(run)) or "-"
+    def waiting_for(self, run: WorkflowRun) -> str:
+        return waiting_label(run.status, run.current_step, self.spec(run)) or "-"
 
     @admin.display(description="budget use")
-    def budget_use(self, run):
+    def budget_use(self, run: WorkflowRun) -> str:
         """The budget closest to its limit, e.g. ``transitions 12/20``."""
         limits = self.spec(run).budget.configured()
         usage = {"transitions": run.transitions, "cost_units": run.cost_units,
@@ -600,14 +502,14 @@ class WorkflowRunAdmin(admin.ModelAdmin):
                            colour, counter.replace("_", " "), used, limit)
 
     @admin.display(description="started", ordering="id")
-    def started(self, run):
+    def started(self, run: WorkflowRun) -> str:
         # Compact and sortable by eye; the run page shows the localised form.
         # strftime, not date_format: it is a tenth of the cost, on every row of every page.
         return format_html('<span style="white-space:nowrap">{}</span>',
                            timezone.localtime(run.created_at).strftime("%Y-%m-%d %H:%M:%S"))
 
     @admin.display(description="duration")
-    def duration(self, run):
+    def duration(self, run: WorkflowRun) -> str:
         if run.finished_at is not None:
             return human_duration((run.finished_at - run.created_at).total_seconds())
         so_far = human_duration((timezone.now() - run.created_at).total_seconds())
@@ -616,7 +518,8 @@ class WorkflowRunAdmin(admin.ModelAdmin):
 
     # -- bulk actions of the changelist
 
-    def _selected_ids(self, request, queryset) -> list[int] | None:
+    def _selected_ids(self, request: HttpRequest,
+                      queryset: QuerySet[WorkflowRun]) -> list[int] | None:
         ids = list(queryset.order_by("pk").values_list("pk", flat=True)[:BULK_LIMIT + 1])
         if len(ids) > BULK_LIMIT:
             self.message_user(request, f"At most {BULK_LIMIT} runs can be handled at once; "
@@ -626,7 +529,8 @@ class WorkflowRunAdmin(admin.ModelAdmin):
         return ids
 
     @admin.action(description="Download JSON export of selected runs", permissions=["view"])
-    def export_selected(self, request, queryset):
+    def export_selected(self, request: HttpRequest, queryset: QuerySet[WorkflowRun]
+                        ) -> HttpResponse | StreamingHttpResponse | None:
         ids = self._selected_ids(request, queryset)
         if ids is None:
             return None
@@ -637,7 +541,7 @@ class WorkflowRunAdmin(admin.ModelAdmin):
             # JSON Lines: one complete export document per line, streamed run by run.
             for pk in ids:
                 try:
-                    yield json.dumps(mask(history.export(pk)), ensure_ascii=False) + "\n"
+                    yield json.dumps(mask(export.export(pk)), ensure_ascii=False) + "\n"
                 except exceptions.RunNotFound:
                     continue  # purged between the selection and the download
 
@@ -646,7 +550,8 @@ class WorkflowRunAdmin(admin.ModelAdmin):
             f'attachment; filename="queuety-runs-{ids[0]}-{ids[-1]}.jsonl"')
         return response
 
-    def _bulk(self, request, queryset, operation, done_one: str, done_many: str):
+    def _bulk(self, request: HttpRequest, queryset: QuerySet[WorkflowRun],
+              operation: Callable[..., Any], done_one: str, done_many: str) -> None:
         ids = self._selected_ids(request, queryset)
         if ids is None:
             return
@@ -672,28 +577,28 @@ class WorkflowRunAdmin(admin.ModelAdmin):
                 + (f" ({more} more not shown.)" if more > 0 else ""), messages.WARNING)
 
     @admin.action(description="Retry selected failed runs", permissions=["operate"])
-    def retry_selected(self, request, queryset):
+    def retry_selected(self, request: HttpRequest, queryset: QuerySet[WorkflowRun]) -> None:
         self._bulk(request, queryset, operations.retry,
                    "Run %(ids)s was scheduled for retry.", "Runs %(ids)s were scheduled for retry.")
 
     @admin.action(description="Pause selected runs", permissions=["operate"])
-    def pause_selected(self, request, queryset):
+    def pause_selected(self, request: HttpRequest, queryset: QuerySet[WorkflowRun]) -> None:
         self._bulk(request, queryset, operations.pause,
                    "Run %(ids)s was paused.", "Runs %(ids)s were paused.")
 
     @admin.action(description="Resume selected paused runs", permissions=["operate"])
-    def resume_selected(self, request, queryset):
+    def resume_selected(self, request: HttpRequest, queryset: QuerySet[WorkflowRun]) -> None:
         self._bulk(request, queryset, operations.resume,
                    "Run %(ids)s was resumed.", "Runs %(ids)s were resumed.")
 
     @admin.action(description="Cancel selected runs", permissions=["operate"])
-    def cancel_selected(self, request, queryset):
+    def cancel_selected(self, request: HttpRequest, queryset: QuerySet[WorkflowRun]) -> None:
         self._bulk(request, queryset, operations.cancel,
                    "Run %(ids)s was cancelled.", "Runs %(ids)s were cancelled.")
 
     # -- URLs
 
-    def get_urls(self):
+    def get_urls(self) -> list[URLPattern]:
         prefix = f"{self.opts.app_label}_{self.opts.model_name}"
         wrap = self.admin_site.admin_view
         return [
@@ -708,13 +613,14 @@ class WorkflowRunAdmin(admin.ModelAdmin):
         return reverse(f"{self.admin_site.name}:{self.opts.app_label}_{self.opts.model_name}_"
                        f"{name}", args=args, current_app=self.admin_site.name)
 
-    def _context(self, request, **extra: Any) -> dict[str, Any]:
+    def _context(self, request: HttpRequest, **extra: Any) -> dict[str, Any]:
         return {**self.admin_site.each_context(request), "opts": self.opts,
                 "app_label": self.opts.app_label, **extra}
 
     # -- the run page
 
-    def change_view(self, request, object_id, form_url="", extra_context=None):
+    def change_view(self, request: HttpRequest, object_id: str, form_url: str = "",
+                    extra_context: dict[str, Any] | None = None) -> HttpResponse:
         """The run page (replaces the edit form: runs are never edited by hand)."""
         if not self.has_view_permission(request):
             raise PermissionDenied
@@ -728,11 +634,11 @@ class WorkflowRunAdmin(admin.ModelAdmin):
                                        "have been purged.", messages.WARNING)
             return HttpResponseRedirect(self._url("changelist"))
         try:
-            status = services.workflow_status(run.pk)
+            status = queries.workflow_status(run.pk)
         except exceptions.RunNotFound:  # purged between the two reads
             return HttpResponseRedirect(self._url("changelist"))
         try:
-            spec = services.load_spec(run.definition_id)
+            spec = load_spec(run.definition_id)
         except exceptions.WorkflowDefinitionError as error:  # e.g. a deploy removed a class
             self.message_user(request, f"Workflow run {run.pk} ({status.status}) cannot be "
                                        f"shown: {error}", messages.ERROR)
@@ -778,7 +684,7 @@ class WorkflowRunAdmin(admin.ModelAdmin):
             steps=[{"index": i, "spec": s, "what": describe_step(s),
                     "current": i == run.current_step and
                     run.status != RunStatus.COMPLETED,
-                    "retry": services.effective_policy(spec, i).describe()
+                    "retry": effective_policy(spec, i).describe()
                     if s.kind in ("task", "parallel", "for_each") else ""}
                    for i, s in enumerate(spec.steps)],
             state_text=state_text, state_cut=state_cut, state_bytes=budgets.state_bytes(run.state),
@@ -809,7 +715,7 @@ class WorkflowRunAdmin(admin.ModelAdmin):
                 for other in query.only("pk", "name", "status", "group").order_by("pk")[:100]]
 
     @staticmethod
-    def _budget_bars(spec: WorkflowSpec, status) -> list[dict[str, Any]]:
+    def _budget_bars(spec: WorkflowSpec, status: WorkflowStatus) -> list[dict[str, Any]]:
         bars = []
         usage = status.budget or {}
         for name, limit in spec.budget.configured().items():
@@ -834,7 +740,7 @@ class WorkflowRunAdmin(admin.ModelAdmin):
 
     def _export_response(self, pk: int) -> HttpResponse:
         try:
-            document = history.export(pk)
+            document = export.export(pk)
         except exceptions.RunNotFound:
             raise Http404(f"Workflow run {pk} does not exist.") from None
         # Downloaded by a person: secret values are masked (export_workflow() keeps them).
@@ -843,7 +749,7 @@ class WorkflowRunAdmin(admin.ModelAdmin):
         response["Content-Disposition"] = f'attachment; filename="queuety-run-{pk}.json"'
         return response
 
-    def export_view(self, request, object_id: int):
+    def export_view(self, request: HttpRequest, object_id: int) -> HttpResponse:
         """``GET <id>/export/``: the run's JSON export as a download."""
         if not self.has_view_permission(request):
             raise PermissionDenied
@@ -851,14 +757,14 @@ class WorkflowRunAdmin(admin.ModelAdmin):
 
     # -- actions
 
-    def _back(self, request, object_id: int) -> str:
+    def _back(self, request: HttpRequest, object_id: int) -> str:
         target = request.POST.get("next", "")
         if target and url_has_allowed_host_and_scheme(
                 target, allowed_hosts={request.get_host()}, require_https=request.is_secure()):
             return target
         return self._url("change", object_id)
 
-    def action_view(self, request, object_id: int, action: str):
+    def action_view(self, request: HttpRequest, object_id: int, action: str) -> HttpResponse:
         """``POST <id>/act/<action>/``: one action on one run, refused on a stale form."""
         chosen = RUN_ACTIONS.get(action)
         if chosen is None:
@@ -876,18 +782,12 @@ class WorkflowRunAdmin(admin.ModelAdmin):
                 # same rows again in this transaction, so nothing can slip in between. The
                 # order is the operations' and the step boundary's (live step rows, then the
                 # run row), so this cannot deadlock with a worker finishing a step.
-                list(StepRun.objects.select_for_update()
-                     .filter(run_id=object_id, kind="step", status__in=operations.LIVE)
-                     .values_list("pk"))
-                row = (WorkflowRun.objects.select_for_update().filter(pk=object_id)
-                       .values_list("revision", "definition_id", "current_step").first())
-                if row is None:
-                    raise exceptions.RunNotFound(object_id)
-                revision, definition_pk, current_step = row
-                if str(revision) != posted:
-                    raise StaleForm(revision)
-                message = chosen.perform(request, LockedRun(object_id, definition_pk,
-                                                            current_step))
+                locked = rows.lock_run(object_id, steps_first=True,
+                                       fields=("revision", "definition_id", "current_step"))
+                if str(locked.revision) != posted:
+                    raise StaleForm(locked.revision)
+                message = chosen.perform(request, LockedRun(object_id, locked.definition_id,
+                                                            locked.current_step))
         except StaleForm:
             self.message_user(request, f"Run {object_id} changed since this page was loaded, "
                                        "so nothing was done. Check its current status and try "
@@ -907,7 +807,7 @@ class WorkflowRunAdmin(admin.ModelAdmin):
 
     # -- approvals
 
-    def approvals_view(self, request):
+    def approvals_view(self, request: HttpRequest) -> HttpResponse:
         """``GET approvals/``: every run waiting on a person, oldest first."""
         if not self.has_view_permission(request):
             raise PermissionDenied
@@ -919,7 +819,7 @@ class WorkflowRunAdmin(admin.ModelAdmin):
         now = timezone.now()
         rows = []
         for run in page.object_list:
-            spec = services.load_spec(run.definition_id)
+            spec = load_spec(run.definition_id)
             step = spec.steps[run.current_step]
             rows.append({
                 "run": run, "step": step, "kind": step.wait.human, "version": spec.version,
@@ -936,7 +836,8 @@ class WorkflowRunAdmin(admin.ModelAdmin):
                                               can_signal=self.has_signal_permission(request),
                                               changelist_url=self._url("changelist")))
 
-    def changelist_view(self, request, extra_context=None):
+    def changelist_view(self, request: HttpRequest,
+                        extra_context: dict[str, Any] | None = None) -> HttpResponse:
         return super().changelist_view(request, {
             **(extra_context or {}), "approvals_url": self._url("approvals")})
 
@@ -946,7 +847,7 @@ class WorkflowRunAdmin(admin.ModelAdmin):
 class DefinitionChangeList(ChangeList):
     """Adds the page's run counts per status, in one grouped query for the whole page."""
 
-    def get_results(self, request):
+    def get_results(self, request: HttpRequest) -> None:
         super().get_results(request)
         self.result_list = list(self.result_list)
         counts: dict[int, dict[str, int]] = {}
@@ -971,39 +872,42 @@ class WorkflowDefinitionAdmin(admin.ModelAdmin):
     fields = ("name", "version", "definition_hash", "created_at", "runs", "document")
     readonly_fields = fields
 
-    def has_add_permission(self, request):
+    def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
-    def has_change_permission(self, request, obj=None):
+    def has_change_permission(self, request: HttpRequest,
+                              obj: WorkflowDefinition | None = None) -> bool:
         return False
 
-    def has_delete_permission(self, request, obj=None):
+    def has_delete_permission(self, request: HttpRequest,
+                              obj: WorkflowDefinition | None = None) -> bool:
         return False
 
-    def has_view_permission(self, request, obj=None):
+    def has_view_permission(self, request: HttpRequest,
+                            obj: WorkflowDefinition | None = None) -> bool:
         # Whoever may see runs may see what they execute.
         return super().has_view_permission(request, obj) or request.user.has_perm(
             "queuety.view_workflowrun")
 
-    def get_changelist(self, request, **kwargs):
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
         return DefinitionChangeList
 
     @admin.display(description="version")
-    def version(self, definition):
+    def version(self, definition: WorkflowDefinition) -> str:
         return (definition.definition or {}).get("version") or "-"
 
     @admin.display(description="hash")
-    def short_hash(self, definition):
+    def short_hash(self, definition: WorkflowDefinition) -> str:
         return format_html('<code title="{}">{}</code>', definition.definition_hash,
                            definition.definition_hash[:12])
 
-    def _runs_url(self, definition, status: str | None = None) -> str:
+    def _runs_url(self, definition: WorkflowDefinition, status: str | None = None) -> str:
         url = reverse(f"{self.admin_site.name}:queuety_workflowrun_changelist")
         return f"{url}?definition={definition.pk}" + (f"&status__exact={status}" if status
                                                       else "")
 
     @admin.display(description="runs per status")
-    def runs(self, definition):
+    def runs(self, definition: WorkflowDefinition) -> str:
         counts = getattr(definition, "run_counts", None)
         if counts is None:  # the detail page: one definition, one grouped query
             counts = dict(WorkflowRun.objects.filter(definition_id=definition.pk)
@@ -1015,10 +919,10 @@ class WorkflowDefinitionAdmin(admin.ModelAdmin):
             " ", '<a href="{}" style="text-decoration:none">{} {}</a>',
             ((self._runs_url(definition, status), status_badge(status),
               number_format(counts[status], force_grouping=True))
-             for status in RunStatus.values if status in counts))
+             for status in RunStatus if status in counts))
         return format_html('{} <a href="{}">all</a>', parts, self._runs_url(definition))
 
     @admin.display(description="definition")
-    def document(self, definition):
+    def document(self, definition: WorkflowDefinition) -> str:
         return format_html('<pre style="white-space:pre-wrap;margin:0">{}</pre>',
                            pretty_json(definition.definition, masked=False)[0])

@@ -13,9 +13,10 @@ from typing import Any
 from django.core import signing
 from django.urls import reverse
 
-from queuety import exceptions, services
+from queuety import exceptions, inbox
 from queuety.conf import settings
 from queuety.models import RunStatus, WorkflowRun
+from queuety.store.definitions import load_spec
 
 SALT = "queuety.approval-link"
 
@@ -48,7 +49,7 @@ def make_token(run_id: int) -> str:
     run = WorkflowRun.objects.filter(pk=run_id).first()
     if run is None:
         raise exceptions.RunNotFound(run_id)
-    spec = services.load_spec(run.definition_id)
+    spec = load_spec(run.definition_id)
     step = spec.steps[run.current_step] if run.current_step < len(spec.steps) else None
     if run.status != RunStatus.WAITING_FOR_SIGNAL or step is None or not (
             step.wait and step.wait.human):
@@ -74,9 +75,9 @@ def read_token(token: str) -> Ticket:
     return Ticket(data["r"], data["s"], data["t"], data["n"])
 
 
-def redeem(token: str, kind: str, data: Any) -> services.SignalReceipt:
+def redeem(token: str, kind: str, data: Any) -> inbox.SignalReceipt:
     """Answer the wait a token names, once: ``kind`` is approve, reject or input."""
     ticket = read_token(token)
-    return services.reply(ticket.run_id, kind, data, sent_by="approval link",
+    return inbox.reply(ticket.run_id, kind, data, sent_by="approval link",
                           dedupe_key=f"approval-link:{ticket.nonce}",
                           step_index=ticket.step_index, transitions=ticket.transitions)

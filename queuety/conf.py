@@ -51,7 +51,7 @@ DEFAULTS: dict[str, Any] = {
     # sweeper; None keeps them forever. Dispatch keys are never purged.
     "RETENTION_DAYS": None,
     # Module prefixes whose code a replayed document may name when this site has never stored
-    # its definition (see history.replay); the default trusts only known definitions.
+    # its definition (see queuety.export.replay); the default trusts only known definitions.
     "REPLAY_MODULES": [],
     # Seconds an approval link stays valid.
     "APPROVAL_LINK_MAX_AGE": 7 * 24 * 3600,

@@ -7,6 +7,8 @@ survives pickling, because Celery may carry it across processes.
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class QueuetyError(Exception):
     """Base class of every Queuety error; not raised directly."""
@@ -58,7 +60,7 @@ class UnknownStep(WorkflowDefinitionError):
         super().__init__(message)
         self.name = name
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.args[0], self.name))
 
 
@@ -75,7 +77,7 @@ class BudgetExceeded(QueuetyError):
         self.budget, self.limit, self.used = budget, limit, used
         self.run_id, self.workflow = run_id, workflow
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.budget, self.limit, self.used, self.run_id, self.workflow,
                              self.args[0]))
 
@@ -94,7 +96,7 @@ class IdempotencyConflict(QueuetyError):
         )
         self.key, self.run_id, self.differences = key, run_id, differences
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.key, self.run_id, self.differences))
 
 
@@ -105,7 +107,7 @@ class RunStateError(QueuetyError):
         super().__init__(message)
         self.run_id = run_id
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.run_id, self.args[0]))
 
 
@@ -137,7 +139,7 @@ class InvalidSignalData(QueuetyError, ValueError):
         self.errors = errors or []
         self.too_large = too_large
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.args[0], self.errors, self.too_large))
 
 
@@ -148,7 +150,7 @@ class UnmatchedRoute(WorkflowDefinitionError):
         super().__init__(message)
         self.label, self.labels = label, labels
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.args[0], self.label, self.labels))
 
 
@@ -159,7 +161,7 @@ class RunNotFound(QueuetyError, LookupError):
         super().__init__(f"Workflow run {run_id} does not exist.")
         self.run_id = run_id
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.run_id,))
 
 

@@ -1,38 +1,24 @@
 """Storage for definitions, runs, step executions and the event timeline.
 
-Models hold no workflow rules: those live in ``queuety.core``; ``queuety.services`` moves data
-between the two.
+Models hold no workflow rules: those live in ``queuety.core``; ``queuety.runtime`` and the use
+cases above it (``dispatch``, ``inbox``, ``operations``, ...) move data between the two.
 """
 
 from __future__ import annotations
 
+from enum import StrEnum
+
 from django.db import models
 from django.db.models import Q
 
-
-class RunStatus(models.TextChoices):
-    """Status of a workflow run (the original plugin's words)."""
-
-    RUNNING = "running"
-    WAITING_FOR_SIGNAL = "waiting_for_signal"
-    WAITING_FOR_WORKFLOWS = "waiting_for_workflows"
-    PAUSED = "paused"
-    COMPLETED = "completed"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
+# The core's status vocabulary, re-exported: the storage speaks the same words.
+from queuety.core.status import RunStatus as RunStatus
+from queuety.core.status import StepStatus as StepStatus
 
 
-class StepStatus(models.TextChoices):
-    """Status of one step execution row: the queue's truth."""
-
-    PENDING = "pending"
-    PROCESSING = "processing"
-    COMPLETED = "completed"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-    # A fan-out branch or item waiting for a free slot under its step's max_concurrency:
-    # not claimable and never published until released.
-    HELD = "held"
+def _choices(vocabulary: type[StrEnum]) -> list[tuple[str, str]]:
+    """Django ``choices`` for a status enum, labelled as ``TextChoices`` would label them."""
+    return [(member.value, member.name.replace("_", " ").title()) for member in vocabulary]
 
 
 class WorkflowDefinition(models.Model):
@@ -57,7 +43,8 @@ class WorkflowRun(models.Model):
 
     definition = models.ForeignKey(WorkflowDefinition, on_delete=models.PROTECT, related_name="runs")
     name = models.CharField(max_length=255, db_index=True)
-    status = models.CharField(max_length=32, choices=RunStatus.choices, default=RunStatus.RUNNING)
+    status = models.CharField(max_length=32, choices=_choices(RunStatus),
+                              default=RunStatus.RUNNING.value)
     state = models.JSONField(default=dict, help_text="Public state: no reserved '_' keys.")
     current_step = models.PositiveIntegerField(default=0)
     total_steps = models.PositiveIntegerField()
@@ -146,7 +133,8 @@ class StepRun(models.Model):
     branch = models.PositiveIntegerField(default=0, help_text="Branch or item of a fan-out step.")
     step_index = models.PositiveIntegerField()
     step_name = models.CharField(max_length=255)
-    status = models.CharField(max_length=16, choices=StepStatus.choices, default=StepStatus.PENDING)
+    status = models.CharField(max_length=16, choices=_choices(StepStatus),
+                              default=StepStatus.PENDING.value)
     attempt = models.PositiveIntegerField(default=0, help_text="Attempts claimed so far.")
     max_attempts = models.PositiveIntegerField(default=1)
     timeout = models.FloatField(null=True, blank=True)

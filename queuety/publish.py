@@ -1,18 +1,29 @@
-"""Hand step messages to Celery, after the transaction that created them commits."""
+"""Hand messages to Celery, after the transaction that created them commits.
+
+Messages are sent by task name (``queuety.execute_step``, ``queuety.resume_parent``: stable
+contracts, see ``queuety.tasks``), so the publisher never imports its consumer.
+"""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from functools import partial
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
+from celery import current_app
 from django.db import transaction
 
 from queuety.conf import settings
+from queuety.core.definition import WorkflowSpec
 
 logger = logging.getLogger("queuety")
+
+#: The task that runs one attempt of a step row.
+EXECUTE_STEP = "queuety.execute_step"
+#: The task that moves on a run waiting for other runs.
+RESUME_PARENT = "queuety.resume_parent"
 
 
 class Message(NamedTuple):
@@ -25,6 +36,12 @@ class Message(NamedTuple):
     """The step's timeout: the message carries the matching hard time limit."""
     queue: str | None = None
     """The workflow's queue (``.on_queue()``), else ``QUEUETY["QUEUE"]``."""
+
+
+def message_for(spec: WorkflowSpec, step_run_id: int, index: int,
+                countdown: float | None = None) -> Message:
+    """The message that runs row ``step_run_id`` of step ``index`` of a run of ``spec``."""
+    return Message(step_run_id, countdown, spec.steps[index].timeout, spec.queue)
 
 
 _override: Callable[[list[Message]], None] | None = None
@@ -40,10 +57,9 @@ def publish(messages: Iterable[Message]) -> None:
     if _override is not None:
         _override(messages)
         return
-    from queuety.tasks import execute_step
-
     for message in messages:
-        options: dict = {}
+        # The tasks ignore their results (see queuety.tasks): sent by name, say so here.
+        options: dict[str, Any] = {}
         queue = message.queue or settings.QUEUE
         if queue:
             options["queue"] = queue
@@ -54,7 +70,8 @@ def publish(messages: Iterable[Message]) -> None:
             # only kills a process stuck where signals cannot reach (C code).
             options["time_limit"] = message.timeout + settings.HARD_TIMEOUT_GRACE
         try:
-            execute_step.apply_async((message.step_run_id,), **options)
+            current_app.send_task(EXECUTE_STEP, (message.step_run_id,), ignore_result=True,
+                                  **options)
         except Exception:  # noqa: BLE001 - the sweeper is the backstop
             logger.exception("Could not publish step run id=%s; the sweeper will re-publish it.",
                              message.step_run_id)
@@ -65,13 +82,38 @@ def publish_on_commit(messages: list[Message]) -> None:
     transaction.on_commit(partial(publish, messages))
 
 
+def wake(run_ids: list[int]) -> None:
+    """Once this transaction commits, ask a worker to move on each run in ``run_ids`` (runs
+    waiting for a run that finished). A broker error is logged: the sweeper wakes them too."""
+    if run_ids:
+        transaction.on_commit(partial(_send_wake_ups, list(run_ids)))
+
+
+def _send_wake_ups(run_ids: list[int]) -> None:
+    options = {"queue": settings.QUEUE} if settings.QUEUE else {}
+    for run_id in run_ids:
+        try:
+            current_app.send_task(RESUME_PARENT, (run_id,), ignore_result=True, **options)
+        except Exception:  # noqa: BLE001 - the sweeper wakes waiting parents anyway
+            logger.exception("Could not publish %s(%r); the sweeper will do it.", RESUME_PARENT,
+                             run_id)
+
+
 @contextmanager
-def captured() -> Iterable[list[Message]]:
-    """Collect published messages instead of sending them (for tests and dry runs)."""
+def redirected(send: Callable[[list[Message]], None]) -> Iterator[None]:
+    """Hand published step messages to ``send`` instead of Celery inside the block (a test's
+    own broker client, a fault injector). Wake-ups are not redirected."""
     global _override
-    sent: list[Message] = []
-    previous, _override = _override, sent.extend
+    previous, _override = _override, send
     try:
-        yield sent
+        yield
     finally:
         _override = previous
+
+
+@contextmanager
+def captured() -> Iterator[list[Message]]:
+    """Collect published step messages instead of sending them (for tests and dry runs)."""
+    sent: list[Message] = []
+    with redirected(sent.extend):
+        yield sent

@@ -1,4 +1,5 @@
-"""Celery tasks: thin wrappers over ``queuety.services``. Names are stable message contracts."""
+"""Celery tasks: thin wrappers over ``queuety.runtime``. Names are stable message contracts
+(``queuety.publish`` sends them by name)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from celery import shared_task, signals
 from celery.worker.request import Request
 from django.db import close_old_connections
 
-from queuety import services
+from queuety.runtime import attempt, recovery, settle, sweeper
+from queuety.runtime.claim import worker_id
 
 logger = logging.getLogger("queuety")
 
@@ -40,7 +42,7 @@ class StepRequest(Request):
         if not self.worker_pid or not self.args:
             return
         try:
-            services.recover_attempt(self.args[0], services.worker_id(self.worker_pid),
+            recovery.recover_attempt(self.args[0], worker_id(self.worker_pid),
                                      hard_timeout=hard_timeout)
         except Exception:  # noqa: BLE001 - the sweeper recovers the step later anyway
             logger.exception("Could not record the loss of step run id=%s", self.args[0])
@@ -50,7 +52,7 @@ class StepRequest(Request):
              ignore_result=True, Request=StepRequest, bind=True)
 def execute_step(self, step_run_id: int) -> None:
     """Run one attempt of step row ``step_run_id``; duplicates are dropped by the claim."""
-    report = services.execute_step(step_run_id, inline=not _time_limited(self))
+    report = attempt.execute_step(step_run_id, inline=not _time_limited(self))
     if report.leftover_threads:
         # Threads cannot be killed; the process can. The pool replaces it, and the attempt,
         # already recorded as timed out, can leave nothing running behind it.
@@ -74,11 +76,11 @@ def _time_limited(task) -> bool:
 @shared_task(name="queuety.sweep", ignore_result=True)
 def sweep() -> dict[str, int]:
     """Recover lost attempts and re-publish due steps (scheduled by django-celery-beat)."""
-    return services.sweep()
+    return sweeper.sweep()
 
 
 @shared_task(name="queuety.resume_parent", ignore_result=True)
 def resume_parent(run_id: int) -> None:
     """Move a run on once a run it waits for (its child, or one it awaits) finished; the
     sweeper is the backstop."""
-    services.resume_waiting(run_id)
+    settle.resume_waiting(run_id)

@@ -19,7 +19,8 @@ from tests import workflows  # noqa: E402
 key, queue, go_file = sys.argv[1:4]
 builder = (queuety.workflow("race").on_queue(queue).idempotency_key(key)
            .then(workflows.step_a))
-from queuety import publish, services  # noqa: E402
+from queuety import publish  # noqa: E402
+from queuety.store.definitions import definition_id  # noqa: E402
 
 # Count the messages this contender hands to Celery (they are still really sent).
 sent = []
@@ -34,7 +35,7 @@ def _counting(messages):
 
 publish.publish = _counting
 
-services.definition_id(builder.build())  # resolve handlers and the definition row beforehand
+definition_id(builder.build())  # resolve handlers and the definition row beforehand
 print("ready", flush=True)
 while not os.path.exists(go_file):
     time.sleep(0.001)

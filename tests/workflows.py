@@ -88,8 +88,8 @@ def interfere(state):
     """Change the run behind the engine's back while this step runs (in-process tests only)."""
     from django.db.models import F
 
-    from queuety import services
     from queuety.models import StepRun, WorkflowRun
+    from queuety.runtime import sweeper
 
     runs = WorkflowRun.objects.filter(state__token=state["token"])
     action = state["interfere"] if not marks(f"{state['token']}-interfere") else "none"
@@ -104,7 +104,7 @@ def interfere(state):
 
         StepRun.objects.filter(run__in=runs, status="processing").update(
             heartbeat_at=timezone.now() - timedelta(hours=1))
-        services.sweep()
+        sweeper.sweep()
     mark(f"{state['token']}-interfere")
     return {"interfered": action}
 

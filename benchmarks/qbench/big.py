@@ -41,12 +41,12 @@ def load(runs: int) -> dict:
     from django.db import connection
 
     import queuety
-    from queuety import services
+    from queuety.store.definitions import definition_id
     from queuety.models import WorkflowRun
 
     spec = (queuety.workflow("qbench_big").then("qbench.steps.noop")
             .then("qbench.steps.noop2").then("qbench.steps.noop3").build())
-    template = WorkflowRun.objects.create(definition_id=services.definition_id(spec),
+    template = WorkflowRun.objects.create(definition_id=definition_id(spec),
                                           name=spec.name, state={}, total_steps=3)
     columns = [f.column for f in WorkflowRun._meta.concrete_fields if not f.primary_key]
     overrides = {

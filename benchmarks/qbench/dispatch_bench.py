@@ -53,7 +53,7 @@ def main() -> None:
     from django.db import connections
 
     import queuety
-    from queuety import services
+    from queuety.store.definitions import definition_id
     from queuety.models import DispatchKey, StepRun, WorkflowRun
 
     token = uuid.uuid4().hex[:10]
@@ -65,7 +65,7 @@ def main() -> None:
         key = f"qbench-race-{token}"
         builder = builder.idempotency_key(key)
         args.count = 1
-    services.definition_id(builder.build())
+    definition_id(builder.build())
     connections.close_all()
 
     ctx = mp.get_context("fork")

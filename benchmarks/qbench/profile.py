@@ -5,7 +5,7 @@
    kept). Samples spent waiting for the next task (billiard's receive) are dropped; the rest
    ("busy": CPU and waits on PostgreSQL/Redis while a task is handled) are attributed to
    components, inclusively (a component's share contains its parts).
-2. pyinstrument around ``services.execute_step`` in this process (persistent connection,
+2. pyinstrument around ``runtime.attempt.execute_step`` in this process (persistent connection,
    publishing captured), same components.
 3. The cost of one real publish (``execute_step.apply_async`` to Redis), timed alone.
 
@@ -28,14 +28,17 @@ from qbench.util import STARTED, Worker
 
 #: (label, function name, file suffix or None). Matching is on py-spy/pyinstrument frames.
 COMPONENTS = [
-    ("execute_step, total (queuety/services.py)", "execute_step", "queuety/services.py"),
-    ("  claim (UPDATE ... RETURNING)", "claim", "queuety/services.py"),
-    ("  load_spec", "load_spec", "queuety/services.py"),
-    ("  heartbeat thread start + stop (_heartbeat)", "_heartbeat", "queuety/services.py"),
+    ("execute_step, total (queuety/runtime/attempt.py)", "execute_step",
+     "queuety/runtime/attempt.py"),
+    ("  claim (UPDATE ... RETURNING)", "claim", "queuety/runtime/claim.py"),
+    ("  load_spec", "load_spec", "queuety/store/definitions.py"),
+    ("  heartbeat thread start + stop (heartbeat)", "heartbeat", "queuety/runtime/watchdog.py"),
     ("  handler (call_handler)", "call_handler", "queuety/core/handlers.py"),
     ("  engine.advance", "advance", "queuety/core/engine.py"),
-    ("  _record_success (transition transaction)", "_record_success", "queuety/services.py"),
-    ("    the one statement (_complete_postgres)", "_complete_postgres", "queuety/services.py"),
+    ("  record_success (transition transaction)", "record_success",
+     "queuety/runtime/outcome.py"),
+    ("    the one statement (_complete_postgres)", "_complete_postgres",
+     "queuety/runtime/outcome.py"),
     ("    json.dumps of state/output/events", "dumps", "json/__init__.py"),
     ("    COMMIT (Connection.commit)", "Connection.commit", "psycopg/connection.py"),
     ("    on-commit publish of the next step (publish)", "publish", "queuety/publish.py"),
@@ -85,7 +88,7 @@ def analyse_pyspy(paths: list[Path]) -> tuple[list[tuple[str, float]], dict]:
                     counts[label] += n
             if "trace_task" in stack:
                 in_task += n
-                if not any(_matches(f, "execute_step", "queuety/services.py") for f in frames):
+                if not any(_matches(f, "execute_step", "queuety/runtime/attempt.py") for f in frames):
                     outside_step += n
     rows = [(label, 100 * counts[label] / busy) for label, _, _ in COMPONENTS if busy]
     rows.append(("Celery task tracing around it (signals, ack; not execute_step)",
@@ -146,7 +149,8 @@ def pyinstrument_inprocess(runs: int, out_dir: Path) -> dict:
     """Profile execute_step in this process (persistent connection, publishing captured)."""
     from pyinstrument import Profiler
 
-    from queuety import publish, services
+    from queuety import publish
+    from queuety.runtime import attempt
 
     builder = queuety_bench.three_steps("qbench-captured")
     with publish.captured() as sent:
@@ -160,7 +164,7 @@ def pyinstrument_inprocess(runs: int, out_dir: Path) -> dict:
         started = time.perf_counter()
         while pending:
             for step_run_id in pending:
-                services.execute_step(step_run_id)
+                attempt.execute_step(step_run_id)
             pending = [m.step_run_id for m in more]
             more.clear()
         elapsed = time.perf_counter() - started

@@ -183,7 +183,8 @@ def roundtrips(runs: int = 100) -> dict:
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    from queuety import publish, services
+    from queuety import publish
+    from queuety.runtime import attempt
 
     builder = three_steps("qbench-captured")
     shapes: dict[str, list[str]] = {}
@@ -239,7 +240,7 @@ def roundtrips(runs: int = 100) -> dict:
                     {"i": i, "token": uuid.uuid4().hex}), keep)
                 for index, phase in enumerate(("step 1", "step 2", "step 3 (last)")):
                     step_run_id = sent[index].step_run_id
-                    measure(phase, lambda: services.execute_step(step_run_id, inline=False),
+                    measure(phase, lambda: attempt.execute_step(step_run_id, inline=False),
                             keep)
             started = time.perf_counter()
             assert queuety.workflow_status(run_id).status == "completed"
@@ -249,7 +250,7 @@ def roundtrips(runs: int = 100) -> dict:
             with publish.captured() as sent:
                 run_id = builder.dispatch({"i": i, "token": uuid.uuid4().hex})
                 step_run_id = sent[0].step_run_id
-                measure(INLINE_PHASE, lambda: services.execute_step(step_run_id), keep)
+                measure(INLINE_PHASE, lambda: attempt.execute_step(step_run_id), keep)
                 assert len(sent) == 1, "the second and third steps did not run inline"
             assert queuety.workflow_status(run_id).status == "completed"
     finally:

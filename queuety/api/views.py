@@ -1,4 +1,5 @@
-"""API views: thin over ``queuety.services`` (and ``queuety.approvals`` for links)."""
+"""API views: thin over ``queuety.queries`` and ``queuety.inbox`` (and ``queuety.approvals``
+for links)."""
 
 from __future__ import annotations
 
@@ -7,21 +8,26 @@ import logging
 from typing import Any
 
 from django.db import IntegrityError, transaction
+from django.http import HttpRequest, HttpResponse, HttpResponseBase
 from django.shortcuts import render
 from django.utils.module_loading import import_string
 from django.views import View
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import status
 from rest_framework.exceptions import ParseError
+from rest_framework.permissions import BasePermission
+from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from queuety import approvals, exceptions, replyforms, services
+from queuety import approvals, exceptions, inbox, queries, replyforms
 from queuety.api import exceptions as api_errors
 from queuety.api import serializers
 from queuety.conf import settings
+from queuety.core.waits import WaitSpec
 from queuety.masking import mask
 from queuety.models import ApiReply, RunStatus, WorkflowRun
+from queuety.store.definitions import load_spec
 
 logger = logging.getLogger("queuety")
 
@@ -41,10 +47,10 @@ IDEMPOTENCY_KEY = OpenApiParameter(
 class RunAPIView(APIView):
     """Base: permissions from settings, domain errors as JSON answers."""
 
-    def get_permissions(self):
+    def get_permissions(self) -> list[BasePermission]:
         return [import_string(path)() for path in settings.API_PERMISSION_CLASSES]
 
-    def handle_exception(self, exc):
+    def handle_exception(self, exc: Exception) -> Response:
         if isinstance(exc, exceptions.QueuetyError):
             exc = api_errors.translate(exc)
         response = super().handle_exception(exc)
@@ -70,15 +76,15 @@ class RunDetailView(RunAPIView):
 
     @extend_schema(parameters=[RUN_ID],
                    responses={200: serializers.WorkflowStatusSerializer, **ERRORS})
-    def get(self, request, pk: int):
+    def get(self, request: Request, pk: int) -> Response:
         self.get_run(pk)
-        return Response(services.workflow_status(pk).to_dict())
+        return Response(queries.workflow_status(pk).to_dict())
 
 
 class PostReplyView(RunAPIView):
     """A POST that delivers something to a run, replayable with ``Idempotency-Key``."""
 
-    def body(self, request) -> Any:
+    def body(self, request: Request) -> Any:
         limit = settings.MAX_SIGNAL_BYTES
         if len(request.body) > limit:
             raise exceptions.InvalidSignalData(
@@ -94,10 +100,10 @@ class PostReplyView(RunAPIView):
             raise ParseError("The request body is not valid JSON here: it is nested too "
                              "deeply.") from None
 
-    def deliver(self, request, pk: int, **kwargs) -> services.SignalReceipt:
+    def deliver(self, request: Request, pk: int, **kwargs: Any) -> inbox.SignalReceipt:
         raise NotImplementedError
 
-    def post(self, request, pk: int, **kwargs):
+    def post(self, request: Request, pk: int, **kwargs: Any) -> Response:
         self.get_run(pk)
         key = request.headers.get("Idempotency-Key")
         if key is None:
@@ -130,7 +136,7 @@ class PostReplyView(RunAPIView):
                             headers={"Idempotent-Replayed": "true"})
 
     @staticmethod
-    def _answer(receipt: services.SignalReceipt) -> Response:
+    def _answer(receipt: inbox.SignalReceipt) -> Response:
         return Response({"signal_id": receipt.signal_id, "run_id": receipt.run_id,
                          "name": receipt.name, "settled": receipt.settled,
                          "status": receipt.status},
@@ -142,13 +148,14 @@ class _Replay(Exception):
     """Internal: this Idempotency-Key already has an answer."""
 
 
-def _sender(request) -> str:
+def _sender(request: Request) -> str:
     return f"user:{request.user.pk}:{request.user.get_username()}"
 
 
-REPLY_DOC = {"request": {"application/json": {}}, "parameters": [RUN_ID, IDEMPOTENCY_KEY],
-             "responses": {200: serializers.SignalReceiptSerializer,
-                           202: serializers.SignalReceiptSerializer, **ERRORS}}
+REPLY_DOC: dict[str, Any] = {
+    "request": {"application/json": {}}, "parameters": [RUN_ID, IDEMPOTENCY_KEY],
+    "responses": {200: serializers.SignalReceiptSerializer,
+                  202: serializers.SignalReceiptSerializer, **ERRORS}}
 
 
 class SignalView(PostReplyView):
@@ -158,11 +165,11 @@ class SignalView(PostReplyView):
     """
 
     @extend_schema(**REPLY_DOC)
-    def post(self, request, pk: int, name: str):
+    def post(self, request: Request, pk: int, name: str) -> Response:
         return super().post(request, pk, name=name)
 
-    def deliver(self, request, pk, name):
-        return services.send_signal(pk, name, self.body(request), sent_by=_sender(request))
+    def deliver(self, request: Request, pk: int, name: str) -> inbox.SignalReceipt:
+        return inbox.send_signal(pk, name, self.body(request), sent_by=_sender(request))
 
 
 class ReplyView(PostReplyView):
@@ -171,14 +178,14 @@ class ReplyView(PostReplyView):
     kind = ""
 
     @extend_schema(**REPLY_DOC)
-    def post(self, request, pk: int):
+    def post(self, request: Request, pk: int) -> Response:
         return super().post(request, pk)
 
-    def deliver(self, request, pk):
+    def deliver(self, request: Request, pk: int) -> inbox.SignalReceipt:
         data = self.body(request)
         if data is None and self.kind != "input":
             data = {}
-        return services.reply(pk, self.kind, data, signal=request.query_params.get("signal"),
+        return inbox.reply(pk, self.kind, data, signal=request.query_params.get("signal"),
                               sent_by=_sender(request))
 
 
@@ -194,7 +201,7 @@ class InputView(ReplyView):
     kind = "input"
 
 
-def not_found(request, path: str = ""):
+def not_found(request: HttpRequest, path: str = "") -> HttpResponse:
     """Any other path under the API: a JSON 404, like every other API answer."""
     from django.http import JsonResponse
 
@@ -206,12 +213,12 @@ class WaitsView(RunAPIView):
     """``GET waits/``: runs waiting on a person, oldest first (at most 200)."""
 
     @extend_schema(responses={200: serializers.WaitingRunSerializer(many=True), **ERRORS})
-    def get(self, request):
+    def get(self, request: Request) -> Response:
         found = []
         runs = (WorkflowRun.objects.filter(status=RunStatus.WAITING_FOR_SIGNAL)
                 .order_by("updated_at")[:1000])
         for run in runs:
-            spec = services.load_spec(run.definition_id)
+            spec = load_spec(run.definition_id)
             step = spec.steps[run.current_step]
             if not (step.wait and step.wait.human):
                 continue
@@ -231,7 +238,7 @@ class ApprovalPageView(View):
 
     template_name = "queuety/approval.html"
 
-    def dispatch(self, request, *args, **kwargs):
+    def dispatch(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
         response = super().dispatch(request, *args, **kwargs)
         if response.status_code >= 400:
             # Django would log this answer with the request's path, which holds the token
@@ -240,10 +247,10 @@ class ApprovalPageView(View):
             logger.warning("Approval link refused with status %s.", response.status_code)
         return response
 
-    def get(self, request, token: str):
+    def get(self, request: HttpRequest, token: str) -> HttpResponse:
         return self._page(request, token)
 
-    def post(self, request, token: str):
+    def post(self, request: HttpRequest, token: str) -> HttpResponse:
         kind = request.POST.get("action", "")
         if kind not in ("approve", "reject", "input"):
             return self._page(request, token, error="Choose approve, reject or submit.",
@@ -260,14 +267,15 @@ class ApprovalPageView(View):
         return render(request, self.template_name, {"done": True, "kind": kind,
                                                     "receipt": receipt})
 
-    def _wait(self, run_id: int):
+    def _wait(self, run_id: int) -> WaitSpec | None:
         run = WorkflowRun.objects.filter(pk=run_id).first()
         if run is None:
             return None
-        spec = services.load_spec(run.definition_id)
+        spec = load_spec(run.definition_id)
         return spec.steps[run.current_step].wait if run.current_step < len(spec.steps) else None
 
-    def _page(self, request, token: str, error: str | None = None, status: int = 200):
+    def _page(self, request: HttpRequest, token: str, error: str | None = None,
+              status: int = 200) -> HttpResponse:
         context: dict[str, Any] = {"error": error, "token": token}
         try:
             ticket = approvals.read_token(token)
@@ -278,7 +286,7 @@ class ApprovalPageView(View):
         if run is None:
             return render(request, self.template_name,
                           {"error": "This run no longer exists.", "dead": True}, status=410)
-        spec = services.load_spec(run.definition_id)
+        spec = load_spec(run.definition_id)
         step = spec.steps[ticket.step_index]
         live = (run.status == RunStatus.WAITING_FOR_SIGNAL
                 and run.current_step == ticket.step_index and run.transitions ==

@@ -55,7 +55,8 @@ class WorkflowBuilder:
 
     @property
     def _budget(self) -> Budget:
-        return self._options.get("budget", Budget())
+        budget: Budget = self._options.get("budget", Budget())
+        return budget
 
     def then(
         self,
@@ -576,6 +577,11 @@ class WorkflowBuilder:
         """Call ``handler(state)`` (durably) when the run misses its deadline."""
         return self._with(on_deadline=resolve_handler(handler)[0])
 
+    @property
+    def dispatch_key(self) -> str | None:
+        """The idempotency key :meth:`dispatch` uses (set with :meth:`idempotency_key`)."""
+        return self._key
+
     def build(self) -> WorkflowSpec:
         """Return the immutable definition (validated, route targets included)."""
         return WorkflowSpec(name=self._name, steps=self._steps, **self._options)
@@ -586,10 +592,12 @@ class WorkflowBuilder:
         The run, its first step and its start event are written in one transaction; the first
         step's message is published when that transaction commits.
         """
-        from queuety import services  # the core stays importable without Django
+        # Imported here, the one upward import of the core (named in the import-linter
+        # contract): ``import queuety`` and the core stay importable without Django.
+        from queuety import dispatch as dispatching
 
-        return services.dispatch(self.build(), payload, idempotency_key=self._key,
-                                 on_conflict=self._on_conflict)
+        return dispatching.dispatch(self.build(), payload, idempotency_key=self._key,
+                                    on_conflict=self._on_conflict)
 
     def __repr__(self) -> str:
         names = ", ".join(step.name for step in self._steps)
@@ -619,12 +627,12 @@ def _cost_units(step_name: str, obj: Any, explicit: int | None) -> int:
     declared = getattr(obj, "cost_units", None)
     if declared is None:
         return 1
-    if isinstance(declared, bool) or not isinstance(declared, int) or declared < 1:
-        raise exceptions.WorkflowDefinitionError(
-            f"Step class {step_name!r} declares cost_units={declared!r}; a class's cost must be "
-            "a whole number of at least 1 (set cost_units=0 on .then() to make one use free)."
-        )
-    return declared
+    if isinstance(declared, int) and not isinstance(declared, bool) and declared >= 1:
+        return declared
+    raise exceptions.WorkflowDefinitionError(
+        f"Step class {step_name!r} declares cost_units={declared!r}; a class's cost must be "
+        "a whole number of at least 1 (set cost_units=0 on .then() to make one use free)."
+    )
 
 
 def workflow(name: str) -> WorkflowBuilder:

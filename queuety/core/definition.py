@@ -161,12 +161,12 @@ class WorkflowSpec:
                     f"Repeat step {step.name!r} of workflow {self.name!r} targets "
                     f"{step.repeat['target']!r}, which must name an earlier step."
                 )
-        routed = [step for step in self.steps if step.routes is not None]
+        routed = [(step, step.routes) for step in self.steps if step.routes is not None]
         if not routed:
             return
-        for step in routed:
-            targets = [*step.routes.values()] + ([step.default_route] if step.default_route
-                                                 else [])
+        for step, routes in routed:
+            targets = [*routes.values()] + ([step.default_route] if step.default_route
+                                            else [])
             unknown = [t for t in targets if t not in self._index]
             if unknown:
                 raise exceptions.WorkflowDefinitionError(
@@ -194,6 +194,11 @@ class WorkflowSpec:
                 f"{', '.join(map(repr, stranded))}. Make them route targets, or move them "
                 "before the route step."
             )
+
+    def next_index(self, index: int) -> int | None:
+        """Return the position of the step after ``index``, or ``None`` after the last one
+        (the run then completes)."""
+        return index + 1 if index + 1 < len(self.steps) else None
 
     def index_of(self, name: str) -> int:
         """Return the position of the step called ``name``.
@@ -262,3 +267,35 @@ def canonical_json(value: Any) -> str:
     """Serialise ``value`` deterministically: sorted keys, no whitespace, ASCII, no NaN."""
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True,
                       allow_nan=False)
+
+
+def check_payload(name: str, payload: Any) -> dict[str, Any]:
+    """Return a run's initial state from the ``payload`` given to dispatch, as stored JSON.
+
+    Raises:
+        WorkflowDefinitionError: the payload is not a dict, uses keys starting with ``_``
+            (Queuety's own) or that are not strings, or is not JSON-serialisable.
+    """
+    if payload is None:
+        return {}
+    if not isinstance(payload, dict):
+        raise exceptions.WorkflowDefinitionError(
+            f"The payload of workflow {name!r} must be a dict (got {type(payload).__name__})."
+        )
+    reserved = sorted(key for key in payload if not isinstance(key, str) or key.startswith("_"))
+    if reserved:
+        raise exceptions.WorkflowDefinitionError(
+            f"The payload of workflow {name!r} uses reserved or non-string keys {reserved!r}; "
+            "keys starting with '_' belong to Queuety. Rename them."
+        )
+    try:
+        state: dict[str, Any] = json.loads(json.dumps(payload, allow_nan=False))
+    except (TypeError, ValueError) as error:
+        raise exceptions.WorkflowDefinitionError(
+            f"The payload of workflow {name!r} is not JSON-serialisable: {error}."
+        ) from None
+    except RecursionError:
+        raise exceptions.WorkflowDefinitionError(
+            f"The payload of workflow {name!r} is nested too deeply to be stored as JSON."
+        ) from None
+    return state

@@ -143,6 +143,8 @@ def ids_from_state(spec: WaitWorkflowsSpec, step: str, state: dict[str, Any]) ->
     Raises:
         InvalidStepOutput: the key is missing or holds something other than run ids.
     """
+    # __post_init__ keeps exactly one source of ids: here (no ids, no group) it is state_key.
+    assert spec.state_key is not None
     value = state.get(spec.state_key)
     values = value if isinstance(value, list) else [value]
     if not all(_is_id(v) for v in values):
@@ -194,3 +196,18 @@ def evaluate(spec: WaitWorkflowsSpec, ids: list[int],
     else:
         output = {spec.result_key: {str(i): state for i, state in states}}
     return WaitResult(verdict, matched, failed, remaining, output)
+
+
+def awaited_ids(wait: WaitWorkflowsSpec, step: str, state: dict[str, Any],
+                groups: dict[str, list[int]]) -> list[int]:
+    """The run ids a ``wait_for_workflows`` step waits for, in order: its own list, a group
+    a ``start_workflows`` step filled, or the ids a state key holds.
+
+    Raises:
+        InvalidStepOutput: the state key does not hold run ids.
+    """
+    if wait.ids is not None:
+        return list(dict.fromkeys(wait.ids))
+    if wait.group is not None:
+        return list(groups.get(wait.group, []))
+    return ids_from_state(wait, step, state)

@@ -1,12 +1,13 @@
 """The transition function: what a step's outcome does to its run.
 
-Pure: it takes values and returns values. The Django layer (``queuety.services``) reads the rows,
+Pure: it takes values and returns values. The runtime (``queuety.runtime``) reads the rows,
 calls these functions between its claim and its commit, and writes what they return.
 """
 
 from __future__ import annotations
 
 import json
+import random
 import traceback
 from dataclasses import dataclass
 from typing import Any
@@ -97,7 +98,7 @@ def advance(
     """
     step = spec.steps[step_index]
     if step.routes is not None:
-        return _advance_route(spec, run_id, state, step_index, output)
+        return _advance_route(spec, run_id, state, step_index, step.routes, output)
     if step.kind == "delay":
         output = None
     raw = output
@@ -123,7 +124,8 @@ def advance(
 
 
 def _advance_route(spec: WorkflowSpec, run_id: int, state: dict[str, Any], step_index: int,
-                   returned: Any) -> Advance:
+                   routes: dict[str, str], returned: Any) -> Advance:
+    """Advance past route step ``step_index``, whose ``routes`` (label -> target) are given."""
     step = spec.steps[step_index]
     label, output = (returned.label, returned.output) if isinstance(returned, Route) \
         else (returned, None)
@@ -133,12 +135,12 @@ def _advance_route(spec: WorkflowSpec, run_id: int, state: dict[str, Any], step_
             f"({type(label).__name__}); a route label must be a string, compared exactly."
         )
     output = check_output(step.name, run_id, output)
-    if label in step.routes:
-        target, defaulted = step.routes[label], False
+    if label in routes:
+        target, defaulted = routes[label], False
     elif step.default_route is not None:
         target, defaulted = step.default_route, True
     else:
-        known = list(step.routes)
+        known = list(routes)
         raise exceptions.UnmatchedRoute(
             f"Route step {step.name!r} of run {run_id} returned label {label!r}, which matches "
             f"none of its routes {known} and it has no DEFAULT route.", label, tuple(known))
@@ -148,7 +150,7 @@ def _advance_route(spec: WorkflowSpec, run_id: int, state: dict[str, Any], step_
 
 
 def retry_delay(
-    policy: RetryPolicy, error: BaseException, attempt: int, rng=None
+    policy: RetryPolicy, error: BaseException, attempt: int, rng: random.Random | None = None
 ) -> float | None:
     """Return the wait before the next attempt, or ``None`` when the step has failed for good."""
     if not policy.should_retry(error, attempt):

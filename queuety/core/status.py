@@ -1,10 +1,52 @@
-"""The typed status object returned by ``queuety.workflow_status()``."""
+"""The status vocabulary of runs and step rows, and the snapshot ``queuety.workflow_status()``
+returns.
+
+``queuety.models`` takes its ``choices`` from these enums, so the core and the storage speak
+one vocabulary; the status sets below are the only definitions of "finished", "live" and
+"live or held".
+"""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from datetime import datetime
+from enum import StrEnum
 from typing import Any
+
+
+class RunStatus(StrEnum):
+    """Status of a workflow run (the original plugin's words)."""
+
+    RUNNING = "running"
+    WAITING_FOR_SIGNAL = "waiting_for_signal"
+    WAITING_FOR_WORKFLOWS = "waiting_for_workflows"
+    PAUSED = "paused"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+class StepStatus(StrEnum):
+    """Status of one step execution row: the queue's truth."""
+
+    PENDING = "pending"
+    PROCESSING = "processing"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    HELD = "held"
+    """A fan-out branch or item waiting for a free slot under its step's max_concurrency:
+    not claimable and never published until released."""
+
+
+#: Runs that can make no more progress by themselves.
+FINISHED = (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED)
+#: Runs that are not finished: a failure, a deadline or a cancel may still end them.
+UNFINISHED = tuple(status for status in RunStatus if status not in FINISHED)
+#: Step rows being worked on or due. ``LIVE_OR_HELD`` adds the rows a fan-out holds back:
+#: an operation that stops a run stops those too, one that publishes rows must not.
+LIVE = (StepStatus.PENDING, StepStatus.PROCESSING)
+LIVE_OR_HELD = (*LIVE, StepStatus.HELD)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -55,4 +97,4 @@ class WorkflowStatus:
     @property
     def is_finished(self) -> bool:
         """Return True once the run can make no more progress by itself."""
-        return self.status in ("completed", "failed", "cancelled")
+        return self.status in FINISHED

@@ -8,6 +8,7 @@ a wait entered again (a loop) waits for new ones.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -190,7 +191,7 @@ def output(wait: WaitSpec, chosen: list[tuple[str, Any]]) -> dict[str, Any]:
         record = {"outcome": wait.decision.get(name, name), "signal": name, "data": payload}
         if wait.result_key:
             return {wait.result_key: record}
-        merged = {"decision_outcome": record["outcome"], "decision_signal": name}
+        merged: dict[str, Any] = {"decision_outcome": record["outcome"], "decision_signal": name}
         if isinstance(payload, dict):
             merged.update({k: v for k, v in payload.items() if not k.startswith("_")})
         return merged
@@ -198,10 +199,58 @@ def output(wait: WaitSpec, chosen: list[tuple[str, Any]]) -> dict[str, Any]:
         if len(wait.signals) == 1:
             return {wait.result_key: chosen[0][1]}
         return {wait.result_key: dict(chosen)}
-    merged: dict[str, Any] = {}
+    merged = {}
     for name, payload in chosen:
         if isinstance(payload, dict):
             merged.update({k: v for k, v in payload.items() if not k.startswith("_")})
         else:
             merged[name] = payload
     return merged
+
+
+def check_signal_data(run_id: int, name: Any, data: Any, limit: int) -> Any:
+    """Return ``data`` if signal ``name`` may carry it to run ``run_id``: a non-blank name of
+    at most 255 characters, and data that is JSON of at most ``limit`` bytes.
+
+    Raises:
+        InvalidSignalData: the name or the data is not acceptable; ``errors`` says where.
+    """
+    if not isinstance(name, str) or not name.strip() or len(name) > 255:
+        raise exceptions.InvalidSignalData(
+            f"Signal names are non-blank strings of at most 255 characters (got {name!r} for "
+            f"run {run_id})."
+        )
+    try:
+        text = json.dumps(data, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError) as error:
+        raise exceptions.InvalidSignalData(
+            f"The data of signal {name!r} for run {run_id} is not JSON: {error}.",
+            [{"path": "/", "message": str(error)}],
+        ) from None
+    except RecursionError:
+        message = "it is nested too deeply"
+        raise exceptions.InvalidSignalData(
+            f"The data of signal {name!r} for run {run_id} is not storable JSON: {message}.",
+            [{"path": "/", "message": message}],
+        ) from None
+    size = len(text.encode())
+    if size > limit:
+        raise exceptions.InvalidSignalData(
+            f"The data of signal {name!r} for run {run_id} is {size} bytes; the limit is "
+            f"{limit} (QUEUETY['MAX_SIGNAL_BYTES']).", too_large=True,
+        )
+    return data
+
+
+def reply_signal(wait: WaitSpec, kind: str) -> str | None:
+    """The signal a human reply of ``kind`` (``approve``, ``reject``, ``input``) sends to
+    ``wait``, or ``None`` when that wait takes no reply of that kind. ``approve`` answers both
+    an approval and a decision."""
+    if kind == "approve" and wait.human == APPROVAL:
+        return wait.signals[0]
+    if kind in ("approve", "reject") and wait.human == DECISION:
+        outcome = "approved" if kind == "approve" else "rejected"
+        return next(name for name, result in wait.decision.items() if result == outcome)
+    if kind == "input" and wait.human == INPUT:
+        return wait.signals[0]
+    return None

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 import queuety
-from queuety import publish, services
+from queuety import publish
 from queuety.models import Event, StepRun
+from queuety.runtime import attempt
 from tests import workflows
 
 
@@ -18,7 +19,7 @@ def run_inline(token: str, interfere: str, builder=None):
         run_id = builder.dispatch({"token": token, "interfere": interfere})
         done = 0
         while done < len(sent):
-            services.execute_step(sent[done].step_run_id)
+            attempt.execute_step(sent[done].step_run_id)
             done += 1
     return run_id, sent
 

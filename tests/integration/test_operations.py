@@ -15,8 +15,8 @@ from django.test import override_settings
 from django.utils import timezone
 
 import queuety
-from queuety import operations
 from queuety.models import DispatchKey, Event, StepRun, WorkflowRun
+from queuety.runtime import sweeper
 from tests import workflows
 from tests.integration.conftest import wait_for
 from tests.settings import QUEUETY as TEST_QUEUETY
@@ -273,7 +273,6 @@ def test_rewind__refused_after_compensations_and_a_paused_run_stays_paused(worke
 
 
 def test_sweeper__a_step_whose_definition_cannot_load_fails_alone(worker, token):
-    from queuety import services
     from queuety.models import WorkflowDefinition
 
     broken = queuety.workflow("unloadable").then(workflows.slow).dispatch(
@@ -292,7 +291,7 @@ def test_sweeper__a_step_whose_definition_cannot_load_fails_alone(worker, token)
                            attempt=1, available_at=stale, claimed_at=stale, heartbeat_at=stale)
     healthy = queuety.workflow("healthy").then(workflows.step_a).dispatch({"token": token})
 
-    report = services.sweep()
+    report = sweeper.sweep()
 
     assert report["recovered"] >= 1 and report["republished"] >= 0
     assert WorkflowRun.objects.get(pk=run.pk).status == "failed"
@@ -483,14 +482,14 @@ def test_retention__purges_old_finished_runs_but_keeps_dispatch_keys(worker, tok
     WorkflowRun.objects.filter(pk=old).update(finished_at=timezone.now() - timedelta(days=10))
 
     with override_settings(QUEUETY={**TEST_QUEUETY, "RETENTION_DAYS": 7}):
-        while operations.purge_finished():
+        while sweeper.purge_finished():
             pass
 
     assert not WorkflowRun.objects.filter(pk=old).exists()
     assert not Event.objects.filter(run_id=old).exists()
     assert WorkflowRun.objects.filter(pk=recent).exists()
     assert DispatchKey.objects.get(key=key).run_id == old
-    assert operations.purge_finished() == 0  # RETENTION_DAYS unset: nothing is purged
+    assert sweeper.purge_finished() == 0  # RETENTION_DAYS unset: nothing is purged
 
 
 def test_overview__counts_per_status(worker, token):

@@ -174,7 +174,7 @@ def test_S5_no_policy_means_no_retry(worker, token, semantics):
 
 
 def test_policy_precedence__step_then_workflow_then_global(token):
-    from queuety import services
+    from queuety.store.definitions import effective_policy
 
     step_policy = queuety.RetryPolicy(max_attempts=7)
     flow_policy = queuety.RetryPolicy(max_attempts=5)
@@ -182,9 +182,9 @@ def test_policy_precedence__step_then_workflow_then_global(token):
             .then(workflows.step_a, retry=step_policy).then(workflows.step_b).build())
     bare = queuety.workflow("precedence_bare").then(workflows.step_a).build()
 
-    assert services.effective_policy(spec, 0) == step_policy
-    assert services.effective_policy(spec, 1) == flow_policy
-    assert services.effective_policy(bare, 0) == queuety_settings.DEFAULT_RETRY
+    assert effective_policy(spec, 0) == step_policy
+    assert effective_policy(spec, 1) == flow_policy
+    assert effective_policy(bare, 0) == queuety_settings.DEFAULT_RETRY
 
 
 def _nested(token: str, inner_attempts: int, outer: queuety.RetryPolicy | None,

@@ -235,8 +235,9 @@ def test_run_workflow__cancelling_the_parent_cancels_the_child(worker, token):
 
 
 def test_run_workflow__a_lost_wake_up_is_repaired_by_the_sweeper(worker, token):
-    from queuety import publish, services
+    from queuety import publish
     from queuety.models import WorkflowRun
+    from queuety.runtime import attempt
 
     with publish.captured():  # no message leaves: the child's steps run here, in-process
         run_id = (queuety.workflow("parent_swept")
@@ -245,7 +246,7 @@ def test_run_workflow__a_lost_wake_up_is_repaired_by_the_sweeper(worker, token):
     child = WorkflowRun.objects.get(parent_id=run_id)
     row = StepRun.objects.get(run_id=child.pk)
     with publish.captured():
-        services.execute_step(row.pk)
+        attempt.execute_step(row.pk)
     # The child completed, but its parent's wake-up went nowhere; the sweeper moves it on.
     assert queuety.workflow_status(child.pk).status == "completed"
     assert queuety.workflow_status(run_id).status == "waiting_for_workflows"

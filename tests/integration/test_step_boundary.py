@@ -12,8 +12,10 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 import queuety
-from queuety import publish, services
+from queuety import publish
 from queuety.models import Event, StepRun, WorkflowDefinition, WorkflowRun
+from queuety.runtime import attempt
+from queuety.store.definitions import definition_id
 from queuety.tasks import execute_step
 from tests import workflows
 from tests.integration.conftest import wait_for
@@ -171,14 +173,14 @@ def test_step_boundary__query_count_is_pinned(token, monkeypatch, prepared):
     # before it inserted its row already claimed.
     monkeypatch.setitem(connection.settings_dict["OPTIONS"], "prepare_threshold",
                         5 if prepared else None)
-    services.definition_id(three_steps().build())  # the definition row, once per process
+    definition_id(three_steps().build())  # the definition row, once per process
     with publish.captured() as sent:
         with CaptureQueriesContext(connection) as dispatched:
             run_id = three_steps().dispatch({"token": token})
         with CaptureQueriesContext(connection) as own_message:
-            services.execute_step(sent[0].step_run_id, inline=False)
+            attempt.execute_step(sent[0].step_run_id, inline=False)
         with CaptureQueriesContext(connection) as inline:
-            services.execute_step(sent[1].step_run_id)
+            attempt.execute_step(sent[1].step_run_id)
 
     def statements(captured):
         return [q["sql"].split()[0] for q in captured.captured_queries]
@@ -238,7 +240,7 @@ def test_inline__bounded_by_steps_and_time(token, settings, limits, published):
                   .dispatch({"token": token, "sleep": 0.05}))
         done = 0
         while done < len(sent):
-            services.execute_step(sent[done].step_run_id)
+            attempt.execute_step(sent[done].step_run_id)
             done += 1
 
     assert queuety.workflow_status(run_id).status == "completed"

@@ -219,7 +219,8 @@ def test_cancelling_the_parent_cancels_the_runs_it_started(worker, token):
 
 
 def test_a_lost_wake_up_is_repaired_by_the_sweeper(worker, token):
-    from queuety import publish, services
+    from queuety import publish
+    from queuety.runtime import attempt
 
     dependency = child(signal=True).dispatch({"token": token})
     run_id = (queuety.workflow("swept").wait_for_workflow(dependency, "dependency")
@@ -230,7 +231,7 @@ def test_a_lost_wake_up_is_repaired_by_the_sweeper(worker, token):
     wait_for(dependency, statuses=("waiting_for_signal", "running"), worker=worker)
     row = WorkflowRun.objects.get(pk=dependency).steps.get(step_name="child_work")
     with publish.captured():
-        services.execute_step(row.pk)
+        attempt.execute_step(row.pk)
     assert queuety.workflow_status(dependency).status == "completed"
     assert queuety.workflow_status(run_id).status == "waiting_for_workflows"
     status = wait_for(run_id, worker=worker, timeout=15)   # the sweeper (every second here)

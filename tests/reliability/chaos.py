@@ -189,11 +189,10 @@ def publishing_to(broker_url: str, queue: str):
             except Exception:  # noqa: BLE001 - as in queuety.publish: the sweeper re-sends
                 pass
 
-    previous, publish._override = publish._override, send
     try:
-        yield app
+        with publish.redirected(send):
+            yield app
     finally:
-        publish._override = previous
         app.close()
 
 

@@ -18,8 +18,11 @@ import pytest
 from django.db import OperationalError, connection
 
 import queuety
-from queuety import publish, services
+from queuety import publish
 from queuety.models import Event, StepRun, WorkflowRun
+from queuety.runtime import attempt, outcome
+from queuety.store import rows
+from queuety.store import sql as statements
 from tests import workflows
 from tests.integration.conftest import wait_for
 
@@ -112,7 +115,7 @@ def test_error_outlasting_the_retries__the_step_is_recovered_and_runs_again(
     # As many failures as the worker makes tries (the first and one per pause): the error
     # propagates, the heartbeat stops, and the sweeper takes the attempt back as lost.
     run_id, injected = run_with_fault(token, "40001",
-                                      fires=len(services.TRANSITION_RETRY_DELAYS) + 1)
+                                      fires=len(outcome.TRANSITION_RETRY_DELAYS) + 1)
 
     status = wait_for(run_id, timeout=60, worker=worker)
     recovered = time.monotonic() - injected
@@ -145,7 +148,7 @@ def test_a_try_whose_commit_landed_but_whose_answer_was_lost__is_not_applied_twi
     run_id = (queuety.workflow("rel_db_ambiguous").on_queue(f"nobody-{token}")
               .then(workflows.step_a).then(workflows.step_b).dispatch({"token": token}))
     first = StepRun.objects.get(run_id=run_id, step_index=0)
-    real_cursor = services._hot_cursor
+    real_cursor = rows.hot_cursor
     lost = []
 
     class AnswerLosingCursor:
@@ -157,7 +160,7 @@ def test_a_try_whose_commit_landed_but_whose_answer_was_lost__is_not_applied_twi
 
         def execute(self, sql, params=None):
             result = self.cursor.execute(sql, params)
-            if sql is services._COMPLETE_POSTGRES and not lost:
+            if sql is statements.COMPLETE_POSTGRES and not lost:
                 owned, advanced, next_id = self.cursor.fetchone()
                 lost.append((owned, advanced, StepRun.objects.values_list(
                     "status", "claimed_by").get(pk=next_id)))
@@ -172,9 +175,9 @@ def test_a_try_whose_commit_landed_but_whose_answer_was_lost__is_not_applied_twi
         with real_cursor() as cursor:
             yield AnswerLosingCursor(cursor)
 
-    monkeypatch.setattr(services, "_hot_cursor", losing_cursor)
+    monkeypatch.setattr(rows, "hot_cursor", losing_cursor)
     with publish.captured() as sent:
-        services.execute_step(first.pk, inline=inline)
+        attempt.execute_step(first.pk, inline=inline)
 
     owned, advanced, (next_status, next_claimer) = lost[0]
     assert owned and advanced, "the first try did not apply the transition"
@@ -208,7 +211,7 @@ def test_which_database_errors_the_transition_tries_again():
         error.__cause__ = cause
         return error
 
-    tried_again = {name: services._transient(wrapped(cause)) for name, cause in {
+    tried_again = {name: rows.is_transient(wrapped(cause)) for name, cause in {
         "serialization failure": errors.SerializationFailure(),
         "deadlock": errors.DeadlockDetected(),
         "session terminated": errors.AdminShutdown(),
@@ -222,4 +225,4 @@ def test_which_database_errors_the_transition_tries_again():
         "serialization failure": True, "deadlock": True, "session terminated": True,
         "server starting up": True, "connection dropped": True,
         "statement timeout": False, "lock timeout": False, "disk full": False}
-    assert not services._transient(ValueError("not a database error"))
+    assert not rows.is_transient(ValueError("not a database error"))

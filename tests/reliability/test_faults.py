@@ -18,7 +18,7 @@ from collections import Counter
 
 from django.utils import timezone
 
-from queuety import services
+from queuety import inbox
 from queuety.models import Event, StepRun, WorkflowRun
 from tests.reliability import steps
 from tests.reliability.chaos import (
@@ -89,7 +89,7 @@ class Scenario:
     def signal(self, run_ids) -> None:
         for run_id in run_ids:
             if run_id not in self.signalled:
-                services.send_signal(run_id, "go", {"run": run_id}, sent_by="chaos test")
+                inbox.send_signal(run_id, "go", {"run": run_id}, sent_by="chaos test")
                 self.signalled.add(run_id)
 
     def live_rows(self) -> tuple[dict, dict]:

@@ -16,7 +16,7 @@ import pytest
 from django.db.models import Count
 
 import queuety
-from queuety import history
+from queuety import export
 from queuety.models import ApiReply, Event, Signal, StepRun, WorkflowRun
 from tests import workflows
 from tests.integration.conftest import wait_for
@@ -148,13 +148,13 @@ def test_replay_hostile_document__refused_and_nothing_written(worker, token, dam
     damage(document)
     before = footprint()
     with pytest.raises(queuety.WorkflowDefinitionError, match=words):
-        history.replay(document)
+        export.replay(document)
     assert footprint() == before
 
 
 def test_replay_document_as_text__deeply_nested_is_refused(waiting):
     before = footprint()
     with pytest.raises(queuety.WorkflowDefinitionError, match="nested"):
-        history.replay("[" * 20_000 + "]" * 20_000)
+        export.replay("[" * 20_000 + "]" * 20_000)
     assert footprint() == before
     assert json.dumps(queuety.export_workflow(waiting))  # the real export still round-trips

@@ -44,7 +44,7 @@ def test_builder__guardrail_options_are_validated(call, message):
 def test_builder__version_and_key_are_trimmed():
     builder = queuety.workflow("w").version(" v2 ").idempotency_key(" k:1 ").then(
         workflows.step_a)
-    assert builder.build().version == "v2" and builder._key == "k:1"
+    assert builder.build().version == "v2" and builder.dispatch_key == "k:1"
 
 
 def test_cost_units__resolution_order():

@@ -11,7 +11,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 import queuety
 from project.workflows import DEMO_ORDER, order_fulfilment
-from queuety.management.commands.queuety import format_status
+from queuety.core.describe import format_status
 
 
 class Command(BaseCommand):

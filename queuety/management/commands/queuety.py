@@ -8,8 +8,11 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from queuety import exceptions, history, operations, services
-from queuety.core.status import WorkflowStatus
+from queuety import exceptions, inbox, operations, queries
+from queuety import export as exports  # "export" and "timeline" name sub-parsers below
+from queuety import timeline as timelines
+from queuety.core.describe import format_status
+from queuety.runtime import sweeper
 
 
 class Error(CommandError):
@@ -121,7 +124,7 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         if options["group"] == "sweep":
-            self.stdout.write(_json(services.sweep()))
+            self.stdout.write(_json(sweeper.sweep()))
             return
         if options["group"] == "status":
             self._overview(**options)
@@ -132,7 +135,7 @@ class Command(BaseCommand):
         getattr(self, f"_{options['action'].replace('-', '_')}")(**options)
 
     def _overview(self, format: str, **options: Any) -> None:
-        data = operations.overview()
+        data = queries.overview()
         if format == "json":
             self.stdout.write(_json(data))
             return
@@ -157,7 +160,7 @@ class Command(BaseCommand):
 
     def _timeline(self, run_id: int, limit: int, offset: int, format: str,
                   **options: Any) -> None:
-        events = self._call(history.timeline, run_id, limit, offset)
+        events = self._call(timelines.timeline, run_id, limit, offset)
         if format == "json":
             self.stdout.write(_json(events))
             return
@@ -174,7 +177,7 @@ class Command(BaseCommand):
     def _state_at(self, run_id: int, step: str, format: str = "text", **options: Any) -> None:
         where = int(step) if step.isdigit() else step
         try:
-            state = self._call(history.state_at, run_id, where)
+            state = self._call(timelines.state_at, run_id, where)
         except LookupError:
             raise Error(f"No recorded state found for workflow #{run_id} at step "
                         f"{step}.") from None
@@ -194,7 +197,7 @@ class Command(BaseCommand):
         self.stdout.write(f"Success: Workflow #{run_id} rewound to step {step}.")
 
     def _export(self, run_id: int, output: str | None, **options: Any) -> None:
-        document = self._call(history.export, run_id)
+        document = self._call(exports.export, run_id)
         text = json.dumps(document, indent=4, ensure_ascii=False)
         if output is None:
             self.stdout.write(text)
@@ -216,7 +219,7 @@ class Command(BaseCommand):
             document = json.loads(text)
         except ValueError as error:
             raise Error(f"Invalid JSON: {error}") from None
-        new = self._call(history.replay, document)
+        new = self._call(exports.replay, document)
         self.stdout.write(f"Success: Workflow replayed. New workflow ID: {new}.")
 
     def _table(self, header: list[str], rows: list[list[str]]) -> None:
@@ -238,12 +241,12 @@ class Command(BaseCommand):
         value = _json_option(data, object_only=kind != "input")
         if value is None and kind != "input":
             value = {}
-        receipt = self._call(services.reply, run_id, kind, value, signal=signal,
+        receipt = self._call(inbox.reply, run_id, kind, value, signal=signal,
                              sent_by="manage.py")
         self.stdout.write(f"Success: {said} workflow #{run_id}. Status: {receipt.status}.")
 
     def _signal(self, run_id: int, name: str, data: str | None, **options: Any) -> None:
-        receipt = self._call(services.send_signal, run_id, name, _json_option(data),
+        receipt = self._call(inbox.send_signal, run_id, name, _json_option(data),
                              sent_by="manage.py")
         outcome = "completed its wait" if receipt.settled else "stored"
         self.stdout.write(f"Success: Signal '{name}' sent to workflow #{run_id} ({outcome}). "
@@ -260,7 +263,7 @@ class Command(BaseCommand):
 
     def _status(self, run_id: int, format: str, **options: Any) -> None:
         try:
-            status = services.workflow_status(run_id)
+            status = queries.workflow_status(run_id)
         except exceptions.RunNotFound:
             raise Error(f"Workflow #{run_id} not found.") from None
         if format == "json":
@@ -270,7 +273,7 @@ class Command(BaseCommand):
 
     def _list(self, status: str | None, limit: int, format: str, **options: Any) -> None:
         try:
-            runs = services.list_workflows(status=status, limit=limit)
+            runs = queries.list_workflows(status=status, limit=limit)
         except ValueError as error:
             raise Error(str(error)) from None
         if format == "json":
@@ -285,38 +288,3 @@ class Command(BaseCommand):
                  f"{run.current_step}/{run.total_steps}", run.current_step_name or "-"]
                 for run in runs]
         self._table(header, rows)
-
-
-def format_status(status: WorkflowStatus) -> list[str]:
-    """Return the lines of ``workflow status`` text output (labels as in ``wp queuety``)."""
-    lines = [
-        f"Workflow: {status.name} (#{status.id})",
-        f"Status:   {status.status}",
-        f"Step:     {status.current_step}/{status.total_steps}",
-    ]
-    if status.current_step_name is not None:
-        lines.append(f"StepName: {status.current_step_name}")
-    if status.definition_version is not None:
-        lines.append(f"Version:  {status.definition_version}")
-    lines.append(f"Hash:     {status.definition_hash}")
-    if status.idempotency_key is not None:
-        lines.append(f"Key:      {status.idempotency_key}")
-    if status.wait_type is not None and status.waiting_for:
-        lines.append(f"Waiting:  {status.wait_type} => {', '.join(status.waiting_for)}")
-    if status.wait_mode is not None:
-        lines.append(f"WaitMode: {status.wait_mode}")
-    if status.wait_details is not None:
-        lines.append(f"WaitInfo: {json.dumps(status.wait_details, separators=(',', ':'))}")
-    if status.budget is not None:
-        lines.append(f"Budget:   {json.dumps(status.budget, separators=(',', ':'))}")
-    if status.retry_policy is not None and status.status not in ("completed", "cancelled"):
-        lines.append(f"Retry:    {status.retry_policy}")
-    if status.error:
-        error = status.error
-        where = f" (step {error.get('step')!r}, attempt {error.get('attempt')}" \
-                f"/{error.get('max_attempts')})" if error.get("step") else ""
-        lines.append(f"Error:    {error.get('type')}: {error.get('message')}{where}")
-    if status.state:
-        lines.append("State:")
-        lines.append(_json(status.state))
-    return lines

@@ -1,15 +1,15 @@
-"""A run's history: the timeline, the state at a step, export and replay.
+"""Export and replay: a run as a versioned JSON document, and a new run continuing from one.
 
-The timeline is the ``Event`` table. Every transition records what it merged (``output``), and
-every event that resets the state (rewind, fork, replay) records the whole public state, so the
-state after any step can be rebuilt from the events alone.
+The document carries the run, its definition, its step rows, its timeline and its signals;
+``replay`` validates it against :data:`EXPORT_SCHEMA`, checks the definition's hash and that
+this site trusts the code it names, and only then writes a row.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import jsonschema
@@ -17,77 +17,28 @@ from django.db import transaction
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
-from queuety import __version__, exceptions
+from queuety import __version__, exceptions, operations
+from queuety.conf import settings
 from queuety.core import budget as budgets
 from queuety.core.definition import WorkflowSpec, canonical_json
 from queuety.core.handlers import resolve_handler
-from queuety.models import Event, RunStatus, Signal, StepRun, WorkflowDependency, WorkflowRun
+from queuety.core.status import FINISHED
+from queuety.models import (
+    Event,
+    RunStatus,
+    Signal,
+    StepRun,
+    WorkflowDefinition,
+    WorkflowDependency,
+    WorkflowRun,
+)
+from queuety.queries import workflow_status
+from queuety.store import rows
+from queuety.store.definitions import definition_id, load_spec
+from queuety.timeline import event_dict
 
 #: Version of the export document's shape; bumped on incompatible changes.
 EXPORT_FORMAT = 1
-
-#: Event kinds that carry the run's whole public state in ``data["state"]``.
-STATE_RESETS = ("workflow_started", "workflow_rewound", "workflow_forked", "workflow_replayed")
-#: Event kinds whose ``data["output"]`` was merged into the state.
-MERGES = ("step_completed", "wait_settled")
-
-
-def _get_run(run_id: int) -> WorkflowRun:
-    try:
-        return WorkflowRun.objects.get(pk=run_id)
-    except (WorkflowRun.DoesNotExist, ValueError, TypeError):
-        raise exceptions.RunNotFound(run_id) from None
-
-
-def _event_dict(event: Event) -> dict[str, Any]:
-    return {"id": event.pk, "kind": event.kind, "step_index": event.step_index,
-            "step_name": event.step_name, "attempt": event.attempt,
-            "duration_ms": event.duration_ms, "data": event.data,
-            "created_at": event.created_at.isoformat()}
-
-
-def timeline(run_id: int, limit: int = 100, offset: int = 0) -> list[dict[str, Any]]:
-    """Return run ``run_id``'s events, oldest first (``queuety.workflow_timeline()``).
-
-    Raises:
-        RunNotFound: no such run.
-    """
-    _get_run(run_id)
-    events = Event.objects.filter(run_id=run_id).order_by("pk")[offset:offset + limit]
-    return [_event_dict(event) for event in events]
-
-
-def states_after_steps(run_id: int) -> dict[int, dict[str, Any]]:
-    """Rebuild, from the timeline, the public state after each step's latest completion."""
-    state: dict[str, Any] = {}
-    after: dict[int, dict[str, Any]] = {}
-    for kind, step_index, data in (Event.objects.filter(run_id=run_id).order_by("pk")
-                                   .values_list("kind", "step_index", "data")):
-        if kind in STATE_RESETS and "state" in (data or {}):
-            state = dict(data["state"])
-        elif kind in MERGES:
-            output = data.get("output") or {}
-            state = {**state, **{k: v for k, v in output.items() if not k.startswith("_")}}
-            after[step_index] = dict(state)
-    return after
-
-
-def state_at(run_id: int, step: int | str) -> dict[str, Any]:
-    """Return the public state right after step ``step`` (index or name) last completed.
-
-    Raises:
-        RunNotFound: no such run.
-        LookupError: the step never completed in this run.
-    """
-    from queuety import services
-
-    run = _get_run(run_id)
-    spec = services.load_spec(run.definition_id)
-    index = step if isinstance(step, int) else spec.index_of(step)
-    after = states_after_steps(run_id)
-    if index not in after:
-        raise LookupError(f"No recorded state found for workflow run {run_id} at step {step}.")
-    return after[index]
 
 
 # -- export -----------------------------------------------------------------------------------
@@ -98,11 +49,9 @@ def _iso(value: datetime | None) -> str | None:
 
 def export(run_id: int) -> dict[str, Any]:
     """Return run ``run_id`` as a versioned JSON document (``queuety.export_workflow()``)."""
-    from queuety import services
-
-    run = _get_run(run_id)
-    spec = services.load_spec(run.definition_id)
-    status = services.workflow_status(run_id)
+    run = rows.get_run(run_id)
+    spec = load_spec(run.definition_id)
+    status = workflow_status(run_id)
     steps = StepRun.objects.filter(run_id=run_id).order_by("pk")
     return {
         "format_version": EXPORT_FORMAT,
@@ -129,7 +78,7 @@ def export(run_id: int) -> dict[str, Any]:
             "available_at": _iso(s.available_at), "claimed_at": _iso(s.claimed_at),
             "finished_at": _iso(s.finished_at), "output": s.output, "error": s.error,
         } for s in steps],
-        "events": [_event_dict(e) for e in Event.objects.filter(run_id=run_id).order_by("pk")],
+        "events": [event_dict(e) for e in Event.objects.filter(run_id=run_id).order_by("pk")],
         "signals": [{
             "id": s.pk, "name": s.name, "payload": s.payload, "sent_by": s.sent_by,
             "received_at": _iso(s.received_at), "consumed_at": _iso(s.consumed_at),
@@ -157,7 +106,7 @@ EXPORT_SCHEMA = {
                          "counters"],
             "properties": {
                 "name": {"type": "string", "minLength": 1},
-                "status": {"enum": list(RunStatus.values)},
+                "status": {"enum": [status.value for status in RunStatus]},
                 "state": {"type": "object"},
                 "current_step": {"type": "integer", "minimum": 0},
                 "definition_hash": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
@@ -252,9 +201,6 @@ def _check_trusted(definition: dict[str, Any], definition_hash: str) -> None:
     every dotted path lies under a module prefix of ``QUEUETY["REPLAY_MODULES"]``. Anything else
     could make a worker import and call arbitrary functions.
     """
-    from queuety.conf import settings
-    from queuety.models import WorkflowDefinition
-
     if WorkflowDefinition.objects.filter(definition_hash=definition_hash,
                                          name=definition.get("name")).exists():
         return
@@ -281,12 +227,10 @@ def replay(document: Any) -> int:
         WorkflowDefinitionError: the document is malformed, altered, or names handlers this
             site cannot import; nothing is written.
     """
-    from queuety import services
-
     document, spec = read_document(document)
     source = document["run"]
     now = timezone.now()
-    definition_pk = services.definition_id(spec)
+    definition_pk = definition_id(spec)
     counters = source["counters"]
     status = source["status"]
     with transaction.atomic():
@@ -298,7 +242,7 @@ def replay(document: Any) -> int:
             cost_units=counters.get("cost_units", 0),
             started_workflows=counters.get("started_workflows", 0),
             groups=_groups(source.get("groups")),
-            finished_at=now if status in services.FINISHED else None,
+            finished_at=now if status in FINISHED else None,
             deadline_at=(now + _deadline_left(source, document.get("exported_at"), now))
             if spec.deadline_seconds else None,
         )
@@ -319,8 +263,6 @@ def replay(document: Any) -> int:
             # Created paused, then resumed: resuming lands the run on its current step
             # (a task gets its row and message, a wait is evaluated, a run_workflow step
             # starts its child afresh), exactly once.
-            from queuety import operations
-
             operations.resume(run.pk, actor="replay")
     return run.pk
 
@@ -343,14 +285,13 @@ def _groups(value: Any) -> dict[str, list[int]]:
 _RESUMED = (RunStatus.RUNNING, RunStatus.WAITING_FOR_SIGNAL, RunStatus.WAITING_FOR_WORKFLOWS)
 
 
-def _when(text: str | None):
+def _when(text: str | None) -> datetime | None:
     return parse_datetime(text) if text else None
 
 
-def _deadline_left(source: dict[str, Any], exported_at: str | None, now):
+def _deadline_left(source: dict[str, Any], exported_at: str | None,
+                   now: datetime) -> timedelta:
     """Time the exported run had left before its deadline (kept across the replay)."""
-    from datetime import timedelta
-
     deadline = _when(source.get("deadline_at"))
     exported = _when(exported_at) or now
     return max(deadline - exported, timedelta(0)) if deadline else timedelta(0)

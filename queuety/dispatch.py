@@ -1,0 +1,126 @@
+"""Starting runs: ``dispatch()``, its one-statement fast path, and idempotency keys."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import connection, transaction
+from django.utils import timezone
+
+from queuety import exceptions, publish
+from queuety.core import budget as budgets
+from queuety.core.definition import WorkflowSpec, canonical_json, check_payload
+from queuety.models import DispatchKey, Event, RunStatus, WorkflowRun
+from queuety.runtime.landing import begin
+from queuety.store import rows, sql
+from queuety.store.definitions import definition_id, effective_policy
+
+logger = logging.getLogger("queuety")
+
+
+class _KeyTaken(Exception):
+    """Another dispatch committed this idempotency key first."""
+
+
+def dispatch(spec: WorkflowSpec, payload: dict[str, Any] | None = None, *,
+             idempotency_key: str | None = None, on_conflict: str = "report") -> int:
+    """Start a run of ``spec`` with ``payload`` as its state and return the run id.
+
+    Writes the run, its first step, its dispatch key and a ``workflow_started`` event in one
+    transaction and publishes the first step's message when it commits. With an
+    ``idempotency_key`` already used, returns the original run's id and writes no run: the
+    key's unique index decides races, so concurrent dispatches of one key start one run.
+
+    Raises:
+        WorkflowDefinitionError: the payload is not a JSON object or uses reserved keys.
+        BudgetExceeded: the payload alone exceeds ``max_state_bytes``; nothing is written.
+        IdempotencyConflict: the key was used with another payload or definition and
+            ``on_conflict="error"``.
+    """
+    state = check_payload(spec.name, payload)
+    limit = spec.budget.max_state_bytes
+    if limit is not None and (size := budgets.state_bytes(state)) > limit:
+        raise exceptions.BudgetExceeded(
+            "max_state_bytes", limit, size, None, spec.name,
+            message=f"The initial payload of workflow {spec.name!r} is {size} bytes, over its "
+                    f"max_state_bytes budget of {limit}; nothing was dispatched.",
+        )
+    definition_pk = definition_id(spec)
+    payload_hash = hashlib.sha256(canonical_json(state).encode()).hexdigest()
+    if idempotency_key is not None:
+        used = DispatchKey.objects.filter(key=idempotency_key).first()
+        if used is not None:
+            return _reused_key(used, spec, payload_hash, on_conflict)
+    now = timezone.now()
+    if idempotency_key is None and spec.steps[0].kind == "task" and \
+            connection.vendor == "postgresql":
+        run_pk = _dispatch_postgres(spec, definition_pk, state, now)
+        logger.info("Run id=%s workflow=%s version=%s dispatched", run_pk, spec.name,
+                    spec.version)
+        return run_pk
+    try:
+        with transaction.atomic():
+            run = WorkflowRun.objects.create(
+                definition_id=definition_pk, name=spec.name, state=state,
+                total_steps=len(spec.steps), status=RunStatus.RUNNING,
+                idempotency_key=idempotency_key,
+                deadline_at=None if spec.deadline_seconds is None
+                else now + timedelta(seconds=spec.deadline_seconds),
+            )
+            if idempotency_key is not None:
+                with connection.cursor() as cursor:
+                    # Blocks until a concurrent holder of the key commits or rolls back.
+                    cursor.execute(sql.INSERT_KEY, [idempotency_key, run.pk, payload_hash,
+                                                    spec.definition_hash, now])
+                    if cursor.fetchone() is None:
+                        raise _KeyTaken
+            begin(spec, run, state, now, {"idempotency_key": idempotency_key})
+    except _KeyTaken:
+        return _reused_key(DispatchKey.objects.get(key=idempotency_key), spec, payload_hash,
+                           on_conflict)
+    logger.info("Run id=%s workflow=%s version=%s dispatched", run.pk, spec.name, spec.version)
+    return run.pk
+
+
+def _dispatch_postgres(spec: WorkflowSpec, definition_pk: int, state: dict[str, Any],
+                       now: datetime) -> int:
+    first = spec.steps[0]
+    params: dict[str, Any] = {
+        "definition_id": definition_pk, "name": spec.name, "state": json.dumps(state),
+        "total_steps": len(spec.steps), "now": now,
+        "deadline_at": None if spec.deadline_seconds is None
+        else now + timedelta(seconds=spec.deadline_seconds),
+        "step_name": first.name, "max_attempts": effective_policy(spec, 0).max_attempts,
+        "timeout": first.timeout,
+        "event": json.dumps({"definition_hash": spec.definition_hash, "version": spec.version,
+                             "state": state, "idempotency_key": None}),
+    }
+    with rows.hot_cursor() as cursor:
+        cursor.execute(sql.DISPATCH_POSTGRES, params)
+        run_pk, step_run_pk = cursor.fetchone()
+    publish.publish_on_commit([publish.message_for(spec, step_run_pk, 0)])
+    return int(run_pk)
+
+
+def _reused_key(used: DispatchKey, spec: WorkflowSpec, payload_hash: str,
+                on_conflict: str) -> int:
+    differences = [what for what, same in (
+        ("payload", used.payload_hash == payload_hash),
+        ("definition", used.definition_hash == spec.definition_hash)) if not same]
+    if not differences:
+        return used.run_id
+    what = " and ".join(differences)
+    if on_conflict == "error":
+        raise exceptions.IdempotencyConflict(used.key, used.run_id, what)
+    logger.warning("Idempotency key %r was reused with a different %s; returning run id=%s.",
+                   used.key, what, used.run_id)
+    if WorkflowRun.objects.filter(pk=used.run_id).exists():  # the run may have been purged
+        Event.objects.create(run_id=used.run_id, kind="idempotency_conflict", data={
+            "key": used.key, "differences": differences,
+            "payload_hash": payload_hash, "definition_hash": spec.definition_hash,
+        })
+    return used.run_id

@@ -1,0 +1,163 @@
+"""What runs receive from outside: signals, and the human replies built on them.
+
+Not ``signals.py``, which a Django user reads as Django signals.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from queuety import exceptions
+from queuety.conf import settings
+from queuety.core import waits
+from queuety.core.definition import WorkflowSpec
+from queuety.core.status import FINISHED
+from queuety.models import Event, RunStatus, Signal, WorkflowRun
+from queuety.runtime.landing import land
+from queuety.store import rows
+from queuety.store.definitions import load_spec
+
+logger = logging.getLogger("queuety")
+
+
+@dataclass(frozen=True, slots=True)
+class SignalReceipt:
+    """What a delivered signal did."""
+
+    signal_id: int
+    run_id: int
+    name: str
+    settled: bool
+    """True if it completed the wait the run was parked at."""
+    status: str
+    """The run's status afterwards."""
+
+
+def send_signal(run_id: int, name: str, data: Any = None, *, sent_by: str = "",
+                dedupe_key: str | None = None) -> SignalReceipt:
+    """Deliver signal ``name`` with ``data`` to run ``run_id`` (``queuety.signal()``).
+
+    One transaction, with the run row locked: the signal is stored, and if the run is parked
+    at a wait it completes, the wait settles and the run moves on. A signal sent before its
+    wait is reached is kept until the wait consumes it.
+
+    Raises:
+        RunNotFound: no such run (nothing is stored).
+        RunNotWaiting: the run has finished, or no wait of its workflow listens for ``name``.
+        InvalidSignalData: not JSON, over ``MAX_SIGNAL_BYTES``, or failing the input schema.
+        BudgetExceeded: settling the wait would breach a budget; the signal is not recorded
+            and the run keeps waiting.
+    """
+    data = waits.check_signal_data(run_id, name, data, settings.MAX_SIGNAL_BYTES)
+    with transaction.atomic():
+        run, spec = _lock_for_signal(run_id)
+        return _deliver(run, spec, name, data, sent_by=sent_by, dedupe_key=dedupe_key)
+
+
+def _lock_for_signal(run_id: int, finished_ok: bool = False
+                     ) -> tuple[WorkflowRun, WorkflowSpec]:
+    run = rows.lock_run(run_id, fields=rows.BOUNDARY_FIELDS)
+    if run.status in FINISHED and not finished_ok:
+        raise exceptions.RunNotWaiting(
+            run_id, f"Run {run_id} of workflow {run.name!r} is {run.status}; it takes no more "
+                    "signals.")
+    return run, load_spec(run.definition_id)
+
+
+def _deliver(run: WorkflowRun, spec: WorkflowSpec, name: str, data: Any, *, sent_by: str,
+             dedupe_key: str | None) -> SignalReceipt:
+    listeners = [i for i, step in enumerate(spec.steps)
+                 if step.wait is not None and step.kind == "wait" and name in step.wait.signals]
+    if not listeners:
+        known = sorted({n for step in spec.steps if step.wait for n in step.wait.signals})
+        raise exceptions.RunNotWaiting(
+            run.pk, f"No wait of workflow {spec.name!r} (run {run.pk}) listens for signal "
+                    f"{name!r}, so it could never be used; its waits listen for "
+                    f"{', '.join(map(repr, known)) or 'nothing'}.")
+    parked_here = (run.status == RunStatus.WAITING_FOR_SIGNAL
+                   and run.current_step in listeners)
+    target = run.current_step if parked_here else next(
+        (i for i in listeners if i >= run.current_step), listeners[0])
+    wait = spec.steps[target].wait
+    assert wait is not None
+    if wait.schema is not None:
+        problems = waits.validation_errors(wait.schema, data)
+        if problems:
+            raise exceptions.InvalidSignalData(
+                f"The data of signal {name!r} for run {run.pk} does not match the input schema "
+                f"of step {spec.steps[target].name!r}: "
+                + "; ".join(f"{p['path']}: {p['message']}" for p in problems) + ".",
+                problems,
+            )
+    if dedupe_key is not None and Signal.objects.filter(dedupe_key=dedupe_key).exists():
+        raise exceptions.AlreadyAnswered(
+            run.pk, f"This reply to run {run.pk} was already recorded; nothing new was done.")
+    now = timezone.now()
+    signal_row = Signal.objects.create(run_id=run.pk, name=name, payload=data, sent_by=sent_by,
+                                       dedupe_key=dedupe_key)
+    events = [Event(run_id=run.pk, kind="signal_received", step_index=target,
+                    step_name=spec.steps[target].name,
+                    data={"signal": name, "signal_id": signal_row.pk, "sent_by": sent_by})]
+    status = run.status
+    if parked_here:
+        status = land(spec, run.pk, run.current_step, run.state, rows.usage_of(run), now,
+                      events, fail_on_breach=False)
+    else:
+        Event.objects.bulk_create(events)
+    settled = parked_here and not (status == RunStatus.WAITING_FOR_SIGNAL and Signal.objects
+                                   .filter(pk=signal_row.pk, consumed_at__isnull=True).exists())
+    logger.info("Signal %r delivered to run id=%s (settled=%s)", name, run.pk, settled)
+    return SignalReceipt(signal_row.pk, run.pk, name, settled, status)
+
+
+_REPLY_NOUN = {"approve": "an approval", "reject": "a rejection", "input": "input"}
+
+
+def reply(run_id: int, kind: str, data: Any = None, *, signal: str | None = None,
+          sent_by: str = "", dedupe_key: str | None = None,
+          step_index: int | None = None, transitions: int | None = None) -> SignalReceipt:
+    """Answer the human wait run ``run_id`` is parked at: ``approve``, ``reject`` or ``input``.
+
+    Unlike :func:`send_signal`, a reply is accepted only while the run waits for it: a second
+    approval of an answered wait raises :class:`AlreadyAnswered`. ``approve`` satisfies both
+    ``wait_for_approval()`` and ``wait_for_decision()``. ``step_index``/``transitions`` pin the
+    reply to one wait instance (approval links use them).
+
+    Raises:
+        ValueError: ``kind`` is not a reply kind.
+        RunNotFound, RunNotWaiting, AlreadyAnswered, InvalidSignalData, BudgetExceeded.
+    """
+    if kind not in _REPLY_NOUN:
+        raise ValueError(f"Unknown reply kind {kind!r}; use approve, reject or input.")
+    data = waits.check_signal_data(run_id, signal or kind, data, settings.MAX_SIGNAL_BYTES)
+    with transaction.atomic():
+        run, spec = _lock_for_signal(run_id, finished_ok=True)
+        step = spec.steps[run.current_step] if run.current_step < len(spec.steps) else None
+        name = None
+        if run.status == RunStatus.WAITING_FOR_SIGNAL and step is not None and step.wait:
+            name = waits.reply_signal(step.wait, kind)
+            if signal is not None and signal != name:
+                name = None  # a reply of this kind cannot send another signal
+        pinned = (step_index is None or step_index == run.current_step) and (
+            transitions is None or transitions == run.transitions)
+        if name is None or not pinned:
+            answered = Signal.objects.filter(
+                run_id=run_id, consumed_at__isnull=False,
+                name__in=[n for s in spec.steps if s.wait and s.wait.human for n in s.wait.signals],
+            ).exists()
+            where = (f"waiting at step {step.name!r}" if step is not None and run.status ==
+                     RunStatus.WAITING_FOR_SIGNAL else f"{run.status} at step "
+                     f"{step.name!r}" if step else run.status)
+            if answered or not pinned:
+                raise exceptions.AlreadyAnswered(
+                    run_id, f"Run {run_id} is not waiting for {_REPLY_NOUN[kind]} any more: "
+                            f"the wait was already answered (the run is {where}).")
+            raise exceptions.RunNotWaiting(
+                run_id, f"Run {run_id} is not waiting for {_REPLY_NOUN[kind]} (it is {where}); "
+                        "a reply is accepted only while the run waits for one.")
+        return _deliver(run, spec, name, data, sent_by=sent_by, dedupe_key=dedupe_key)

@@ -1,0 +1,149 @@
+"""Reading runs: ``workflow_status()``, ``list_workflows()``, what a run waits for, and the
+counts ``manage.py queuety status`` shows."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db.models import Count, Min
+from django.utils import timezone
+
+from queuety import exceptions
+from queuety.core import budget as budgets
+from queuety.core import waits
+from queuety.core.definition import WorkflowSpec
+from queuety.core.status import FINISHED, WorkflowStatus
+from queuety.models import RunStatus, Signal, StepRun, StepStatus, WorkflowDefinition, WorkflowRun
+from queuety.runtime.landing import workflow_wait
+from queuety.store import rows
+from queuety.store.definitions import effective_policy, load_spec
+
+
+def wait_info(run: WorkflowRun, spec: WorkflowSpec) -> dict[str, Any]:
+    """Return ``wait_type``, ``waiting_for``, ``wait_mode`` and ``wait_details`` of a run."""
+    empty = {"wait_type": None, "waiting_for": None, "wait_mode": None, "wait_details": None}
+    if run.status not in (RunStatus.WAITING_FOR_SIGNAL, RunStatus.WAITING_FOR_WORKFLOWS) or \
+            run.current_step >= len(spec.steps):
+        return empty
+    step = spec.steps[run.current_step]
+    if step.kind == "child" and run.status == RunStatus.WAITING_FOR_WORKFLOWS:
+        child = (WorkflowRun.objects.filter(parent_id=run.pk, parent_step=run.current_step)
+                 .order_by("-pk").values_list("pk", "status").first())
+        ids = [str(child[0])] if child else []
+        done = child is not None and child[1] in FINISHED
+        return {"wait_type": "workflow", "waiting_for": ids, "wait_mode": "all",
+                "wait_details": {"step_name": step.name, "matched": ids if done else [],
+                                 "remaining": [] if done else ids, "wait_mode": "all"}}
+    if step.kind == "wait_workflows" and run.status == RunStatus.WAITING_FOR_WORKFLOWS:
+        wait_on = step.workflows
+        assert wait_on is not None
+        try:
+            ids_found, result = workflow_wait(spec, run.pk, run.current_step, run.state,
+                                              run.groups, lock=False)
+        except exceptions.InvalidStepOutput:
+            ids_found, result = [], None
+        details = {"step_name": step.name, "wait_mode": wait_on.mode, "quorum": wait_on.quorum,
+                   "group_key": wait_on.group, "state_key": wait_on.state_key,
+                   "result_key": wait_on.result_key,
+                   **({} if result is None else {k: [str(i) for i in v]
+                                                 for k, v in result.details.items()})}
+        return {"wait_type": "workflow", "waiting_for": [str(i) for i in ids_found],
+                "wait_mode": wait_on.mode,
+                "wait_details": {k: v for k, v in details.items() if v is not None}}
+    if step.wait is None:
+        return empty
+    wait = step.wait
+    stored = list(Signal.objects.filter(
+        run_id=run.pk, consumed_at__isnull=True, name__in=wait.signals,
+    ).order_by("pk").values_list("pk", "name", "payload"))
+    progress = waits.evaluate(wait, stored, run.state)
+    signal_details: dict[str, Any] = {
+        "step_name": step.name, "result_key": wait.result_key, "human_wait": wait.human,
+        "match_payload": wait.match_payload or {}, "matched": progress.matched,
+        "remaining": progress.remaining, "correlation_key": wait.correlation_key,
+        "correlation_value": run.state.get(wait.correlation_key)
+        if wait.correlation_key else None,
+        "wait_mode": wait.mode, "schema": wait.schema,
+    }
+    return {"wait_type": "signal", "waiting_for": list(wait.signals), "wait_mode": wait.mode,
+            "wait_details": {k: v for k, v in signal_details.items() if v is not None}}
+
+
+def status_of(run: WorkflowRun) -> WorkflowStatus:
+    """The :class:`WorkflowStatus` of a run row (its definition read from the cache)."""
+    try:
+        spec = load_spec(run.definition_id)
+    except exceptions.WorkflowDefinitionError:
+        return _status_unloadable(run)
+    finished = run.current_step >= len(spec.steps)
+    return WorkflowStatus(
+        id=run.pk, name=run.name, status=run.status, current_step=run.current_step,
+        total_steps=run.total_steps,
+        current_step_name=None if finished else spec.steps[run.current_step].name,
+        state=run.state, error=run.error, definition_hash=spec.definition_hash,
+        definition_version=spec.version, idempotency_key=run.idempotency_key,
+        budget=budgets.summary(spec.budget, budgets.Usage(
+            run.transitions, run.cost_units, run.started_workflows,
+            budgets.state_bytes(run.state))),
+        retry_policy=None if finished or spec.steps[run.current_step].kind != "task"
+        else effective_policy(spec, run.current_step).describe(),
+        **wait_info(run, spec),
+        created_at=run.created_at, updated_at=run.updated_at, finished_at=run.finished_at,
+    )
+
+
+def _status_unloadable(run: WorkflowRun) -> WorkflowStatus:
+    """The status of a run whose definition this process cannot load (a deploy removed a
+    class its retry policies name, say): what the rows say, without step details."""
+    stored = WorkflowDefinition.objects.values("definition", "definition_hash").get(
+        pk=run.definition_id)
+    steps = stored["definition"].get("steps") or []
+    return WorkflowStatus(
+        id=run.pk, name=run.name, status=run.status, current_step=run.current_step,
+        total_steps=run.total_steps,
+        current_step_name=steps[run.current_step].get("name")
+        if run.current_step < len(steps) else None,
+        state=run.state, error=run.error, definition_hash=stored["definition_hash"],
+        definition_version=stored["definition"].get("version"),
+        idempotency_key=run.idempotency_key, budget=None, retry_policy=None,
+        wait_type=None, waiting_for=None, wait_mode=None, wait_details=None,
+        created_at=run.created_at, updated_at=run.updated_at, finished_at=run.finished_at)
+
+
+def workflow_status(run_id: int) -> WorkflowStatus:
+    """Return the status of run ``run_id``.
+
+    Raises:
+        RunNotFound: no run has that id.
+    """
+    return status_of(rows.get_run(run_id))
+
+
+def list_workflows(status: str | None = None, limit: int = 50) -> list[WorkflowStatus]:
+    """Return the newest runs first, optionally only those with ``status``.
+
+    Raises:
+        ValueError: ``status`` is not a run status, or ``limit`` is below 1.
+    """
+    if limit < 1:
+        raise ValueError(f"limit must be at least 1 (got {limit}).")
+    runs = WorkflowRun.objects.order_by("-pk")
+    if status is not None:
+        if status not in tuple(RunStatus):
+            raise ValueError(
+                f"Unknown status {status!r}; use one of {', '.join(RunStatus)}."
+            )
+        runs = runs.filter(status=status)
+    return [status_of(run) for run in runs[:limit]]
+
+
+def overview() -> dict[str, Any]:
+    """Counts of runs per status and the age of the oldest due pending step (``status``)."""
+    counts = dict(WorkflowRun.objects.values_list("status").annotate(n=Count("pk"))
+                  .values_list("status", "n"))
+    oldest = StepRun.objects.filter(status=StepStatus.PENDING,
+                                    available_at__lte=timezone.now()).aggregate(
+        oldest=Min("available_at"))["oldest"]
+    age = None if oldest is None else round((timezone.now() - oldest).total_seconds(), 3)
+    return {"runs": {status: counts.get(status, 0) for status in RunStatus},
+            "oldest_pending_step_age_seconds": age}

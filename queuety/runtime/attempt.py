@@ -1,0 +1,208 @@
+"""One attempt of one step: what ``queuety.execute_step`` does with a message.
+
+1. Claim the step row (``queuety.runtime.claim``); a message for a row it cannot claim is
+   dropped, or published again for its due time when it came early.
+2. Run the handler outside any transaction, with a heartbeat and, when the step has a
+   ``timeout``, a deadline that interrupts it (``queuety.runtime.watchdog``).
+3. Record the outcome in one transaction (``queuety.runtime.outcome``). For an untimed task
+   step, the transition may hand this process the run's next step, already claimed: it runs
+   here next (inline continuation, bounded by ``INLINE_STEPS`` and ``INLINE_SECONDS``).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from queuety import cleanup, exceptions, publish
+from queuety.conf import settings
+from queuety.core import budget as budgets
+from queuety.core import engine, flow
+from queuety.core.definition import StepSpec, WorkflowSpec
+from queuety.core.handlers import StepContext, call_handler, call_item_handler
+from queuety.models import Event, StepRun, StepStatus
+from queuety.runtime.claim import Claim, claim, owned
+from queuety.runtime.finish import fail_unloadable
+from queuety.runtime.outcome import record_failure, record_success_retrying
+from queuety.runtime.settle import branch_done
+from queuety.runtime.watchdog import Heartbeats, deadline, heartbeat
+from queuety.store.definitions import load_spec
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptReport:
+    """What one ``execute_step`` call did, for the worker that ran it."""
+
+    claimed: bool
+    timed_out: bool = False
+    leftover_threads: tuple[str, ...] = ()
+    """Threads the handler started that were still alive after it timed out."""
+
+
+def execute_step(step_run_id: int, *, inline: bool = True) -> AttemptReport:
+    """Run one attempt of a step and apply its outcome (the body of the Celery task).
+
+    Idempotent: a message for a step that is not pending and due is dropped (or, for a
+    delayed step delivered early, published again for its due time).
+
+    With ``inline``, the transition of a plain task step hands this process the run's next
+    step when that is a task step without a timeout: the next row is inserted already claimed
+    by this process, and runs here with no message and no separate claim. At most
+    ``QUEUETY["INLINE_STEPS"]`` steps run so in a row, and none starts after
+    ``QUEUETY["INLINE_SECONDS"]``; the next one is then published as usual. The caller passes
+    ``inline=False`` when a time limit covers the whole call (Celery's limits are per task).
+    """
+    held = claim(step_run_id)
+    if held is None:
+        _requeue_if_early(step_run_id)
+        return AttemptReport(claimed=False)
+    try:
+        spec = load_spec(held.definition_id)
+    except Exception as error:  # noqa: BLE001 - e.g. a retry_on class a deploy removed
+        fail_unloadable(held.step_run_id, held.run_id, error)
+        return AttemptReport(claimed=True)
+    if held.kind != "step":
+        _execute_cleanup(held, spec)
+        return AttemptReport(claimed=True)
+    step = spec.steps[held.step_index]
+    if step.kind in ("parallel", "for_each"):
+        return _execute_branch(held, spec, step, _context(spec, held))
+    steps_left = settings.INLINE_STEPS if inline else 1
+    until = time.monotonic() + settings.INLINE_SECONDS
+    following: Claim | None = held
+    while following is not None:
+        steps_left -= 1
+        report, following = _execute_task_step(following, spec,
+                                               inline_until=until if steps_left else None)
+    return report
+
+
+def _execute_task_step(held: Claim, spec: WorkflowSpec, *, inline_until: float | None
+                       ) -> tuple[AttemptReport, Claim | None]:
+    """Run a claimed task (or delay) step; return what happened and the claim of the next
+    step if the transition gave it to this process (only before ``inline_until``)."""
+    step = spec.steps[held.step_index]
+    threads_before = set(threading.enumerate())
+    started = time.monotonic()
+    context = _context(spec, held)
+    timed_out = False
+    following = None
+    # The heartbeat covers recording the outcome too: under contention for the run row, the
+    # transition can wait for a lock, and the sweeper must not take this attempt for lost.
+    with heartbeat(held.step_run_id):
+        try:
+            with deadline(step, held):
+                output = None if step.kind == "delay" else call_handler(
+                    step.handler or "", dict(held.state), context)
+            outcome = engine.advance(spec, held.run_id, held.state, held.step_index, output)
+            _check_budget(spec, held, outcome)
+        except Exception as error:  # noqa: BLE001 - every step failure is recorded
+            record_failure(held, spec, error, _ms_since(started))
+            timed_out = isinstance(error, exceptions.StepTimeout)
+        else:
+            try:
+                # A timed step's message carries a hard limit: no try may outlive it.
+                give_up_at = None if step.timeout is None else (
+                    started + step.timeout + settings.HARD_TIMEOUT_GRACE)
+                following = record_success_retrying(held, spec, outcome, _ms_since(started),
+                                                    inline_until=inline_until,
+                                                    give_up_at=give_up_at)
+            except (exceptions.BudgetExceeded, exceptions.WorkflowDefinitionError) as error:
+                # Found while landing on the next step (the run had moved on, or a for_each's
+                # items are not a list or too many): this step's outcome cannot stand.
+                record_failure(held, spec, error, _ms_since(started))
+    return _report(threads_before, timed_out), following
+
+
+def _execute_branch(held: Claim, spec: WorkflowSpec, step: StepSpec,
+                    context: StepContext) -> AttemptReport:
+    """Run one parallel branch or for_each item, then record it (and maybe settle the join)."""
+    row = StepRun.objects.only("handler", "input").get(pk=held.step_run_id)
+    threads_before = set(threading.enumerate())
+    started = time.monotonic()
+    timed_out = False
+    with heartbeat(held.step_run_id):
+        try:
+            with deadline(step, held):
+                if step.kind == "parallel":
+                    output = engine.check_output(step.name, held.run_id, call_handler(
+                        row.handler, dict(held.state), context))
+                else:
+                    item: dict[str, Any] = row.input or {}
+                    output = call_item_handler(row.handler, dict(held.state),
+                                               item["item"], item["index"], context)
+                    engine.check_output(step.name, held.run_id, {"item": output})
+            branch_done(held, spec, output, _ms_since(started))
+        except Exception as error:  # noqa: BLE001 - recorded like any step failure
+            record_failure(held, spec, error, _ms_since(started))
+            timed_out = isinstance(error, exceptions.StepTimeout)
+    return _report(threads_before, timed_out)
+
+
+def _execute_cleanup(held: Claim, spec: WorkflowSpec) -> None:
+    """Run a compensation or hook row: its handler gets the recorded state; output ignored."""
+    row = StepRun.objects.only("handler", "input", "step_name").get(pk=held.step_run_id)
+    started = time.monotonic()
+    with heartbeat(held.step_run_id):
+        try:
+            call_handler(row.handler, dict(row.input or {}))
+        except Exception as error:  # noqa: BLE001 - recorded, then retried or skipped
+            record_failure(held, spec, error, _ms_since(started))
+            return
+        now = timezone.now()
+        with transaction.atomic():
+            if not owned(held).update(status=StepStatus.COMPLETED, finished_at=now):
+                return
+            Event.objects.create(run_id=held.run_id, step_run_id=held.step_run_id,
+                                 kind=f"{held.kind}_completed", step_index=held.step_index,
+                                 step_name=row.step_name, attempt=held.attempt,
+                                 duration_ms=_ms_since(started))
+            cleanup.cleanup_done(held.run_id, spec, now)
+
+
+def _context(spec: WorkflowSpec, held: Claim) -> StepContext:
+    step = spec.steps[held.step_index]
+    size = budgets.state_bytes(held.state) if spec.budget.max_state_bytes else 0
+    usage = budgets.Usage(held.usage.transitions, held.usage.cost_units,
+                          held.usage.started_workflows, size)
+    return StepContext(held.run_id, spec.name, step.name, held.attempt,
+                       budgets.BudgetView(spec.budget, usage))
+
+
+def _report(threads_before: set[threading.Thread], timed_out: bool) -> AttemptReport:
+    if not timed_out:
+        return AttemptReport(claimed=True)
+    leftovers = tuple(t.name for t in threading.enumerate()
+                      if t not in threads_before and t.is_alive()
+                      and t.name != Heartbeats.name)
+    return AttemptReport(claimed=True, timed_out=True, leftover_threads=leftovers)
+
+
+def _check_budget(spec: WorkflowSpec, held: Claim, outcome: engine.Advance) -> None:
+    """Raise BudgetExceeded if completing this step would breach the run's budget."""
+    base = held.usage
+    flow.check_budget(spec, held.run_id, outcome.state, budgets.Usage(
+        base.transitions + 1, base.cost_units + spec.steps[held.step_index].cost_units,
+        base.started_workflows))
+
+
+def _ms_since(started: float) -> float:
+    return round((time.monotonic() - started) * 1000, 3)
+
+
+def _requeue_if_early(step_run_id: int) -> None:
+    row = (StepRun.objects.filter(pk=step_run_id, status=StepStatus.PENDING)
+           .values("available_at", "step_index", "kind", "run__definition_id").first())
+    if row is None:
+        return
+    wait = (row["available_at"] - timezone.now()).total_seconds()
+    if 0 < wait <= settings.MAX_ETA:
+        spec = load_spec(row["run__definition_id"])
+        publish.publish([publish.message_for(spec, step_run_id, row["step_index"], wait)
+                         if row["kind"] == "step"
+                         else publish.Message(step_run_id, wait, None, spec.queue)])

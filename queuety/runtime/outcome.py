@@ -1,0 +1,329 @@
+"""Recording an attempt's outcome: the transition, exactly once.
+
+A success is applied in ONE transaction whose first statements lock the step row and the run
+row (a compare-and-set on the run's ``revision``; when the run changed since the claim, the
+decision is taken again under ``SELECT ... FOR UPDATE``). On PostgreSQL the common case is one
+statement that commits by itself (``queuety.store.sql.COMPLETE_POSTGRES``). A transient
+database error is tried again in place, with the handler's output in hand. A failure
+schedules the next attempt or fails the step and its run.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from contextlib import suppress
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import InterfaceError, OperationalError, connection, transaction
+from django.utils import timezone
+
+from queuety import cleanup, exceptions, publish
+from queuety.conf import settings
+from queuety.core import budget as budgets
+from queuety.core import engine, fanout, flow
+from queuety.core.definition import WorkflowSpec
+from queuety.core.status import LIVE_OR_HELD
+from queuety.models import Event, RunStatus, StepRun, StepStatus
+from queuety.runtime.claim import Claim, applied_by, mark_completed, owned
+from queuety.runtime.finish import check_attempts, fail_run, notify_finished
+from queuety.runtime.landing import land, release_held
+from queuety.store import rows, sql
+from queuety.store.definitions import effective_policy
+
+logger = logging.getLogger("queuety")
+
+#: Pauses before trying a transition again after a transient database error (7.3 s in all,
+#: well inside STALE_AFTER's default of 60 s). The handler's output is in hand; running the
+#: handler again (an LLM call, a payment) would cost far more than waiting.
+TRANSITION_RETRY_DELAYS = (0.05, 0.25, 1.0, 2.0, 4.0)
+
+
+# -- success ----------------------------------------------------------------------------------
+
+def record_success_retrying(held: Claim, spec: WorkflowSpec, outcome: engine.Advance,
+                            duration_ms: float, *, inline_until: float | None,
+                            give_up_at: float | None) -> Claim | None:
+    """:func:`record_success`, tried again in place when the database refuses it for a
+    transient reason, so a deadlock or a dropped connection does not cost a second run of the
+    handler.
+
+    Every try is the same compare-and-set: nothing is applied twice, and if the sweeper took
+    the attempt for lost meanwhile, the try writes nothing and the outcome is discarded. The
+    next step is taken inline only while ``inline_until`` has not passed, decided at each try.
+    Past the last pause, or when the next pause would end after ``give_up_at`` (the hard
+    limit of a timed step), the error propagates and the step is recovered as before (after
+    ``STALE_AFTER``, by running it again).
+    """
+    step = spec.steps[held.step_index]
+    for tries, pause in enumerate((*TRANSITION_RETRY_DELAYS, None)):
+        claim_next = (inline_until is not None and step.timeout is None
+                      and time.monotonic() < inline_until)
+        try:
+            return record_success(held, spec, outcome, duration_ms, claim_next=claim_next,
+                                  retried=tries > 0)
+        except (OperationalError, InterfaceError) as error:
+            if pause is None or not rows.is_transient(error) or connection.in_atomic_block or (
+                    give_up_at is not None and time.monotonic() + pause >= give_up_at):
+                raise
+            sqlstate = rows.sqlstate_of(error)
+            logger.warning("The transition of step run id=%s (run id=%s, attempt %s) failed "
+                           "with a transient database error (%s, SQLSTATE %s); trying it again "
+                           "in %.2f s.", held.step_run_id, held.run_id, held.attempt,
+                           type(error.__cause__ or error).__name__, sqlstate, pause)
+            if connection.vendor != "sqlite" and sqlstate not in rows.SERIALIZATION_FAILURES:
+                # The connection is gone: the next query must open a new one (Django forgets
+                # the old one even when closing it complains).
+                with suppress(Exception):
+                    connection.close()
+            time.sleep(pause)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def record_success(held: Claim, spec: WorkflowSpec, outcome: engine.Advance,
+                   duration_ms: float, *, claim_next: bool = False,
+                   retried: bool = False) -> Claim | None:
+    """Apply a successful attempt; return the next step's claim when this process got it.
+
+    ``retried``: an earlier try failed, perhaps after its commit; finding the row completed
+    by this attempt then means the transition is already applied.
+    """
+    now = timezone.now()
+    step = spec.steps[held.step_index]
+    completed = Event(
+        run_id=held.run_id, step_run_id=held.step_run_id, kind="step_completed",
+        step_index=held.step_index, step_name=step.name, attempt=held.attempt,
+        duration_ms=duration_ms, data={"output": outcome.output, **(
+            {"route": outcome.route} if outcome.route else {})},
+    )
+    lands_on_task = outcome.next_index is None or spec.steps[outcome.next_index].kind == "task"
+    if connection.vendor == "postgresql" and lands_on_task:
+        # One statement that commits by itself (no BEGIN/COMMIT round trips): it writes
+        # everything or, when the run moved since the claim, nothing at all.
+        owns, advanced, following = _complete_postgres(held, spec, outcome, completed, now,
+                                                       claim_next)
+        if advanced:
+            return following
+        if not owns:
+            _not_owned(held, spec, outcome, completed, retried)
+            return None
+    with transaction.atomic():
+        if not mark_completed(held, outcome.output, now):
+            _not_owned(held, spec, outcome, completed, retried)
+            return None
+        # Decide under the run's row lock, in the transaction that holds the completed step
+        # row: the run changed since the claim, the next step is a wait, or this is SQLite.
+        if not _transition_locked(held, spec, outcome.raw, completed, now):
+            completed.kind = "step_discarded"
+            completed.data["reason"] = "the run was no longer running this step"
+            completed.save()
+    return None
+
+
+def _not_owned(held: Claim, spec: WorkflowSpec, outcome: engine.Advance, completed: Event,
+               retried: bool) -> None:
+    """The step row is no longer this attempt's to complete: because an earlier try of this
+    transition committed (its answer lost), or because the row was taken back."""
+    if retried and applied_by(held):
+        _after_lost_answer(held, spec, outcome.next_index)
+        return
+    # The run was cancelled or rewound, or the sweeper took this attempt for lost and another
+    # attempt owns the row now: the outcome must not count.
+    logger.warning("Step run id=%s attempt=%s finished after its row was taken back; its "
+                   "outcome is discarded.", held.step_run_id, held.attempt)
+    completed.kind = "step_discarded"
+    completed.data["reason"] = "the attempt no longer owned its step row"
+    completed.save()
+
+
+def _after_lost_answer(held: Claim, spec: WorkflowSpec, next_index: int | None) -> None:
+    """Do what follows the commit of a transition whose answer was lost: wake the runs
+    waiting for a finished run; publish the next step's row, first handing back to the
+    broker a row that try had claimed for this process to run inline (nobody runs it now)."""
+    if next_index is None:
+        notify_finished(held.run_id)
+        return
+    now = timezone.now()
+    following = StepRun.objects.filter(run_id=held.run_id, kind="step",
+                                       seq=held.usage.transitions + 1)
+    following.filter(status=StepStatus.PROCESSING, attempt=1, claimed_by=held.claimed_by
+                     ).update(status=StepStatus.PENDING, attempt=0, claimed_by="",
+                              claimed_at=None, heartbeat_at=None, published_at=now)
+    # Every due row that transition created (a fan-out creates several); a second message for
+    # a row already published is harmless, as the claim drops it. Later ones are the sweeper's.
+    publish.publish_on_commit([publish.message_for(spec, pk, index) for pk, index in following
+                               .filter(status=StepStatus.PENDING, available_at__lte=now)
+                               .values_list("pk", "step_index")])
+
+
+def _transition_locked(held: Claim, spec: WorkflowSpec, output: dict[str, Any],
+                       completed: Event, now: datetime) -> bool:
+    """Apply a completed step to its run under the run's row lock; False if the run moved on.
+
+    Raises:
+        BudgetExceeded: rolls back the caller's transaction, completed step row included.
+    """
+    run = rows.lock_run(held.run_id, fields=rows.BOUNDARY_FIELDS)
+    if run.status not in (RunStatus.RUNNING, RunStatus.PAUSED) or \
+            run.current_step != held.step_index:
+        return False
+    outcome = engine.advance(spec, held.run_id, run.state, held.step_index, output)
+    usage = budgets.Usage(run.transitions + 1,
+                          run.cost_units + spec.steps[held.step_index].cost_units,
+                          run.started_workflows)
+    flow.check_budget(spec, run.pk, outcome.state, usage)
+    land(spec, run.pk, outcome.next_index, outcome.state, usage, now, [completed],
+         paused=run.status == RunStatus.PAUSED)
+    return True
+
+
+def _complete_postgres(held: Claim, spec: WorkflowSpec, outcome: engine.Advance,
+                       completed: Event, now: datetime, claim_next: bool
+                       ) -> tuple[bool, bool, Claim | None]:
+    """Run the one-statement transition: (owned, advanced, claim of the next step if this
+    process took it)."""
+    events: list[dict[str, Any]] = [{field: getattr(completed, field) for field in (
+        "step_run_id", "kind", "step_index", "step_name", "attempt", "duration_ms", "data")}]
+    next_index = outcome.next_index
+    following = None if next_index is None else spec.steps[next_index]
+    if following is None:
+        events.append({"kind": "workflow_completed"})
+    # Only an untimed step runs inline: a timed one needs its own message, which carries the
+    # hard time limit that kills a process stuck in C code.
+    inline = claim_next and following is not None and following.timeout is None
+    state = json.dumps(outcome.state)
+    cost_units = spec.steps[held.step_index].cost_units
+    params: dict[str, Any] = {
+        "now": now, "step_run_id": held.step_run_id, "attempt": held.attempt,
+        "claimed_by": held.claimed_by,
+        "output": json.dumps(outcome.output), "state": state,
+        "run_id": held.run_id, "revision": held.revision, "step_index": held.step_index,
+        "current_step": len(spec.steps) if next_index is None else next_index,
+        "status": RunStatus.COMPLETED.value if following is None else RunStatus.RUNNING.value,
+        "finished_at": now if following is None else None,
+        "seq": held.usage.transitions + 1, "next_index": next_index,
+        "next_name": following and following.name,
+        "next_max_attempts": None if next_index is None
+        else effective_policy(spec, next_index).max_attempts,
+        "next_timeout": following and following.timeout,
+        "next_status": StepStatus.PROCESSING.value if inline else StepStatus.PENDING.value,
+        "next_attempt": 1 if inline else 0,
+        "next_published_at": None if inline else now,
+        "next_claimed_at": now if inline else None,
+        "next_claimed_by": held.claimed_by if inline else "",
+        "events": json.dumps(events),
+        "cost_units": cost_units,
+    }
+    with rows.hot_cursor() as cursor:
+        cursor.execute(sql.COMPLETE_POSTGRES, params)
+        owns, advanced, next_id = cursor.fetchone()
+    if next_id is None or next_index is None:
+        if advanced and following is None:
+            # The run completed. Its waiters are read by a statement of their own: a waiter
+            # that held this run's row FOR SHARE committed its dependency rows before the CTE
+            # could update the row, but the CTE's snapshot, taken before that, cannot see them.
+            notify_finished(held.run_id)
+        return owns, advanced, None
+    if not inline:
+        publish.publish_on_commit([publish.message_for(spec, next_id, next_index)])
+        return owns, advanced, None
+    # What a claim would have read back: the state as stored (JSON), the run's counters.
+    usage = held.usage
+    return owns, advanced, Claim(
+        next_id, held.run_id, next_index, usage.transitions + 1, 1,
+        held.definition_id, json.loads(state), held.revision + 1, now,
+        budgets.Usage(usage.transitions + 1, usage.cost_units + cost_units,
+                      usage.started_workflows), "step", held.claimed_by)
+
+
+# -- failure ----------------------------------------------------------------------------------
+
+def record_failure(held: Claim, spec: WorkflowSpec, error: BaseException,
+                   duration_ms: float | None) -> None:
+    """Record a failed attempt: schedule the next attempt, or fail the step and its run."""
+    now = timezone.now()
+    is_cleanup = held.kind != "step"
+    if is_cleanup:
+        row = StepRun.objects.only("handler", "step_name").get(pk=held.step_run_id)
+        policy, name = cleanup.cleanup_policy(spec, row.handler), row.step_name
+    else:
+        policy, name = effective_policy(spec, held.step_index), spec.steps[held.step_index].name
+    # After an operator's retry() the row's budget is max_attempts = attempts so far + the
+    # policy's; the policy counts the attempts of this budget only.
+    row_max = StepRun.objects.values_list("max_attempts", flat=True).get(pk=held.step_run_id)
+    attempt = held.attempt - max(0, row_max - policy.max_attempts)
+    delay = engine.retry_delay(policy, error, attempt)
+    event = Event(run_id=held.run_id, step_run_id=held.step_run_id, step_index=held.step_index,
+                  step_name=name, attempt=held.attempt, duration_ms=duration_ms)
+    with transaction.atomic():
+        if delay is not None and not is_cleanup:
+            try:  # in this transaction: its lock holds until the retry is scheduled
+                check_attempts(held.run_id, name, error)
+            except exceptions.BudgetExceeded as breach:
+                error, delay = breach, None
+        record = engine.describe_error(error)
+        if delay is not None:
+            _schedule_retry(held, spec, event, record, delay, policy.max_attempts, now)
+            return
+        if not owned(held).update(status=StepStatus.FAILED, finished_at=now, error=record):
+            return
+        event.data = {"error": record, "max_attempts": policy.max_attempts}
+        if is_cleanup:  # a failed compensation is recorded and skipped; the next one runs
+            event.kind = f"{held.kind}_failed"
+            event.save()
+            cleanup.cleanup_done(held.run_id, spec, now)
+            return
+        step = spec.steps[held.step_index]
+        if step.kind == "for_each" and not isinstance(error, exceptions.BudgetExceeded) and \
+                not _item_fails_run(held, spec, event, now):
+            return
+        if step.kind in ("parallel", "for_each"):
+            StepRun.objects.filter(
+                run_id=held.run_id, kind="step", seq=held.seq, step_index=held.step_index,
+                status__in=LIVE_OR_HELD,
+            ).exclude(pk=held.step_run_id).update(status=StepStatus.CANCELLED, finished_at=now)
+        event.kind = "step_failed"
+        fail_run(spec, held.run_id, flow.failure_record(
+            error, step=step.name, step_index=held.step_index, attempt=held.attempt,
+            max_attempts=policy.max_attempts), now, events=[event])
+
+
+def _schedule_retry(held: Claim, spec: WorkflowSpec, event: Event, record: dict[str, Any],
+                    delay: float, max_attempts: int, now: datetime) -> None:
+    """Make the attempt's row due again in ``delay`` seconds (the broker holds short waits;
+    the sweeper publishes long ones when due)."""
+    due = now + timedelta(seconds=delay)
+    on_broker = delay <= settings.MAX_ETA
+    if not owned(held).update(status=StepStatus.PENDING, available_at=due,
+                              published_at=due if on_broker else None, error=record,
+                              claimed_at=None, heartbeat_at=None):
+        return
+    event.kind = f"{held.kind}_retried"
+    event.data = {"error": record, "retry_in": round(delay, 6),
+                  "retry_at": due.isoformat(), "max_attempts": max_attempts}
+    event.save()
+    if on_broker:
+        timeout = None if held.kind != "step" else spec.steps[held.step_index].timeout
+        publish.publish_on_commit([publish.Message(held.step_run_id, delay, timeout,
+                                                   spec.queue)])
+    logger.info("Step run id=%s attempt=%s failed (%s); retry in %.3fs",
+                held.step_run_id, held.attempt, record["type"], delay)
+
+
+def _item_fails_run(held: Claim, spec: WorkflowSpec, event: Event, now: datetime) -> bool:
+    """Whether a for_each item out of attempts fails its run: only if the join can no longer
+    be satisfied. Otherwise records the item as failed and frees its slot."""
+    step = spec.steps[held.step_index]
+    assert step.fanout is not None
+    run = rows.lock_run(held.run_id, fields=rows.BOUNDARY_FIELDS)
+    total, succeeded, failed = rows.fanout_counts(held.run_id, held.seq, held.step_index)
+    verdict = fanout.progress(step.fanout.mode, step.fanout.quorum, total, succeeded, failed)
+    if verdict == fanout.IMPOSSIBLE and run.current_step == held.step_index:
+        return True
+    event.kind = "item_failed"
+    event.save()
+    if run.status == RunStatus.RUNNING and run.current_step == held.step_index:
+        release_held(spec, held.run_id, held.seq, held.step_index, now)
+    return False

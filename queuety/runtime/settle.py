@@ -1,0 +1,190 @@
+"""Joins: a fan-out settling as its branches finish, and a run woken because the runs it
+waits for (its child, or the runs a ``wait_for_workflows`` names) finished.
+
+Both decide under the waiting run's row lock, so concurrent finishes settle a join once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import datetime
+from typing import Any, cast
+
+from django.db import transaction
+from django.utils import timezone
+
+from queuety import exceptions
+from queuety.core import budget as budgets
+from queuety.core import engine, fanout, flow
+from queuety.core.definition import WorkflowSpec
+from queuety.core.status import FINISHED, LIVE_OR_HELD
+from queuety.models import Event, RunStatus, StepRun, StepStatus, WorkflowRun
+from queuety.runtime.claim import Claim, mark_completed
+from queuety.runtime.finish import check_attempts, fail_at_wait
+from queuety.runtime.landing import land, release_held, start_child
+from queuety.store import rows
+from queuety.store.definitions import load_spec
+
+
+def branch_done(held: Claim, spec: WorkflowSpec, output: Any, duration_ms: float) -> None:
+    """Record one branch or item; settle the join, under the run's row lock, when it can."""
+    now = timezone.now()
+    step = spec.steps[held.step_index]
+    spread = step.fanout
+    assert spread is not None, f"step {step.name!r} is not a fan-out step"
+    event = Event(run_id=held.run_id, step_run_id=held.step_run_id,
+                  kind="branch_completed" if step.kind == "parallel" else "item_completed",
+                  step_index=held.step_index, step_name=step.name, attempt=held.attempt,
+                  duration_ms=duration_ms, data={"output": output})
+    with transaction.atomic():
+        if not mark_completed(held, output, now):
+            event.kind, event.data["reason"] = "step_discarded", "no longer owned its row"
+            event.save()
+            return
+        run = rows.lock_run(held.run_id, fields=rows.BOUNDARY_FIELDS)
+        if run.status not in (RunStatus.RUNNING, RunStatus.PAUSED) or \
+                run.current_step != held.step_index:
+            event.kind, event.data["reason"] = "step_discarded", "the join had settled"
+            event.save()
+            return
+        # Counting is enough until the join settles; only then are the outputs read.
+        total, succeeded, failed = rows.fanout_counts(held.run_id, held.seq, held.step_index)
+        mode = fanout.ALL if step.kind == "parallel" else spread.mode
+        if fanout.progress(mode, spread.quorum, total, succeeded, failed) != fanout.SATISFIED:
+            event.save()
+            if run.status == RunStatus.RUNNING:
+                release_held(spec, held.run_id, held.seq, held.step_index, now)
+            return
+        branches = rows.fanout_rows(held.run_id, held.seq, held.step_index)
+        settle(spec, run, held.step_index, held.seq, branches, [event], now)
+
+
+def settle(spec: WorkflowSpec, run: WorkflowRun, index: int, seq: int,
+           branches: list[dict[str, Any]], events: list[Event], now: datetime) -> None:
+    """Settle a fan-out step: cancel the rows still live, merge, count one transition.
+
+    Raises:
+        BudgetExceeded: the merge breaches the run's budget (the caller's transaction rolls
+            back, and the branch is recorded as failed).
+    """
+    step = spec.steps[index]
+    cancelled = StepRun.objects.filter(
+        run_id=run.pk, kind="step", seq=seq, step_index=index, status__in=LIVE_OR_HELD,
+    ).update(status=StepStatus.CANCELLED, finished_at=now)
+    output = flow.join_output(step, run.state, branches)
+    state = {**run.state, **engine.public(output)}
+    succeeded = sum(r["status"] == StepStatus.COMPLETED for r in branches)
+    cost = step.cost_units if step.kind == "parallel" else step.cost_units * succeeded
+    usage = budgets.Usage(run.transitions + 1, run.cost_units + cost, run.started_workflows)
+    flow.check_budget(spec, run.pk, state, usage)
+    events.append(Event(run_id=run.pk, kind="step_completed", step_index=index,
+                        step_name=step.name, data={"output": output, "cancelled": cancelled}))
+    land(spec, run.pk, spec.next_index(index), state, usage, now, events,
+         paused=run.status == RunStatus.PAUSED)
+
+
+def resume_waiting(run_id: int) -> str | None:
+    """Move on a run parked waiting for other runs, if what it waits for has finished.
+
+    Covers ``run_workflow`` steps (the child finished: merge it, fail, or restart it by the
+    step's policy) and ``wait_for_workflows`` steps (settle, fail, or keep waiting).
+    Idempotent; called when an awaited run finishes and by the sweeper. Returns the status.
+    """
+    now = timezone.now()
+    with transaction.atomic():
+        try:
+            run = rows.lock_run(run_id)
+        except exceptions.RunNotFound:
+            return None
+        if run.status != RunStatus.WAITING_FOR_WORKFLOWS:
+            return None
+        spec = load_spec(run.definition_id)
+        index = run.current_step
+        if spec.steps[index].kind == "wait_workflows":
+            return _move_on(spec, run, index, run.state, rows.usage_of(run), now, [])
+        return _child_finished(spec, run, index, rows.usage_of(run), now)
+
+
+def _move_on(spec: WorkflowSpec, run: WorkflowRun, target: int | None,
+             state: dict[str, Any], usage: budgets.Usage, now: datetime,
+             events: list[Event]) -> str:
+    """Land a run woken at its wait on ``target``; a step there that cannot be done (a budget
+    breach, items that are not a list, ...) fails the run at the wait, state kept as it was.
+
+    Without this, the error would leave the run parked, and every sweep would hit it again.
+    """
+    try:
+        with transaction.atomic():
+            return land(spec, run.pk, target, state, usage, now, list(events))
+    except (exceptions.BudgetExceeded, exceptions.WorkflowDefinitionError) as error:
+        index = run.current_step
+        return fail_at_wait(spec, run.pk, index, run.state, rows.usage_of(run), now, events,
+                            flow.failure_record(error, step=spec.steps[index].name,
+                                                step_index=index, attempt=None,
+                                                max_attempts=None))
+
+
+def _child_finished(spec: WorkflowSpec, parent: WorkflowRun, index: int,
+                    usage: budgets.Usage, now: datetime) -> str:
+    step = spec.steps[index]
+    child = (WorkflowRun.objects.filter(parent_id=parent.pk, parent_step=index)
+             .order_by("-pk").first())
+    if child is None or child.status not in FINISHED:
+        return parent.status
+    events = [Event(run_id=parent.pk, kind="child_finished", step_index=index,
+                    step_name=step.name,
+                    data={"child_run": child.pk, "status": child.status,
+                          "attempt": child.parent_attempt})]
+    if child.status != RunStatus.COMPLETED:
+        return _child_failed(spec, parent, index, child, usage, now, events)
+    output = engine.public(child.state)
+    state = {**parent.state, **output}
+    settled = replace(usage, transitions=usage.transitions + 1)
+    events[0].data["output"] = output
+    try:
+        flow.check_budget(spec, parent.pk, state, settled)
+    except exceptions.BudgetExceeded as breach:
+        return fail_at_wait(spec, parent.pk, index, parent.state, settled, now, events,
+                            flow.failure_record(breach, step=step.name, step_index=index,
+                                                attempt=None, max_attempts=None))
+    return _move_on(spec, parent, spec.next_index(index), state, settled, now, events)
+
+
+def _child_failed(spec: WorkflowSpec, parent: WorkflowRun, index: int, child: WorkflowRun,
+                  usage: budgets.Usage, now: datetime, events: list[Event]) -> str:
+    """Start a failed child again by its step's policy, or fail the parent at the step."""
+    step = spec.steps[index]
+    reason = (child.error or {}).get("message") or f"it was {child.status}"
+    failure: exceptions.QueuetyError = exceptions.ChildRunFailed(
+        f"Child run {child.pk} ({child.name!r}) of step {step.name!r} of run {parent.pk} "
+        f"{child.status} (attempt {child.parent_attempt}): {reason}")
+    cause = child.error or {}
+    if cause.get("budget") == "max_step_attempts":  # an ancestor's cap, maybe this run's
+        failure = exceptions.BudgetExceeded(
+            "max_step_attempts", cast(int, cause.get("limit")), cast(int, cause.get("used")),
+            parent.pk,
+            spec.name, message=f"Child run {child.pk} of step {step.name!r} of run "
+                               f"{parent.pk} failed: {cause.get('message')}")
+    delay = None if isinstance(failure, exceptions.BudgetExceeded) else \
+        flow.child_restart_delay(step, child.status, child.error, child.parent_attempt, failure)
+    if delay is not None:
+        try:
+            check_attempts(parent.pk, step.name, failure)
+        except exceptions.BudgetExceeded as breach:
+            failure = breach
+        else:
+            restarted = start_child(spec, parent.pk, index, parent.state, now,
+                                    attempt=child.parent_attempt + 1, delay=delay)
+            events.append(Event(run_id=parent.pk, kind="child_retried", step_index=index,
+                                step_name=step.name, data={
+                                    "error": engine.describe_error(failure, False),
+                                    "child_run": restarted, "retry_in": round(delay, 6),
+                                    "attempt": child.parent_attempt + 1}))
+            Event.objects.bulk_create(events)
+            return parent.status
+    return fail_at_wait(spec, parent.pk, index, parent.state, usage, now, events,
+                        flow.failure_record(
+                            failure, step=step.name, step_index=index,
+                            attempt=child.parent_attempt,
+                            max_attempts=None if step.retry is None else step.retry.max_attempts,
+                            child_run=child.pk))

@@ -1,0 +1,157 @@
+"""The sweeper: the backstops that make lost work impossible to lose for good.
+
+Run every ``SWEEP_INTERVAL`` seconds (``queuety.sweep``, scheduled by django-celery-beat). Each
+phase is safe to run concurrently with workers and with itself: every change is guarded by the
+row's status and attempt, or taken under the run's row lock.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from datetime import datetime, timedelta
+
+from django.db import transaction
+from django.db.models import F, Q
+from django.utils import timezone
+
+from queuety import publish
+from queuety.conf import settings
+from queuety.core.status import FINISHED
+from queuety.models import Event, RunStatus, StepRun, StepStatus, WorkflowRun
+from queuety.runtime.claim import claim_of
+from queuety.runtime.finish import fail_run, fail_unloadable
+from queuety.runtime.outcome import record_failure
+from queuety.runtime.recovery import interruption
+from queuety.runtime.settle import resume_waiting
+from queuety.store import rows
+from queuety.store.definitions import load_spec
+
+logger = logging.getLogger("queuety")
+
+#: Seconds past the hard time limit before the sweeper declares a timed-out attempt dead,
+#: leaving the pool time to kill the process.
+KILL_MARGIN = 0.5
+
+
+def sweep(now: datetime | None = None) -> dict[str, int]:
+    """Recover lost attempts and re-publish due steps whose message may be lost; also wake
+    runs whose wake-up was lost, fail runs past their deadline and purge old finished runs.
+
+    Returns counts of what each phase did (-1 for a phase that failed; the others still run).
+    """
+    now = now or timezone.now()
+    report: dict[str, int] = {}
+    phases: tuple[tuple[str, Callable[[datetime], int]], ...] = (
+        ("recovered", recover_lost), ("republished", republish_due),
+        ("parents", wake_parents), ("overdue", fail_overdue), ("purged", purge_finished))
+    for name, phase in phases:
+        try:
+            report[name] = phase(now)
+        except Exception:  # noqa: BLE001 - the other phases still run
+            logger.exception("Sweeper phase %r failed", name)
+            report[name] = -1
+    if any(report.values()):
+        logger.info("Sweep %s", " ".join(f"{k}={v}" for k, v in report.items()))
+    return report
+
+
+def recover_lost(now: datetime) -> int:
+    """Record attempts whose heartbeat went stale, or which outlived their hard time limit."""
+    stale_before = now - timedelta(seconds=settings.STALE_AFTER)
+    grace = settings.HARD_TIMEOUT_GRACE + KILL_MARGIN
+    candidates = (StepRun.objects.filter(status=StepStatus.PROCESSING)
+                  .filter(Q(heartbeat_at__lt=stale_before) | Q(timeout__isnull=False))
+                  .select_related("run")[:500])
+    recovered = 0
+    for row in candidates:
+        timed_out = row.timeout is not None and row.claimed_at is not None and (
+            row.claimed_at + timedelta(seconds=row.timeout + grace) < now)
+        if not timed_out and not (row.heartbeat_at and row.heartbeat_at < stale_before):
+            continue
+        # One bad row must not stop the sweeper for every other run.
+        try:
+            record_failure(claim_of(row), load_spec(row.run.definition_id),
+                           interruption(row, timed_out), None)
+        except Exception as error:  # noqa: BLE001
+            logger.exception("Could not recover step run id=%s; failing it.", row.pk)
+            fail_unloadable(row.pk, row.run_id, error)
+        recovered += 1
+    return recovered
+
+
+def republish_due(now: datetime) -> int:
+    """Publish due rows whose message never went out (long delays) or may have been lost."""
+    silent_since = now - timedelta(seconds=settings.REDELIVER_AFTER)
+    with transaction.atomic():
+        due = list(
+            StepRun.objects.select_for_update(skip_locked=True, of=("self",))
+            .filter(Q(run__status=RunStatus.RUNNING) | ~Q(kind="step"),
+                    status=StepStatus.PENDING, available_at__lte=now)
+            .filter(Q(published_at__isnull=True) | Q(published_at__lt=silent_since))
+            .values_list("pk", "step_index", "run__definition_id", "kind")[:1000]
+        )
+        if due:
+            StepRun.objects.filter(pk__in=[row[0] for row in due]).update(published_at=now)
+            publish.publish_on_commit([
+                publish.message_for(load_spec(definition_pk), pk, index) if kind == "step"
+                else publish.Message(pk, None, None, load_spec(definition_pk).queue)
+                for pk, index, definition_pk, kind in due])
+    return len(due)
+
+
+def wake_parents(now: datetime) -> int:
+    """Move on runs whose child or awaited run finished but whose wake-up message was lost."""
+    waiting = set(WorkflowRun.objects.filter(
+        status=RunStatus.WAITING_FOR_WORKFLOWS, children__status__in=FINISHED,
+        children__parent_step=F("current_step"),
+    ).values_list("pk", flat=True).distinct()[:200])
+    waiting.update(rows.finished_dependencies())
+    moved = 0
+    for run_id in sorted(waiting):
+        try:
+            moved += resume_waiting(run_id) not in (None, RunStatus.WAITING_FOR_WORKFLOWS)
+        except Exception:  # noqa: BLE001 - one bad run must not stop the sweep
+            logger.exception("Could not wake waiting run id=%s", run_id)
+    return moved
+
+
+def fail_overdue(now: datetime | None = None) -> int:
+    """Fail runs past their deadline, waiting and paused ones included; return how many."""
+    now = now or timezone.now()
+    overdue = list(WorkflowRun.objects.filter(
+        deadline_at__lte=now, status__in=(RunStatus.RUNNING, RunStatus.WAITING_FOR_SIGNAL,
+                                          RunStatus.WAITING_FOR_WORKFLOWS, RunStatus.PAUSED),
+    ).values_list("pk", flat=True)[:200])
+    for run_id in overdue:
+        with transaction.atomic():
+            run = rows.lock_run(run_id, steps_first=True)
+            if run.status in FINISHED or run.deadline_at is None or run.deadline_at > now:
+                continue
+            spec = load_spec(run.definition_id)
+            error = {"type": "queuety.exceptions.DeadlineExceeded",
+                     "message": f"Run {run.pk} of workflow {run.name!r} missed its deadline "
+                                f"of {run.deadline_at.isoformat()} (must complete within "
+                                f"{spec.deadline_seconds or 0:g}s).",
+                     "step": spec.steps[run.current_step].name
+                     if run.current_step < len(spec.steps) else None,
+                     "step_index": run.current_step, "attempt": None, "max_attempts": None}
+            rows.stop_live_steps(run.pk, now)
+            fail_run(spec, run.pk, error, now, cause="deadline", announce=Event(
+                run_id=run.pk, kind="workflow_deadline_exceeded",
+                data={"error": error, "previous_status": run.status}))
+    return len(overdue)
+
+
+def purge_finished(now: datetime | None = None, batch: int = 500) -> int:
+    """Delete finished runs older than ``QUEUETY["RETENTION_DAYS"]`` (one batch); return how
+    many. Their steps, events and signals go with them; dispatch keys stay."""
+    days = settings.RETENTION_DAYS
+    if days is None:
+        return 0
+    cutoff = (now or timezone.now()) - timedelta(days=days)
+    ids = list(WorkflowRun.objects.filter(status__in=FINISHED, finished_at__lt=cutoff)
+               .order_by("pk").values_list("pk", flat=True)[:batch])
+    if ids:
+        WorkflowRun.objects.filter(pk__in=ids).delete()
+    return len(ids)

@@ -1,0 +1,125 @@
+"""What watches an attempt while its handler runs: the heartbeat thread and the deadline.
+
+A fresh heartbeat tells the sweeper the attempt's process is alive; the deadline interrupts a
+handler at its step's timeout. Code stuck in C that ignores signals is killed by Celery's hard
+time limit instead, which every timed step's message carries (see ``queuety.publish``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal as posix_signal
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
+from types import FrameType
+
+from django.db import close_old_connections, connection
+from django.utils import timezone
+
+from queuety import exceptions
+from queuety.conf import settings
+from queuety.core.definition import StepSpec
+from queuety.models import StepRun, StepStatus
+from queuety.runtime.claim import Claim, worker_id
+
+logger = logging.getLogger("queuety")
+
+
+class Heartbeats:
+    """One daemon thread per process refreshes the heartbeat of every step it is running.
+
+    Cheaper than a thread per step (measured: 0.2-0.5 ms a step), and its rows are guarded by
+    this process's ``claimed_by``, so it never keeps alive a row another process owns.
+    """
+
+    #: The thread's name; an attempt's report leaves it out of the threads a handler left.
+    name = "queuety-heartbeat"
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._live: set[int] = set()
+        self._thread: threading.Thread | None = None
+        self._pid = 0
+
+    @contextmanager
+    def running(self, step_run_id: int) -> Iterator[None]:
+        """Keep ``step_run_id``'s heartbeat fresh inside the block."""
+        with self._lock:
+            self._live.add(step_run_id)
+            if self._thread is None or not self._thread.is_alive() or self._pid != os.getpid():
+                # A forked child inherits no threads: start this process's own.
+                self._pid = os.getpid()
+                self._thread = threading.Thread(target=self._beat, name=self.name, daemon=True)
+                self._thread.start()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._live.discard(step_run_id)
+
+    def _beat(self) -> None:
+        me = worker_id()
+        while True:
+            time.sleep(settings.HEARTBEAT_INTERVAL)
+            with self._lock:
+                live = list(self._live)
+            if not live:
+                # Hold no database session while idle (most steps end before their first
+                # beat); a no-op when this thread has not connected.
+                connection.close()
+                continue
+            try:
+                close_old_connections()
+                StepRun.objects.filter(pk__in=live, status=StepStatus.PROCESSING,
+                                       claimed_by=me).update(heartbeat_at=timezone.now())
+            except Exception:  # noqa: BLE001 - beat again next time, on a new connection
+                logger.exception("Heartbeat of step runs %s failed", live)
+                connection.close()
+
+
+_heartbeats = Heartbeats()
+
+
+def heartbeat(step_run_id: int) -> AbstractContextManager[None]:
+    """Keep the step's heartbeat fresh while this process works on it."""
+    return _heartbeats.running(step_run_id)
+
+
+@contextmanager
+def deadline(step: StepSpec, held: Claim) -> Iterator[None]:
+    """Interrupt the handler with StepTimeout when the step's timeout passes.
+
+    Uses a real-time interval timer, so blocking Python code (``time.sleep``, socket reads, busy
+    loops) is interrupted at the deadline, with sub-second precision.
+
+    Raises:
+        PermanentError: the step has a timeout but this is not a process's main thread, where
+            no timer can interrupt it.
+    """
+    if step.timeout is None:
+        yield
+        return
+    if threading.current_thread() is not threading.main_thread():
+        raise exceptions.PermanentError(
+            f"Step {step.name!r} of run {held.run_id} has timeout={step.timeout:g}s but runs "
+            "outside a process's main thread (threads, eventlet or gevent pool), where it cannot "
+            "be interrupted. Run Queuety workers with --pool prefork (the default) or solo."
+        )
+    timeout = step.timeout
+
+    def on_alarm(signum: int, frame: FrameType | None) -> None:
+        raise exceptions.StepTimeout(
+            f"Step {step.name!r} of run {held.run_id} (attempt {held.attempt}) exceeded its "
+            f"timeout of {timeout:g}s and was interrupted."
+        )
+
+    previous = posix_signal.signal(posix_signal.SIGALRM, on_alarm)
+    posix_signal.setitimer(posix_signal.ITIMER_REAL, timeout)
+    try:
+        yield
+    finally:
+        posix_signal.setitimer(posix_signal.ITIMER_REAL, 0)
+        posix_signal.signal(posix_signal.SIGALRM, previous)

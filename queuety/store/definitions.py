@@ -1,0 +1,81 @@
+"""Definitions are immutable rows, so every process may cache them forever."""
+
+from __future__ import annotations
+
+from queuety import exceptions
+from queuety.conf import settings
+from queuety.core.definition import WorkflowSpec
+from queuety.core.retry import RetryPolicy
+from queuety.models import WorkflowDefinition
+
+_definition_ids: dict[tuple[str, str], int] = {}
+_specs: dict[int, WorkflowSpec] = {}
+# ``WorkflowSpec.definition_hash`` digests the canonical JSON on every access, too slow for
+# every row of an admin changelist.
+_hashes: dict[int, str] = {}
+# What each definition waits for at which step: {step index: "approval" | "decision" |
+# "input" | "signal"}.
+_wait_kinds: dict[int, dict[int, str]] = {}
+
+
+def definition_id(spec: WorkflowSpec) -> int:
+    """Return the id of the ``WorkflowDefinition`` row for ``spec``, creating it if needed."""
+    key = (spec.name, spec.definition_hash)
+    found = _definition_ids.get(key)
+    if found is None:
+        row, _ = WorkflowDefinition.objects.get_or_create(
+            name=spec.name, definition_hash=key[1], defaults={"definition": spec.to_dict()}
+        )
+        found = _definition_ids[key] = row.pk
+        _specs[row.pk] = spec
+    return found
+
+
+def load_spec(definition_pk: int) -> WorkflowSpec:
+    """Return the definition stored under ``definition_pk`` (cached per process).
+
+    Raises:
+        WorkflowDefinitionError: the stored definition no longer loads here (a class its
+            retry policies name was removed by a deploy, say).
+    """
+    spec = _specs.get(definition_pk)
+    if spec is None:
+        row = WorkflowDefinition.objects.only("definition").get(pk=definition_pk)
+        spec = _specs[definition_pk] = WorkflowSpec.from_dict(row.definition)
+    return spec
+
+
+def effective_policy(spec: WorkflowSpec, step_index: int) -> RetryPolicy:
+    """Return the retry policy of a step: its own, else its workflow's, else the global one."""
+    policy: RetryPolicy = spec.steps[step_index].retry or spec.retry or settings.DEFAULT_RETRY
+    return policy
+
+
+def definition_hash(definition_pk: int) -> str:
+    """Return the hash of a stored definition."""
+    found = _hashes.get(definition_pk)
+    if found is None:
+        found = _hashes[definition_pk] = load_spec(definition_pk).definition_hash
+    return found
+
+
+def wait_kinds() -> dict[int, dict[int, str]]:
+    """Return, for every definition, the kind of each of its wait steps (``approval``,
+    ``decision``, ``input`` or ``signal``).
+
+    One query for the definition ids; definitions not seen before are read in one more query.
+    A definition this version cannot read waits for nothing it knows.
+    """
+    ids = set(WorkflowDefinition.objects.values_list("pk", flat=True))
+    missing = ids - _wait_kinds.keys()
+    if missing:
+        for pk, document in (WorkflowDefinition.objects.filter(pk__in=missing)
+                             .values_list("pk", "definition")):
+            try:
+                spec: WorkflowSpec | None = WorkflowSpec.from_dict(document)
+            except (exceptions.WorkflowDefinitionError, KeyError, TypeError, ValueError):
+                spec = None
+            _wait_kinds[pk] = {} if spec is None else {
+                index: step.wait.human or "signal"
+                for index, step in enumerate(spec.steps) if step.wait is not None}
+    return {pk: _wait_kinds[pk] for pk in ids}

@@ -1,0 +1,211 @@
+"""Row helpers shared by the runtime and the use cases: cursors, locks, counts, factories.
+
+The lock order every writer follows: a run's live step rows, then the run row, then (for a
+tree) the rows of its children. A worker finishing a step locks its step row and then the run
+row; operations that also write live step rows lock them first, so the two never deadlock.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from datetime import datetime
+from typing import Any
+
+import psycopg
+from django.db import InterfaceError, OperationalError, connection
+from django.db.backends.utils import CursorDebugWrapper, CursorWrapper
+from django.db.models import Count
+
+from queuety import exceptions
+from queuety.core.budget import Usage
+from queuety.core.definition import WorkflowSpec
+from queuety.core.status import LIVE, LIVE_OR_HELD
+from queuety.models import StepRun, StepStatus, WorkflowRun
+from queuety.store import sql
+from queuety.store.definitions import effective_policy
+
+#: SQLSTATEs after which the same transaction, run again, may well succeed as it stands.
+SERIALIZATION_FAILURES = ("40001", "40P01")
+
+
+# -- cursors and database errors --------------------------------------------------------------
+
+def hot_cursor() -> CursorWrapper:
+    """A cursor for the statements every step runs (dispatch, claim, transition).
+
+    When the site allows prepared statements on its connections (Django's
+    ``OPTIONS["prepare_threshold"]``, off by default because transaction-mode poolers such as
+    PgBouncer before 1.21 cannot keep them), it binds parameters on the server, so psycopg
+    prepares these statements and PostgreSQL stops planning them on every call: the
+    transition's plan costs more than its execution. Otherwise, Django's own cursor.
+    """
+    if connection.vendor != "postgresql" or \
+            connection.settings_dict.get("OPTIONS", {}).get("prepare_threshold") is None:
+        return connection.cursor()
+    connection.ensure_connection()
+    connection.validate_thread_sharing()
+    # Wrapped by Django, so statements pass execute_wrapper hooks and are logged when asked.
+    raw = psycopg.Cursor(connection.connection)
+    if connection.queries_logged:
+        return _HotDebugCursor(raw, connection)
+    return connection.make_cursor(raw)  # type: ignore[arg-type]  # any DB-API cursor will do
+
+
+class _HotDebugCursor(CursorDebugWrapper):
+    """Logs a hot statement as written (placeholders and all): after a prepared execution,
+    psycopg has no interpolated query text for Django to report."""
+
+    def execute(self, sql: Any, params: Any = None) -> Any:
+        with self.debug_sql(sql, params):
+            return super(CursorDebugWrapper, self).execute(sql, params)
+
+
+def json_value(value: Any) -> Any:
+    """A JSON column read by a raw statement: decoded where the driver returned text."""
+    return json.loads(value) if isinstance(value, str | bytes) else value
+
+
+def sqlstate_of(error: BaseException) -> str | None:
+    """The PostgreSQL SQLSTATE of a database error Django raised (None when it carries none,
+    as for a lost connection or another backend)."""
+    return getattr(error.__cause__, "sqlstate", None)
+
+
+def is_transient(error: BaseException) -> bool:
+    """A database error after which the same transition may well succeed: on PostgreSQL a
+    serialization failure, a deadlock, or a lost or refused connection (no SQLSTATE, classes
+    08 and 57P); on SQLite a busy or locked database."""
+    if not isinstance(error, OperationalError | InterfaceError):
+        return False
+    if connection.vendor == "sqlite":
+        name: str = getattr(error.__cause__, "sqlite_errorname", "")
+        return name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED"))
+    sqlstate = sqlstate_of(error)
+    return sqlstate is None or sqlstate in SERIALIZATION_FAILURES or sqlstate.startswith(
+        ("08", "57P"))
+
+
+# -- runs -------------------------------------------------------------------------------------
+
+def get_run(run_id: Any) -> WorkflowRun:
+    """Return run ``run_id``.
+
+    Raises:
+        RunNotFound: no run has that id (also for an id that is not a number).
+    """
+    try:
+        return WorkflowRun.objects.get(pk=run_id)
+    except (WorkflowRun.DoesNotExist, ValueError, TypeError):
+        raise exceptions.RunNotFound(run_id) from None
+
+
+def lock_run(run_id: Any, *, steps_first: bool = False,
+             fields: Iterable[str] | None = None) -> WorkflowRun:
+    """Lock run ``run_id``'s row for this transaction and return it (only ``fields``, if given).
+
+    With ``steps_first``, its live step rows are locked before it: the lock order of a worker
+    finishing a step, for operations that write live step rows too.
+
+    Raises:
+        RunNotFound: no run has that id.
+    """
+    if steps_first:
+        list(StepRun.objects.select_for_update().filter(run_id=run_id, kind="step",
+                                                        status__in=LIVE).values_list("pk"))
+    runs = WorkflowRun.objects.select_for_update()
+    if fields is not None:
+        runs = runs.only(*fields)
+    try:
+        return runs.get(pk=run_id)
+    except (WorkflowRun.DoesNotExist, ValueError, TypeError):
+        raise exceptions.RunNotFound(run_id) from None
+
+
+#: The columns the step boundary reads of a run it locks.
+BOUNDARY_FIELDS = ("name", "definition_id", "status", "state", "current_step", "transitions",
+                   "cost_units", "started_workflows", "error")
+
+
+def usage_of(run: WorkflowRun) -> Usage:
+    """The budget counters a run has used (its state's size is not counted here)."""
+    return Usage(run.transitions, run.cost_units, run.started_workflows)
+
+
+def stop_live_steps(run_id: int, now: datetime) -> int:
+    """Cancel a run's live and held step rows; a processing attempt then finds its row
+    cancelled when it finishes and discards its outcome. Returns how many."""
+    return StepRun.objects.filter(run_id=run_id, kind="step", status__in=LIVE_OR_HELD
+                                  ).update(status=StepStatus.CANCELLED, finished_at=now)
+
+
+def waiters_of(run_id: int) -> list[int]:
+    """The runs waiting for run ``run_id``: its parent and the runs whose wait names it."""
+    with connection.cursor() as cursor:
+        cursor.execute(sql.WAITERS, [run_id, run_id])
+        return [row[0] for row in cursor.fetchall()]
+
+
+def awaited_runs(ids: list[int], *, lock: bool) -> list[tuple[int, str, dict[str, Any]]]:
+    """``(id, status, state)`` of the runs ``ids``; with ``lock`` on PostgreSQL read FOR SHARE
+    (see :data:`queuety.store.sql.AWAITED_FOR_SHARE`)."""
+    if lock and connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(sql.AWAITED_FOR_SHARE, [ids])
+            return [(pk, status, json_value(data)) for pk, status, data in cursor.fetchall()]
+    return list(WorkflowRun.objects.filter(pk__in=ids).values_list("pk", "status", "state"))
+
+
+def finished_dependencies() -> list[int]:
+    """Runs parked at a workflow wait one of whose awaited runs finished (up to 200)."""
+    with connection.cursor() as cursor:
+        cursor.execute(sql.FINISHED_DEPENDENCIES)
+        return [row[0] for row in cursor.fetchall()]
+
+
+def tree_attempts(run_id: int) -> int:
+    """Step attempts made or due in the tree below run ``run_id``, serialised with every other
+    check of that tree until this transaction ends (parallel branches failing at once).
+
+    Holders never wait for a row lock of another run after taking the advisory lock, so it
+    cannot close a deadlock cycle. SQLite serialises writers anyway.
+    """
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(sql.ATTEMPTS_LOCK, [sql.ATTEMPTS_LOCK_KEY, run_id])
+        cursor.execute(sql.TREE_ATTEMPTS, [run_id])
+        used: int = cursor.fetchone()[0]
+    return used
+
+
+# -- step rows --------------------------------------------------------------------------------
+
+def new_step_run(run_pk: int, spec: WorkflowSpec, index: int, *, seq: int, now: datetime,
+                 published: bool = True) -> StepRun:
+    """Create the pending row of task step ``index`` of a run, due at ``now``."""
+    step = spec.steps[index]
+    return StepRun.objects.create(
+        run_id=run_pk, seq=seq, step_index=index, step_name=step.name,
+        max_attempts=effective_policy(spec, index).max_attempts, timeout=step.timeout,
+        available_at=now, published_at=now if published else None,
+    )
+
+
+def fanout_counts(run_id: int, seq: int, index: int) -> tuple[int, int, int]:
+    """Rows of one pass of a fan-out step: (all, completed, failed)."""
+    counts = dict(StepRun.objects.filter(run_id=run_id, kind="step", seq=seq, step_index=index)
+                  .values_list("status").annotate(n=Count("pk")).values_list("status", "n"))
+    return (sum(counts.values()), counts.get(StepStatus.COMPLETED, 0),
+            counts.get(StepStatus.FAILED, 0))
+
+
+def fanout_rows(run_id: int, seq: int, index: int) -> list[dict[str, Any]]:
+    """The branches or items of one pass of a fan-out step, in order, as the join reads them."""
+    rows = (StepRun.objects.filter(run_id=run_id, kind="step", seq=seq, step_index=index)
+            .order_by("branch").values("branch", "status", "output", "error", "input",
+                                       "finished_at"))
+    return [{"index": r["branch"], "item": (r["input"] or {}).get("item"),
+             "status": r["status"], "output": r["output"],
+             "error": None if not r["error"] else {k: r["error"].get(k) for k in
+                                                  ("type", "message")},
+             "finished_at": r["finished_at"]} for r in rows]

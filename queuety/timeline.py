@@ -1,0 +1,70 @@
+"""A run's timeline, and the state after any step rebuilt from it.
+
+The timeline is the ``Event`` table. Every transition records what it merged (``output``), and
+every event that resets the state (rewind, fork, replay) records the whole public state, so the
+state after any step can be rebuilt from the events alone.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from queuety.models import Event
+from queuety.store import rows
+from queuety.store.definitions import load_spec
+
+#: Event kinds that carry the run's whole public state in ``data["state"]``.
+STATE_RESETS = ("workflow_started", "workflow_rewound", "workflow_forked", "workflow_replayed")
+#: Event kinds whose ``data["output"]`` was merged into the state.
+MERGES = ("step_completed", "wait_settled")
+
+
+def event_dict(event: Event) -> dict[str, Any]:
+    """An event as the timeline and the export show it."""
+    return {"id": event.pk, "kind": event.kind, "step_index": event.step_index,
+            "step_name": event.step_name, "attempt": event.attempt,
+            "duration_ms": event.duration_ms, "data": event.data,
+            "created_at": event.created_at.isoformat()}
+
+
+def timeline(run_id: int, limit: int = 100, offset: int = 0) -> list[dict[str, Any]]:
+    """Return run ``run_id``'s events, oldest first (``queuety.workflow_timeline()``).
+
+    Raises:
+        RunNotFound: no such run.
+    """
+    rows.get_run(run_id)
+    events = Event.objects.filter(run_id=run_id).order_by("pk")[offset:offset + limit]
+    return [event_dict(event) for event in events]
+
+
+def states_after_steps(run_id: int) -> dict[int, dict[str, Any]]:
+    """Rebuild, from the timeline, the public state after each step's latest completion."""
+    state: dict[str, Any] = {}
+    after: dict[int, dict[str, Any]] = {}
+    for kind, step_index, data in (Event.objects.filter(run_id=run_id).order_by("pk")
+                                   .values_list("kind", "step_index", "data")):
+        if kind in STATE_RESETS and "state" in (data or {}):
+            state = dict(data["state"])
+        elif kind in MERGES:
+            output = data.get("output") or {}
+            state = {**state, **{k: v for k, v in output.items() if not k.startswith("_")}}
+            if step_index is not None:  # a merge always names its step
+                after[step_index] = dict(state)
+    return after
+
+
+def state_at(run_id: int, step: int | str) -> dict[str, Any]:
+    """Return the public state right after step ``step`` (index or name) last completed.
+
+    Raises:
+        RunNotFound: no such run.
+        LookupError: the step never completed in this run.
+    """
+    run = rows.get_run(run_id)
+    spec = load_spec(run.definition_id)
+    index = step if isinstance(step, int) else spec.index_of(step)
+    after = states_after_steps(run_id)
+    if index not in after:
+        raise LookupError(f"No recorded state found for workflow run {run_id} at step {step}.")
+    return after[index]
