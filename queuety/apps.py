@@ -19,6 +19,8 @@ class QueuetyConfig(AppConfig):
 
 def _schedule_sweeper(using: str = "default", **kwargs) -> None:
     """Create or update the django-celery-beat entry that runs the sweeper."""
+    # Imported when called: queuety.schedule imports django-celery-beat's models, which cannot
+    # be imported while the app registry is still loading this module.
     from queuety.schedule import ensure_sweeper_schedule
 
     ensure_sweeper_schedule(using=using)

@@ -44,6 +44,14 @@ class ChildRunFailed(QueuetyError):
     """
 
 
+class DeadlineExceeded(QueuetyError):
+    """A run did not complete within its ``must_complete_within()`` deadline.
+
+    Recorded as the failed run's error by the sweeper (``workflow_deadline_exceeded``); it is
+    never raised to a caller. ``retry()`` gives the run a fresh deadline window.
+    """
+
+
 class WorkflowWaitFailed(QueuetyError):
     """A ``wait_for_workflows`` step can no longer be satisfied: runs it waits for failed,
     were cancelled or do not exist."""

@@ -282,7 +282,9 @@ def check_payload(name: str, payload: Any) -> dict[str, Any]:
         raise exceptions.WorkflowDefinitionError(
             f"The payload of workflow {name!r} must be a dict (got {type(payload).__name__})."
         )
-    reserved = sorted(key for key in payload if not isinstance(key, str) or key.startswith("_"))
+    # Sorted by repr: keys of mixed types (1, None, "_a") cannot be compared with each other.
+    reserved = sorted((key for key in payload if not isinstance(key, str) or key.startswith("_")),
+                      key=repr)
     if reserved:
         raise exceptions.WorkflowDefinitionError(
             f"The payload of workflow {name!r} uses reserved or non-string keys {reserved!r}; "

@@ -250,7 +250,8 @@ def reply_signal(wait: WaitSpec, kind: str) -> str | None:
         return wait.signals[0]
     if kind in ("approve", "reject") and wait.human == DECISION:
         outcome = "approved" if kind == "approve" else "rejected"
-        return next(name for name, result in wait.decision.items() if result == outcome)
+        # A stored or hand-built decision may lack one of the two outcomes.
+        return next((name for name, result in wait.decision.items() if result == outcome), None)
     if kind == "input" and wait.human == INPUT:
         return wait.signals[0]
     return None

@@ -15,8 +15,9 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from queuety import publish
+from queuety import exceptions, publish
 from queuety.conf import settings
+from queuety.core import flow
 from queuety.core.status import FINISHED
 from queuety.models import Event, RunStatus, StepRun, StepStatus, WorkflowRun
 from queuety.runtime.claim import claim_of
@@ -129,13 +130,13 @@ def fail_overdue(now: datetime | None = None) -> int:
             if run.status in FINISHED or run.deadline_at is None or run.deadline_at > now:
                 continue
             spec = load_spec(run.definition_id)
-            error = {"type": "queuety.exceptions.DeadlineExceeded",
-                     "message": f"Run {run.pk} of workflow {run.name!r} missed its deadline "
-                                f"of {run.deadline_at.isoformat()} (must complete within "
-                                f"{spec.deadline_seconds or 0:g}s).",
-                     "step": spec.steps[run.current_step].name
-                     if run.current_step < len(spec.steps) else None,
-                     "step_index": run.current_step, "attempt": None, "max_attempts": None}
+            error = flow.failure_record(exceptions.DeadlineExceeded(
+                f"Run {run.pk} of workflow {run.name!r} missed its deadline of "
+                f"{run.deadline_at.isoformat()} (must complete within "
+                f"{spec.deadline_seconds or 0:g}s)."),
+                step=spec.steps[run.current_step].name
+                if run.current_step < len(spec.steps) else None,
+                step_index=run.current_step, attempt=None, max_attempts=None)
             rows.stop_live_steps(run.pk, now)
             fail_run(spec, run.pk, error, now, cause="deadline", announce=Event(
                 run_id=run.pk, kind="workflow_deadline_exceeded",
