@@ -67,16 +67,22 @@ def test_idempotency__32_processes_racing_on_one_key_start_one_run(worker, token
         [sys.executable, "-m", "tests.race_dispatch", key, queue, str(go_file)],
         cwd=ROOT, env=worker.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for _ in range(32)]
-    for process in contenders:  # every contender is connected and waiting at the line
-        assert process.stdout.readline().strip() == "ready", process.stderr.read()
-    go_file.touch()
     ids, published = [], 0
-    for process in contenders:
-        out, err = process.communicate(timeout=120)
-        assert process.returncode == 0, err
-        run_id, sent = map(int, out.split())
-        ids.append(run_id)
-        published += sent
+    try:
+        for process in contenders:  # every contender is connected and waiting at the line
+            assert process.stdout.readline().strip() == "ready", process.stderr.read()
+        go_file.touch()
+        for process in contenders:
+            out, err = process.communicate(timeout=120)
+            assert process.returncode == 0, err
+            run_id, sent = map(int, out.split())
+            ids.append(run_id)
+            published += sent
+    finally:  # a contender left waiting at the line would spin on after a failure
+        for process in contenders:
+            if process.poll() is None:
+                process.kill()
+                process.communicate()
 
     with app.connection_for_write() as conn:
         channel = conn.default_channel
