@@ -8,7 +8,8 @@ The public API::
     queuety.workflow_status(run_id).status     # "running", "completed", "failed", ...
 
 Importing this package does not import Django; the functions that touch the database import
-the service layer when called.
+the modules that do the work (``queuety.queries``, ``inbox``, ``operations``, ``timeline``,
+``export``) when called.
 """
 
 from __future__ import annotations

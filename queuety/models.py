@@ -6,19 +6,13 @@ cases above it (``dispatch``, ``inbox``, ``operations``, ...) move data between 
 
 from __future__ import annotations
 
-from enum import StrEnum
-
 from django.db import models
 from django.db.models import Q
 
-# The core's status vocabulary, re-exported: the storage speaks the same words.
+# The core's status vocabulary, re-exported: the storage speaks the same words (and its
+# ``choices`` are labelled as ``TextChoices`` would label them, so no migration changes).
 from queuety.core.status import RunStatus as RunStatus
 from queuety.core.status import StepStatus as StepStatus
-
-
-def _choices(vocabulary: type[StrEnum]) -> list[tuple[str, str]]:
-    """Django ``choices`` for a status enum, labelled as ``TextChoices`` would label them."""
-    return [(member.value, member.name.replace("_", " ").title()) for member in vocabulary]
 
 
 class WorkflowDefinition(models.Model):
@@ -43,7 +37,7 @@ class WorkflowRun(models.Model):
 
     definition = models.ForeignKey(WorkflowDefinition, on_delete=models.PROTECT, related_name="runs")
     name = models.CharField(max_length=255, db_index=True)
-    status = models.CharField(max_length=32, choices=_choices(RunStatus),
+    status = models.CharField(max_length=32, choices=RunStatus.choices,
                               default=RunStatus.RUNNING.value)
     state = models.JSONField(default=dict, help_text="Public state: no reserved '_' keys.")
     current_step = models.PositiveIntegerField(default=0)
@@ -133,7 +127,7 @@ class StepRun(models.Model):
     branch = models.PositiveIntegerField(default=0, help_text="Branch or item of a fan-out step.")
     step_index = models.PositiveIntegerField()
     step_name = models.CharField(max_length=255)
-    status = models.CharField(max_length=16, choices=_choices(StepStatus),
+    status = models.CharField(max_length=16, choices=StepStatus.choices,
                               default=StepStatus.PENDING.value)
     attempt = models.PositiveIntegerField(default=0, help_text="Attempts claimed so far.")
     max_attempts = models.PositiveIntegerField(default=1)

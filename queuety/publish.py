@@ -47,6 +47,15 @@ def message_for(spec: WorkflowSpec, step_run_id: int, index: int,
 _override: Callable[[list[Message]], None] | None = None
 
 
+def _send(name: str, args: tuple[Any, ...], options: dict[str, Any]) -> None:
+    """Send task ``name``; under ``task_always_eager`` run it here, as ``apply_async`` would
+    (``send_task`` ignores eager mode), looking the task up by name in Celery's registry."""
+    if current_app.conf.task_always_eager:
+        current_app.tasks[name].apply_async(args, **options)
+    else:
+        current_app.send_task(name, args, ignore_result=True, **options)
+
+
 def publish(messages: Iterable[Message]) -> None:
     """Send one ``queuety.execute_step`` message per item.
 
@@ -70,8 +79,7 @@ def publish(messages: Iterable[Message]) -> None:
             # only kills a process stuck where signals cannot reach (C code).
             options["time_limit"] = message.timeout + settings.HARD_TIMEOUT_GRACE
         try:
-            current_app.send_task(EXECUTE_STEP, (message.step_run_id,), ignore_result=True,
-                                  **options)
+            _send(EXECUTE_STEP, (message.step_run_id,), options)
         except Exception:  # noqa: BLE001 - the sweeper is the backstop
             logger.exception("Could not publish step run id=%s; the sweeper will re-publish it.",
                              message.step_run_id)
@@ -90,10 +98,10 @@ def wake(run_ids: list[int]) -> None:
 
 
 def _send_wake_ups(run_ids: list[int]) -> None:
-    options = {"queue": settings.QUEUE} if settings.QUEUE else {}
+    options: dict[str, Any] = {"queue": settings.QUEUE} if settings.QUEUE else {}
     for run_id in run_ids:
         try:
-            current_app.send_task(RESUME_PARENT, (run_id,), ignore_result=True, **options)
+            _send(RESUME_PARENT, (run_id,), options)
         except Exception:  # noqa: BLE001 - the sweeper wakes waiting parents anyway
             logger.exception("Could not publish %s(%r); the sweeper will do it.", RESUME_PARENT,
                              run_id)

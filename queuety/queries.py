@@ -145,5 +145,5 @@ def overview() -> dict[str, Any]:
                                     available_at__lte=timezone.now()).aggregate(
         oldest=Min("available_at"))["oldest"]
     age = None if oldest is None else round((timezone.now() - oldest).total_seconds(), 3)
-    return {"runs": {status: counts.get(status, 0) for status in RunStatus},
+    return {"runs": {status.value: counts.get(status, 0) for status in RunStatus},
             "oldest_pending_step_age_seconds": age}

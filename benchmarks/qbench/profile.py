@@ -7,7 +7,8 @@
    components, inclusively (a component's share contains its parts).
 2. pyinstrument around ``runtime.attempt.execute_step`` in this process (persistent connection,
    publishing captured), same components.
-3. The cost of one real publish (``execute_step.apply_async`` to Redis), timed alone.
+3. The cost of one real publish (``send_task("queuety.execute_step")`` to Redis, as
+   ``queuety.publish`` sends it), timed alone.
 
 Raw outputs (py-spy collapsed stacks, pyinstrument text) are kept in the run's results folder.
 """
@@ -48,7 +49,7 @@ COMPONENTS = [
      "celery/fixups/django.py"),
     ("waiting on PostgreSQL replies (psycopg Connection.wait)", "Connection.wait",
      "psycopg/connection.py"),
-    ("Celery apply_async (kombu publish to Redis)", "Task.apply_async", "celery/app/task.py"),
+    ("Celery send_task (kombu publish to Redis)", "Celery.send_task", "celery/app/base.py"),
 ]
 
 IDLE_MARKERS = ("Worker._make_protected_receive", "_SimpleQueue.get_payload")
@@ -194,17 +195,17 @@ def pyinstrument_inprocess(runs: int, out_dir: Path) -> dict:
 
 
 def publish_cost(count: int = 500) -> float:
-    """Median ms of one ``execute_step.apply_async`` to a Redis queue nobody consumes."""
+    """Median ms of one ``queuety.execute_step`` message, sent by name as ``queuety.publish``
+    sends it, to a Redis queue nobody consumes."""
     import redis
-
-    from queuety.tasks import execute_step
+    from celery import current_app
 
     queue = f"qbench-pubcost-{uuid.uuid4().hex[:6]}"
     samples = []
     try:
         for i in range(count + 20):
             started = time.perf_counter()
-            execute_step.apply_async((0,), queue=queue)
+            current_app.send_task("queuety.execute_step", (0,), queue=queue, ignore_result=True)
             if i >= 20:
                 samples.append((time.perf_counter() - started) * 1000)
     finally:
@@ -231,5 +232,5 @@ def run(out_dir: Path, n: int = 1000) -> dict:
                   f"({shipped['steps_per_s']:.0f} steps/s while sampled), connections kept "
                   f"{kept['busy_ms_per_step']:.1f} ms ({kept['steps_per_s']:.0f} steps/s). "
                   f"In-process execute_step: {inproc['ms_per_step']:.2f} ms per step. One "
-                  f"real publish (apply_async to Redis): {publish_ms:.2f} ms."),
+                  f"real publish (send_task to Redis): {publish_ms:.2f} ms."),
     }

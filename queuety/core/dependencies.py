@@ -14,9 +14,10 @@ from typing import Any
 
 from queuety import exceptions
 from queuety.core import fanout
+from queuety.core.status import RunStatus
 
 ALL, ANY, QUORUM = "all", "any", "quorum"
-COMPLETED, FAILED, CANCELLED = "completed", "failed", "cancelled"
+COMPLETED, FAILED, CANCELLED = RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED
 #: Join modes of fan-outs that mean the same as these wait modes.
 _AS_FANOUT = {ALL: fanout.ALL, ANY: fanout.FIRST_SUCCESS, QUORUM: fanout.QUORUM}
 

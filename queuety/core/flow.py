@@ -101,8 +101,8 @@ def for_each_items(spec: WorkflowSpec, run_id: int, step: StepSpec,
     return items
 
 
-def join_output(step: StepSpec, state: dict[str, Any],
-                rows: list[dict[str, Any]]) -> dict[str, Any]:
+def join_output(step: StepSpec, state: dict[str, Any], rows: list[dict[str, Any]], *,
+                run_id: int) -> dict[str, Any]:
     """What a settled fan-out merges: branch outputs in order, or the for_each aggregate
     under its result key (plus what the reducer adds).
 
@@ -120,7 +120,7 @@ def join_output(step: StepSpec, state: dict[str, Any],
         merged = {**state, **output}
         reduced = reducer().reduce(merged, aggregate) if isinstance(reducer, type) \
             else reducer(merged, aggregate)
-        output.update(check_output(step.name, 0, reduced))
+        output.update(check_output(step.name, run_id, reduced))
     return output
 
 

@@ -10,11 +10,28 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from datetime import datetime
-from enum import StrEnum
+from enum import EnumType, StrEnum
 from typing import Any
 
 
-class RunStatus(StrEnum):
+class _Vocabulary(EnumType):
+    """Gives the status enums the lists Django's ``TextChoices`` offers (``values``,
+    ``labels``, ``choices``), so code written against the models' choices keeps working."""
+
+    @property
+    def values(cls) -> list[str]:
+        return [str(cls[name].value) for name in cls.__members__]
+
+    @property
+    def labels(cls) -> list[str]:
+        return [name.replace("_", " ").title() for name in cls.__members__]
+
+    @property
+    def choices(cls) -> list[tuple[str, str]]:
+        return list(zip(cls.values, cls.labels, strict=True))
+
+
+class RunStatus(StrEnum, metaclass=_Vocabulary):
     """Status of a workflow run (the original plugin's words)."""
 
     RUNNING = "running"
@@ -26,7 +43,7 @@ class RunStatus(StrEnum):
     CANCELLED = "cancelled"
 
 
-class StepStatus(StrEnum):
+class StepStatus(StrEnum, metaclass=_Vocabulary):
     """Status of one step execution row: the queue's truth."""
 
     PENDING = "pending"

@@ -5,7 +5,8 @@ the ones below it; the import-linter contract in ``pyproject.toml`` checks it):
 
 - ``sweeper``: the backstops (lost attempts, lost messages, lost wake-ups, deadlines, purges);
 - ``attempt``: ``execute_step``: claim, run the handler, record the outcome, inline continuation;
-- ``recovery``: a dead worker's attempt, recorded by the main process or the sweeper;
+- ``recovery``: a dead worker's attempt (recorded by the worker's main process; the sweeper
+  uses its ``interruption`` to say why it recovers a lost one);
 - ``outcome``: record a success (one statement, transient errors retried) or a failure;
 - ``settle``: fan-out joins, and runs woken because the runs they wait for finished;
 - ``landing``: move a run onto its next step (waits, starts, repeats, child runs, fan-out);

@@ -28,6 +28,9 @@ from queuety.store.definitions import load_spec
 
 logger = logging.getLogger("queuety")
 
+#: The runs a step attempt's final failure fails: one whose steps are being worked on.
+STEP_FAILS = (RunStatus.RUNNING, RunStatus.PAUSED)
+
 
 def notify_finished(run_id: int) -> None:
     """Once this transaction commits, wake the runs that wait for finished run ``run_id``:
@@ -37,7 +40,8 @@ def notify_finished(run_id: int) -> None:
 
 def fail_run(spec: WorkflowSpec | None, run_id: int, error: dict[str, Any], now: datetime, *,
              events: Sequence[Event] = (), announce: Event | None = None,
-             changes: dict[str, Any] | None = None, cause: str = "failure") -> bool:
+             changes: dict[str, Any] | None = None, cause: str = "failure",
+             statuses: Sequence[str] = UNFINISHED) -> bool:
     """Fail run ``run_id`` with ``error`` (in the caller's transaction); False if it had
     already finished.
 
@@ -46,9 +50,11 @@ def fail_run(spec: WorkflowSpec | None, run_id: int, error: dict[str, Any], now:
     starts its compensations and hooks for ``cause`` (``failure`` or ``deadline``) when the
     definition asks for them. ``changes`` are further columns to write with the status (the
     state and counters a run failed at a wait keeps). Without ``spec`` (a definition that no
-    longer loads), nothing can be compensated.
+    longer loads), nothing can be compensated. Only a run in one of ``statuses`` is failed: a
+    step's final failure fails a running or paused run (:data:`STEP_FAILS`), never one parked
+    at a wait.
     """
-    failed = WorkflowRun.objects.filter(pk=run_id, status__in=UNFINISHED).update(
+    failed = WorkflowRun.objects.filter(pk=run_id, status__in=statuses).update(
         status=RunStatus.FAILED, error=error, finished_at=now, updated_at=now,
         revision=F("revision") + 1, **(changes or {}))
     if not failed:
@@ -69,8 +75,9 @@ def fail_run(spec: WorkflowSpec | None, run_id: int, error: dict[str, Any], now:
 def fail_at_wait(spec: WorkflowSpec, run_id: int, index: int, state: dict[str, Any],
                  usage: budgets.Usage, now: datetime, events: list[Event],
                  error: dict[str, Any]) -> str:
-    """Fail a run (locked by this transaction) at the step ``index`` it waits at, keeping
-    ``state`` and ``usage`` as they were before the wait; return its status."""
+    """Fail a run (locked by this transaction) at the step ``index`` it waits at, writing
+    ``state`` and ``usage`` as the caller decided (the state from before the wait settled);
+    return its status."""
     step = spec.steps[index]
     fail_run(spec, run_id, error, now, events=events,
              announce=Event(run_id=run_id, kind="workflow_failed", step_index=index,
@@ -87,8 +94,7 @@ def fail_unloadable(step_run_id: int, run_id: int, error: BaseException) -> None
     now = timezone.now()
     record = engine.describe_error(error)
     with transaction.atomic():
-        row = StepRun.objects.select_for_update().filter(
-            pk=step_run_id, status__in=(StepStatus.PENDING, StepStatus.PROCESSING)).first()
+        row = rows.lock_live_step(step_run_id)
         if row is None:
             return
         StepRun.objects.filter(pk=row.pk).update(status=StepStatus.FAILED, finished_at=now,
@@ -101,7 +107,7 @@ def fail_unloadable(step_run_id: int, run_id: int, error: BaseException) -> None
         else:
             fail_run(None, run_id, flow.failure_record(
                 error, step=row.step_name, step_index=row.step_index, attempt=row.attempt,
-                max_attempts=row.max_attempts), now, events=[failed_step])
+                max_attempts=row.max_attempts), now, events=[failed_step], statuses=STEP_FAILS)
     logger.error("Step run id=%s of run id=%s failed: %s", step_run_id, run_id, record["message"])
 
 

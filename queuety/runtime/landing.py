@@ -188,7 +188,7 @@ def land(spec: WorkflowSpec, run_id: int, index: int | None, state: dict[str, An
             if items:
                 break
             # Nothing to fan out to: the join settles at once, as a transition.
-            output = flow.join_output(step, state, [])
+            output = flow.join_output(step, state, [], run_id=run_id)
             state = {**state, **engine.public(output)}
             usage = replace(usage, transitions=usage.transitions + 1)
             flow.check_budget(spec, run_id, state, usage)

@@ -28,7 +28,7 @@ from queuety.core.definition import WorkflowSpec
 from queuety.core.status import LIVE_OR_HELD
 from queuety.models import Event, RunStatus, StepRun, StepStatus
 from queuety.runtime.claim import Claim, applied_by, mark_completed, owned
-from queuety.runtime.finish import check_attempts, fail_run, notify_finished
+from queuety.runtime.finish import STEP_FAILS, check_attempts, fail_run, notify_finished
 from queuety.runtime.landing import land, release_held
 from queuety.store import rows, sql
 from queuety.store.definitions import effective_policy
@@ -277,7 +277,7 @@ def record_failure(held: Claim, spec: WorkflowSpec, error: BaseException,
             return
         step = spec.steps[held.step_index]
         if step.kind == "for_each" and not isinstance(error, exceptions.BudgetExceeded) and \
-                not _item_fails_run(held, spec, event, now):
+                _record_item_failure(held, spec, event, now):
             return
         if step.kind in ("parallel", "for_each"):
             StepRun.objects.filter(
@@ -287,7 +287,7 @@ def record_failure(held: Claim, spec: WorkflowSpec, error: BaseException,
         event.kind = "step_failed"
         fail_run(spec, held.run_id, flow.failure_record(
             error, step=step.name, step_index=held.step_index, attempt=held.attempt,
-            max_attempts=policy.max_attempts), now, events=[event])
+            max_attempts=policy.max_attempts), now, events=[event], statuses=STEP_FAILS)
 
 
 def _schedule_retry(held: Claim, spec: WorkflowSpec, event: Event, record: dict[str, Any],
@@ -312,18 +312,19 @@ def _schedule_retry(held: Claim, spec: WorkflowSpec, event: Event, record: dict[
                 held.step_run_id, held.attempt, record["type"], delay)
 
 
-def _item_fails_run(held: Claim, spec: WorkflowSpec, event: Event, now: datetime) -> bool:
-    """Whether a for_each item out of attempts fails its run: only if the join can no longer
-    be satisfied. Otherwise records the item as failed and frees its slot."""
+def _record_item_failure(held: Claim, spec: WorkflowSpec, event: Event, now: datetime) -> bool:
+    """Record a for_each item out of attempts as ``item_failed`` and free its slot, unless the
+    join can no longer be satisfied; return whether it was recorded so (False: the item fails
+    its run)."""
     step = spec.steps[held.step_index]
     assert step.fanout is not None
     run = rows.lock_run(held.run_id, fields=rows.BOUNDARY_FIELDS)
     total, succeeded, failed = rows.fanout_counts(held.run_id, held.seq, held.step_index)
     verdict = fanout.progress(step.fanout.mode, step.fanout.quorum, total, succeeded, failed)
     if verdict == fanout.IMPOSSIBLE and run.current_step == held.step_index:
-        return True
+        return False
     event.kind = "item_failed"
     event.save()
     if run.status == RunStatus.RUNNING and run.current_step == held.step_index:
         release_held(spec, held.run_id, held.seq, held.step_index, now)
-    return False
+    return True

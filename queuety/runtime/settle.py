@@ -65,13 +65,13 @@ def settle(spec: WorkflowSpec, run: WorkflowRun, index: int, seq: int,
 
     Raises:
         BudgetExceeded: the merge breaches the run's budget (the caller's transaction rolls
-            back, and the branch is recorded as failed).
+            back; the branch's attempt is then recorded as failed, which fails the run).
     """
     step = spec.steps[index]
     cancelled = StepRun.objects.filter(
         run_id=run.pk, kind="step", seq=seq, step_index=index, status__in=LIVE_OR_HELD,
     ).update(status=StepStatus.CANCELLED, finished_at=now)
-    output = flow.join_output(step, run.state, branches)
+    output = flow.join_output(step, run.state, branches, run_id=run.pk)
     state = {**run.state, **engine.public(output)}
     succeeded = sum(r["status"] == StepStatus.COMPLETED for r in branches)
     cost = step.cost_units if step.kind == "parallel" else step.cost_units * succeeded

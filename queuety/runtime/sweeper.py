@@ -85,13 +85,7 @@ def republish_due(now: datetime) -> int:
     """Publish due rows whose message never went out (long delays) or may have been lost."""
     silent_since = now - timedelta(seconds=settings.REDELIVER_AFTER)
     with transaction.atomic():
-        due = list(
-            StepRun.objects.select_for_update(skip_locked=True, of=("self",))
-            .filter(Q(run__status=RunStatus.RUNNING) | ~Q(kind="step"),
-                    status=StepStatus.PENDING, available_at__lte=now)
-            .filter(Q(published_at__isnull=True) | Q(published_at__lt=silent_since))
-            .values_list("pk", "step_index", "run__definition_id", "kind")[:1000]
-        )
+        due = rows.lock_due_unpublished(now, silent_since)
         if due:
             StepRun.objects.filter(pk__in=[row[0] for row in due]).update(published_at=now)
             publish.publish_on_commit([

@@ -15,13 +15,13 @@ from typing import Any
 import psycopg
 from django.db import InterfaceError, OperationalError, connection
 from django.db.backends.utils import CursorDebugWrapper, CursorWrapper
-from django.db.models import Count
+from django.db.models import Count, Q
 
 from queuety import exceptions
 from queuety.core.budget import Usage
 from queuety.core.definition import WorkflowSpec
 from queuety.core.status import LIVE, LIVE_OR_HELD
-from queuety.models import StepRun, StepStatus, WorkflowRun
+from queuety.models import RunStatus, StepRun, StepStatus, WorkflowRun
 from queuety.store import sql
 from queuety.store.definitions import effective_policy
 
@@ -179,6 +179,25 @@ def tree_attempts(run_id: int) -> int:
 
 
 # -- step rows --------------------------------------------------------------------------------
+
+def lock_live_step(step_run_id: int) -> StepRun | None:
+    """Lock step row ``step_run_id`` for this transaction if it is still pending or
+    processing; None otherwise."""
+    return StepRun.objects.select_for_update().filter(pk=step_run_id, status__in=LIVE).first()
+
+
+def lock_due_unpublished(now: datetime, silent_since: datetime,
+                         limit: int = 1000) -> list[tuple[int, int, int, str]]:
+    """Lock (skipping rows another sweeper holds) the due pending rows of running runs, and
+    the due cleanup rows, whose message never went out or went out before ``silent_since``;
+    return ``(id, step index, definition id, kind)`` of each. Call in a transaction."""
+    return list(
+        StepRun.objects.select_for_update(skip_locked=True, of=("self",))
+        .filter(Q(run__status=RunStatus.RUNNING) | ~Q(kind="step"),
+                status=StepStatus.PENDING, available_at__lte=now)
+        .filter(Q(published_at__isnull=True) | Q(published_at__lt=silent_since))
+        .values_list("pk", "step_index", "run__definition_id", "kind")[:limit])
+
 
 def new_step_run(run_pk: int, spec: WorkflowSpec, index: int, *, seq: int, now: datetime,
                  published: bool = True) -> StepRun:

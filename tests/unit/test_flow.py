@@ -299,12 +299,12 @@ BRANCHES = [
 @pytest.mark.parametrize("order", [(0, 1, 2), (2, 1, 0), (1, 2, 0)])
 def test_join_output__parallel_merges_in_branch_order(order):
     rows = [BRANCHES[i] for i in order]
-    assert flow.join_output(PARALLEL, {"x": "state", "base": 1}, rows) == \
+    assert flow.join_output(PARALLEL, {"x": "state", "base": 1}, rows, run_id=7) == \
         {"x": 2, "first": True, "last": True}
 
 
 def test_join_output__parallel_without_rows():
-    assert flow.join_output(PARALLEL, {"base": 1}, []) == {}
+    assert flow.join_output(PARALLEL, {"base": 1}, [], run_id=7) == {}
 
 
 def item_row(index, item, status, output=None, error=None, finished_at=1.0):
@@ -346,14 +346,14 @@ def for_each_step(**options):
     ({"result_key": "r", "reducer": reduce_to_nothing}, ITEM_ROWS, {"r": AGGREGATE}),
 ])
 def test_join_output__for_each_aggregate_and_reducer(options, rows, expected):
-    assert flow.join_output(for_each_step(**options), {"base": 5}, rows) == expected
+    assert flow.join_output(for_each_step(**options), {"base": 5}, rows, run_id=7) == expected
 
 
 def test_join_output__reducer_class_with_only_reduce():
     # Set on the spec directly: the builder resolves reducers like step handlers.
     step = for_each_step(result_key="r")
     step = replace(step, fanout=replace(step.fanout, reducer="tests.unit.test_flow.PlainReducer"))
-    assert flow.join_output(step, {"base": 5}, ITEM_ROWS) == \
+    assert flow.join_output(step, {"base": 5}, ITEM_ROWS, run_id=7) == \
         {"r": AGGREGATE, "reduced_by": "class", "total": 3, "base": 5}
 
 
@@ -364,8 +364,8 @@ def test_join_output__reducer_class_with_only_reduce():
 ])
 def test_join_output__reducer_must_return_a_json_dict(reducer, message):
     step = for_each_step(result_key="r", reducer=reducer)
-    with pytest.raises(queuety.InvalidStepOutput, match=f"^Step 'items_for_each' of run .*{message}"):
-        flow.join_output(step, {}, ITEM_ROWS)
+    with pytest.raises(queuety.InvalidStepOutput, match=f"^Step 'items_for_each' of run 7 .*{message}"):
+        flow.join_output(step, {}, ITEM_ROWS, run_id=7)
 
 
 # -- child_restart_delay --------------------------------------------------------------------
