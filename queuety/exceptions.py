@@ -26,7 +26,15 @@ class StepTimeout(QueuetyError, TimeoutError):
     """A step attempt ran past its ``timeout`` and was interrupted.
 
     It subclasses the builtin :class:`TimeoutError`, so ``retry_on=[TimeoutError]`` covers it.
+    The outcome of an attempt whose deadline passed is a timeout whatever its body did after
+    the interruption: a body that caught it and returned, or raised something else, still
+    timed out, and what it produced late is kept in :attr:`late` for the timeline only.
     """
+
+    #: What the body produced after its deadline, discarded: ``{"output": ...}`` when it
+    #: caught the interruption and returned, ``{"error": {"type", "message"}}`` when it raised
+    #: another error instead; None when the interruption ended it.
+    late: dict[str, Any] | None = None
 
 
 class WorkerLost(QueuetyError):

@@ -102,3 +102,60 @@ def signals_blocked(state):
 
 VARIANTS = ["sync_block", "async_wait", "async_thread", "async_block", "block_then_await",
             "block_then_noop", "block_no_output", "busy_loop"]
+
+
+# -- bodies that handle the interruption themselves (issue: a timeout cannot be swallowed) ---
+
+def returns_after_catching_exception(state):
+    """The usual "log it and carry on": catches everything, returns an output."""
+    _start(state)
+    try:
+        time.sleep(state["body"])
+    except Exception:  # noqa: BLE001 - the behaviour under test
+        return {"late": "caught Exception"}
+    return {"late": "never interrupted"}
+
+
+def returns_after_catching_timeout_error(state):
+    """The usual socket-timeout handler (``socket.timeout`` is ``TimeoutError``)."""
+    _start(state)
+    try:
+        time.sleep(state["body"])
+    except TimeoutError:
+        return {"late": "caught TimeoutError"}
+    return {"late": "never interrupted"}
+
+
+def raises_another_error_after_catching(state):
+    """Turns the interruption into an error of its own."""
+    _start(state)
+    try:
+        time.sleep(state["body"])
+    except Exception as error:  # noqa: BLE001 - the behaviour under test
+        raise ValueError("the body's own error after the deadline") from error
+
+
+def catches_its_own_timeout_error_early(state):
+    """Catches a TimeoutError of its own well before the deadline: not the engine's business."""
+    _start(state)
+    try:
+        raise TimeoutError("a socket read of the body's own gave up")
+    except TimeoutError:
+        pass
+    return {"own_timeout_handled": True}
+
+
+def item_returns_after_catching(state, item, index):
+    """A for_each item handler that swallows its interruption."""
+    try:
+        time.sleep(state["body"])
+    except Exception:  # noqa: BLE001 - the behaviour under test
+        return {"late": item}
+    return {"late": "never interrupted"}
+
+
+SWALLOWING = {"returns_after_catching_exception": {"output": {"late": "caught Exception"}},
+              "returns_after_catching_timeout_error": {
+                  "output": {"late": "caught TimeoutError"}},
+              "raises_another_error_after_catching": {"error": {
+                  "type": "ValueError", "message": "the body's own error after the deadline"}}}

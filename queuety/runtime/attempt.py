@@ -96,9 +96,9 @@ def _execute_task_step(held: Claim, spec: WorkflowSpec, *, inline_until: float |
     # transition can wait for a lock, and the sweeper must not take this attempt for lost.
     with heartbeat(held.step_run_id):
         try:
-            with deadline(step, held):
-                output = None if step.kind == "delay" else call_handler(
-                    step.handler or "", dict(held.state), context)
+            with deadline(step.name, step.timeout, held) as watch:
+                output = None if step.kind == "delay" else watch.settle(call_handler(
+                    step.handler or "", dict(held.state), context))
             outcome = engine.advance(spec, held.run_id, held.state, held.step_index, output)
             _check_budget(spec, held, outcome)
         except Exception as error:  # noqa: BLE001 - every step failure is recorded
@@ -128,14 +128,14 @@ def _execute_branch(held: Claim, spec: WorkflowSpec, step: StepSpec,
     timed_out = False
     with heartbeat(held.step_run_id):
         try:
-            with deadline(step, held):
+            with deadline(step.name, step.timeout, held) as watch:
                 if step.kind == "parallel":
-                    output = engine.check_output(step.name, held.run_id, call_handler(
-                        row.handler, dict(held.state), context))
+                    output = engine.check_output(step.name, held.run_id, watch.settle(
+                        call_handler(row.handler, dict(held.state), context)))
                 else:
                     item: dict[str, Any] = row.input or {}
-                    output = call_item_handler(row.handler, dict(held.state),
-                                               item["item"], item["index"], context)
+                    output = watch.settle(call_item_handler(
+                        row.handler, dict(held.state), item["item"], item["index"], context))
                     engine.check_output(step.name, held.run_id, {"item": output})
             branch_done(held, spec, output, _ms_since(started))
         except Exception as error:  # noqa: BLE001 - recorded like any step failure

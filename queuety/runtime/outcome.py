@@ -264,12 +264,16 @@ def record_failure(held: Claim, spec: WorkflowSpec, error: BaseException,
             except exceptions.BudgetExceeded as breach:
                 error, delay = breach, None
         record = engine.describe_error(error)
+        # What a timed-out body produced after its deadline: shown, never merged.
+        late = getattr(error, "late", None) if isinstance(error, exceptions.StepTimeout) else None
+        discarded = {} if late is None else {"discarded": late}
         if delay is not None:
-            _schedule_retry(held, spec, event, record, delay, policy.max_attempts, now)
+            _schedule_retry(held, spec, event, record, delay, policy.max_attempts, now,
+                            discarded)
             return
         if not owned(held).update(status=StepStatus.FAILED, finished_at=now, error=record):
             return
-        event.data = {"error": record, "max_attempts": policy.max_attempts}
+        event.data = {"error": record, "max_attempts": policy.max_attempts, **discarded}
         if is_cleanup:  # a failed compensation is recorded and skipped; the next one runs
             event.kind = f"{held.kind}_failed"
             event.save()
@@ -291,7 +295,8 @@ def record_failure(held: Claim, spec: WorkflowSpec, error: BaseException,
 
 
 def _schedule_retry(held: Claim, spec: WorkflowSpec, event: Event, record: dict[str, Any],
-                    delay: float, max_attempts: int, now: datetime) -> None:
+                    delay: float, max_attempts: int, now: datetime,
+                    discarded: dict[str, Any]) -> None:
     """Make the attempt's row due again in ``delay`` seconds (the broker holds short waits;
     the sweeper publishes long ones when due)."""
     due = now + timedelta(seconds=delay)
@@ -302,7 +307,7 @@ def _schedule_retry(held: Claim, spec: WorkflowSpec, event: Event, record: dict[
         return
     event.kind = f"{held.kind}_retried"
     event.data = {"error": record, "retry_in": round(delay, 6),
-                  "retry_at": due.isoformat(), "max_attempts": max_attempts}
+                  "retry_at": due.isoformat(), "max_attempts": max_attempts, **discarded}
     event.save()
     if on_broker:
         timeout = None if held.kind != "step" else spec.steps[held.step_index].timeout

@@ -15,13 +15,13 @@ import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from types import FrameType
+from typing import Any
 
 from django.db import close_old_connections, connection
 from django.utils import timezone
 
 from queuety import exceptions
 from queuety.conf import settings
-from queuety.core.definition import StepSpec
 from queuety.models import StepRun, StepStatus
 from queuety.runtime.claim import Claim, worker_id
 
@@ -88,38 +88,94 @@ def heartbeat(step_run_id: int) -> AbstractContextManager[None]:
     return _heartbeats.running(step_run_id)
 
 
+class Deadline:
+    """The deadline of one attempt, and whether it has passed.
+
+    The outcome of an attempt depends only on the elapsed time: once the timer fired, the
+    attempt timed out, whatever the body does with the interruption (a body that catches
+    ``TimeoutError`` around a socket read, or ``Exception``, and returns). :meth:`settle`
+    turns such a late return into the timeout; the context manager :func:`deadline` does the
+    same for a late error. A ``TimeoutError`` the body raises and catches before the timer
+    fired is the body's own business.
+    """
+
+    def __init__(self, step_name: str, timeout: float | None, held: Claim) -> None:
+        self.step_name, self.timeout, self.held = step_name, timeout, held
+        self.interruption: exceptions.StepTimeout | None = None
+
+    @property
+    def passed(self) -> bool:
+        """True once the timer fired."""
+        return self.interruption is not None
+
+    def interrupt(self) -> exceptions.StepTimeout:
+        """Record that the deadline passed; return the error that interrupts the body."""
+        self.interruption = exceptions.StepTimeout(
+            f"Step {self.step_name!r} of run {self.held.run_id} (attempt {self.held.attempt}) "
+            f"exceeded its timeout of {self.timeout:g}s and was interrupted.")
+        return self.interruption
+
+    def settle(self, output: Any) -> Any:
+        """Return ``output``, or raise the timeout when it came after the deadline.
+
+        Raises:
+            StepTimeout: the body caught its interruption and returned; ``late`` keeps what
+                it returned, for the timeline.
+        """
+        if self.interruption is None:
+            return output
+        self.interruption.late = {"output": output}
+        raise self.interruption
+
+    def overrule(self, error: BaseException) -> BaseException:
+        """The error the attempt ends with: ``error``, or the timeout when the deadline passed
+        and the body raised something else in its place (kept in ``late``)."""
+        if self.interruption is None or error is self.interruption:
+            return error
+        if self.interruption.late is None:
+            cls = type(error)
+            self.interruption.late = {"error": {
+                "type": f"{cls.__module__}.{cls.__qualname__}".removeprefix("builtins."),
+                "message": str(error)}}
+        return self.interruption
+
+
 @contextmanager
-def deadline(step: StepSpec, held: Claim) -> Iterator[None]:
-    """Interrupt the handler with StepTimeout when the step's timeout passes.
+def deadline(step_name: str, timeout: float | None, held: Claim) -> Iterator[Deadline]:
+    """Interrupt the handler with StepTimeout when ``timeout`` seconds pass; yield the
+    :class:`Deadline`, whose :meth:`~Deadline.settle` the caller applies to the body's output.
 
     Uses a real-time interval timer, so blocking Python code (``time.sleep``, socket reads, busy
-    loops) is interrupted at the deadline, with sub-second precision.
+    loops) is interrupted at the deadline, with sub-second precision. An error the body raises
+    after the deadline passed leaves the block as the timeout.
 
     Raises:
         PermanentError: the step has a timeout but this is not a process's main thread, where
             no timer can interrupt it.
     """
-    if step.timeout is None:
-        yield
+    watch = Deadline(step_name, timeout, held)
+    if timeout is None:
+        yield watch
         return
     if threading.current_thread() is not threading.main_thread():
         raise exceptions.PermanentError(
-            f"Step {step.name!r} of run {held.run_id} has timeout={step.timeout:g}s but runs "
+            f"Step {step_name!r} of run {held.run_id} has timeout={timeout:g}s but runs "
             "outside a process's main thread (threads, eventlet or gevent pool), where it cannot "
             "be interrupted. Run Queuety workers with --pool prefork (the default) or solo."
         )
-    timeout = step.timeout
 
     def on_alarm(signum: int, frame: FrameType | None) -> None:
-        raise exceptions.StepTimeout(
-            f"Step {step.name!r} of run {held.run_id} (attempt {held.attempt}) exceeded its "
-            f"timeout of {timeout:g}s and was interrupted."
-        )
+        raise watch.interrupt()
 
     previous = posix_signal.signal(posix_signal.SIGALRM, on_alarm)
     posix_signal.setitimer(posix_signal.ITIMER_REAL, timeout)
     try:
-        yield
+        yield watch
+    except Exception as error:
+        overruled = watch.overrule(error)
+        if overruled is error:
+            raise
+        raise overruled from error
     finally:
         posix_signal.setitimer(posix_signal.ITIMER_REAL, 0)
         posix_signal.signal(posix_signal.SIGALRM, previous)
