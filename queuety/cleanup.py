@@ -12,9 +12,10 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from queuety import publish, timeline
+from queuety import exceptions, publish, timeline
 from queuety.conf import settings
 from queuety.core.definition import WorkflowSpec
+from queuety.core.handlers import StepOptions, step_options
 from queuety.core.imports import import_path
 from queuety.core.retry import RetryPolicy
 from queuety.models import Event, StepRun, WorkflowRun
@@ -54,22 +55,31 @@ def start_cleanup(run: WorkflowRun, spec: WorkflowSpec, cause: str, now: datetim
 def _cleanup_row(run_id: int, spec: WorkflowSpec, queue: list[dict[str, Any]], position: int,
                  now: datetime) -> None:
     item = queue[position]
+    options = cleanup_options(spec, item["handler"])
     row = StepRun.objects.create(
         run_id=run_id, kind=item["kind"], seq=position, step_index=item["step_index"],
         step_name=item["step_name"], handler=item["handler"], input=item["state"],
         max_attempts=cleanup_policy(spec, item["handler"]).max_attempts,
-        available_at=now, published_at=now)
-    publish.publish_on_commit([publish.Message(row.pk, None, None, spec.queue)])
+        timeout=options.timeout, available_at=now, published_at=now)
+    publish.publish_on_commit([publish.Message(row.pk, None, options.timeout, spec.queue)])
+
+
+def cleanup_options(spec: WorkflowSpec, handler: str) -> StepOptions:
+    """How a compensation or hook runs: its class's ``retry`` and ``timeout``, as for any
+    step (:func:`queuety.core.handlers.step_options`). A handler that no longer imports, or
+    whose class declares options that no longer check, runs with none: its failure is then
+    recorded like any other."""
+    try:
+        return step_options(handler, import_path(handler))
+    except (ImportError, exceptions.WorkflowDefinitionError):
+        return StepOptions(None, None, 0)
 
 
 def cleanup_policy(spec: WorkflowSpec, handler: str) -> RetryPolicy:
     """Retry policy of a compensation or hook: the handler class's, the workflow's, the
-    global default (also when the handler no longer imports: its failure is then recorded)."""
-    try:
-        own = getattr(import_path(handler), "retry", None)
-    except ImportError:
-        own = None
-    policy: RetryPolicy = own or spec.retry or settings.DEFAULT_RETRY
+    global default."""
+    policy: RetryPolicy = (cleanup_options(spec, handler).retry or spec.retry
+                           or settings.DEFAULT_RETRY)
     return policy
 
 

@@ -142,14 +142,17 @@ def _continue(run: WorkflowRun, spec: WorkflowSpec, now: datetime, paused: bool 
     step = spec.steps[run.current_step]
     live = list(StepRun.objects.filter(run_id=run.pk, kind="step",
                                        status__in=LIVE_OR_HELD)
-                .values_list("pk", "status", "seq"))
+                .values_list("pk", "status", "seq", "timeout"))
     if step.kind in ("task", "delay", "parallel", "for_each") and live:
         WorkflowRun.objects.filter(pk=run.pk).update(
             status=RunStatus.RUNNING, updated_at=now, revision=F("revision") + 1)
-        pending = [pk for pk, status, _ in live if status == StepStatus.PENDING]
+        pending = [(pk, timeout) for pk, status, _, timeout in live
+                   if status == StepStatus.PENDING]
         if pending:
-            StepRun.objects.filter(pk__in=pending).update(available_at=now, published_at=now)
-            publish.publish_on_commit([publish.message_for(spec, pk, run.current_step) for pk in pending])
+            StepRun.objects.filter(pk__in=[pk for pk, _ in pending]).update(
+                available_at=now, published_at=now)
+            publish.publish_on_commit([publish.Message(pk, None, timeout, spec.queue)
+                                       for pk, timeout in pending])
         if step.fanout is not None:  # slots freed while paused go to held rows now
             release_held(spec, run.pk, live[0][2], run.current_step, now)
         return RunStatus.RUNNING

@@ -159,3 +159,38 @@ SWALLOWING = {"returns_after_catching_exception": {"output": {"late": "caught Ex
                   "output": {"late": "caught TimeoutError"}},
               "raises_another_error_after_catching": {"error": {
                   "type": "ValueError", "message": "the body's own error after the deadline"}}}
+
+
+# -- Step classes whose own timeout must hold wherever they run -----------------------------
+
+import queuety  # noqa: E402 - kept beside the classes that need it
+
+
+class SlowWithOwnTimeout(queuety.Step):
+    """Declares timeout = 0.3 and takes a second: a timeout wherever it runs."""
+
+    timeout = 0.3
+
+    def handle(self, state):
+        _start(state)
+        time.sleep(1)
+        _after(state)
+        return {"slow": "finished"}
+
+    def handle_item(self, state, item, index):
+        _start(state)
+        time.sleep(1)
+        _after(state)
+        return {"item": item}
+
+
+def quick_branch(state):
+    return {"quick": True}
+
+
+def half_second(state):
+    """Takes half a second: within no timeout below it."""
+    _start(state)
+    time.sleep(0.5)
+    _after(state)
+    return {"half_second": True}

@@ -11,7 +11,7 @@ from queuety.core.budget import Budget
 from queuety.core.definition import StepSpec, WorkflowSpec
 from queuety.core.dependencies import StartSpec, WaitWorkflowsSpec
 from queuety.core.fanout import FanOutSpec
-from queuety.core.handlers import resolve_handler
+from queuety.core.handlers import branch_entry, resolve_handler, step_options
 from queuety.core.retry import RetryPolicy
 
 
@@ -87,23 +87,10 @@ class WorkflowBuilder:
             raise exceptions.WorkflowDefinitionError(
                 f"Step names must be non-blank strings (got {name!r} for {path!r})."
             )
-        if retry is None:
-            retry = getattr(obj, "retry", None)
-        if retry is not None and not isinstance(retry, RetryPolicy):
-            raise exceptions.WorkflowDefinitionError(
-                f"retry for step {step_name!r} must be a queuety.RetryPolicy (got {retry!r})."
-            )
-        if timeout is None:
-            timeout = getattr(obj, "timeout", None)
-        if timeout is not None:
-            if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
-                raise exceptions.WorkflowDefinitionError(
-                    f"timeout for step {step_name!r} must be a positive number of seconds "
-                    f"(got {timeout!r})."
-                )
-            timeout = float(timeout)
-        spec = StepSpec(name=step_name.strip(), handler=path, retry=retry, timeout=timeout,
-                        cost_units=_cost_units(step_name, obj, cost_units))
+        options = step_options(step_name, obj, retry=retry, timeout=timeout,
+                               cost_units=cost_units)
+        spec = StepSpec(name=step_name.strip(), handler=path, retry=options.retry,
+                        timeout=options.timeout, cost_units=options.cost_units)
         _check_name(self._name, self._steps, spec)
         return self._copy(steps=self._steps + (spec,))
 
@@ -331,23 +318,42 @@ class WorkflowBuilder:
     # -- fan-out -------------------------------------------------------------------------------
 
     def parallel(self, steps: list[Any], name: str | None = None, *,
-                 retry: RetryPolicy | None = None,
+                 retry: RetryPolicy | None = None, timeout: float | None = None,
                  max_concurrency: int | None = None) -> WorkflowBuilder:
         """Run ``steps`` at the same time, each its own task; continue when all completed.
 
         Outputs merge in declaration order (not completion order); one branch failing for good
         fails the run and cancels the others. With ``max_concurrency=n`` at most ``n``
         branches run at once; the others start, in order, as running ones finish.
+
+        Each branch runs as a step given to ``then()`` would: its ``retry``, ``timeout`` and
+        ``cost_units`` are its own options, else this call's ``retry`` and ``timeout``, else
+        its class's attributes. Give a branch options of its own as a pair
+        ``(step, {"timeout": 5, "retry": RetryPolicy(...), "cost_units": 2})``.
         """
         if isinstance(steps, str) or len(steps) < 2:
             raise exceptions.WorkflowDefinitionError(
                 "parallel() needs a list of at least two steps.")
-        resolved = [resolve_handler(step) for step in steps]
-        cost = sum(_cost_units(path, obj, None) for path, obj in resolved)
-        spec = StepSpec(name=name or f"parallel_{len(self._steps)}", kind="parallel",
-                        retry=retry, cost_units=cost,
-                        fanout=FanOutSpec(branches=tuple(path for path, _ in resolved),
-                                          max_concurrency=max_concurrency))
+        step_name = name or f"parallel_{len(self._steps)}"
+        paths, timeouts, retries, cost = [], [], [], 0
+        for position, entry in enumerate(steps):
+            handler, own = branch_entry(step_name, position, entry)
+            path, obj = resolve_handler(handler)
+            options = step_options(f"{step_name}[{position}]", obj,
+                                   retry=own.get("retry") or retry,
+                                   timeout=own.get("timeout") or timeout,
+                                   cost_units=own.get("cost_units"))
+            paths.append(path)
+            timeouts.append(options.timeout)
+            retries.append(options.retry if options.retry is not retry else None)
+            cost += options.cost_units
+        spec = StepSpec(name=step_name, kind="parallel", retry=retry, timeout=timeout,
+                        cost_units=cost,
+                        fanout=FanOutSpec(
+                            branches=tuple(paths), max_concurrency=max_concurrency,
+                            branch_timeouts=tuple(timeouts) if any(
+                                t != timeout for t in timeouts) else (),
+                            branch_retries=tuple(retries) if any(retries) else ()))
         _check_name(self._name, self._steps, spec)
         return self._copy(steps=self._steps + (spec,))
 
@@ -370,12 +376,18 @@ class WorkflowBuilder:
             raise exceptions.WorkflowDefinitionError("for_each() needs a non-empty items_key.")
         path, obj = resolve_handler(handler)
         step_name = name or f"{items_key}_for_each"
+        if isinstance(obj, type) and not callable(getattr(obj, "handle_item", None)):
+            raise exceptions.WorkflowDefinitionError(
+                f"for_each() step {step_name!r} names class {path!r}, which has no "
+                "handle_item(self, state, item, index) method; define one, or give a function "
+                "f(state, item, index).")
+        options = step_options(step_name, obj, retry=retry, timeout=timeout)
         fanout = FanOutSpec(items_key=items_key, result_key=result_key or f"{step_name}_results",
                             mode=mode, quorum=quorum, max_concurrency=max_concurrency,
                             reducer=None if reducer is None else resolve_handler(reducer)[0])
         spec = StepSpec(name=step_name, kind="for_each", handler=path, fanout=fanout,
-                        retry=retry if retry is not None else getattr(obj, "retry", None),
-                        timeout=timeout, cost_units=_cost_units(step_name, obj, None))
+                        retry=options.retry, timeout=options.timeout,
+                        cost_units=options.cost_units)
         _check_name(self._name, self._steps, spec)
         return self._copy(steps=self._steps + (spec,))
 
@@ -552,7 +564,8 @@ class WorkflowBuilder:
         if not self._steps:
             raise exceptions.WorkflowDefinitionError(
                 "Cannot attach a compensation before adding a step.")
-        path, _ = resolve_handler(handler)
+        path, obj = resolve_handler(handler)
+        step_options(f"compensate:{self._steps[-1].name}", obj)  # its class's options, checked
         last = replace(self._steps[-1], compensation=path)
         return self._copy(steps=self._steps[:-1] + (last,))
 
@@ -613,26 +626,6 @@ def _check_name(workflow: str, steps: tuple[StepSpec, ...], new: StepSpec) -> No
                 f"and {len(steps)}); step names must be unique: pass name='...' to tell them "
                 "apart."
             )
-
-
-def _cost_units(step_name: str, obj: Any, explicit: int | None) -> int:
-    """Resolve a step's cost: the ``.then()`` value (0 allowed), the class's, else 1."""
-    if explicit is not None:
-        if isinstance(explicit, bool) or not isinstance(explicit, int) or explicit < 0:
-            raise exceptions.WorkflowDefinitionError(
-                f"cost_units for step {step_name!r} must be a whole number of at least 0 "
-                f"(got {explicit!r})."
-            )
-        return explicit
-    declared = getattr(obj, "cost_units", None)
-    if declared is None:
-        return 1
-    if isinstance(declared, int) and not isinstance(declared, bool) and declared >= 1:
-        return declared
-    raise exceptions.WorkflowDefinitionError(
-        f"Step class {step_name!r} declares cost_units={declared!r}; a class's cost must be "
-        "a whole number of at least 1 (set cost_units=0 on .then() to make one use free)."
-    )
 
 
 def workflow(name: str) -> WorkflowBuilder:

@@ -195,6 +195,14 @@ class WorkflowSpec:
                 "before the route step."
             )
 
+    def timeout_of(self, index: int, branch: int = 0) -> float | None:
+        """Seconds an attempt of step ``index`` (of its ``parallel`` branch ``branch``) may
+        run before it is interrupted; None for no limit."""
+        step = self.steps[index]
+        if step.kind == "parallel" and step.fanout is not None:
+            return step.fanout.timeout_of(branch, step.timeout)
+        return step.timeout
+
     def next_index(self, index: int) -> int | None:
         """Return the position of the step after ``index``, or ``None`` after the last one
         (the run then completes)."""

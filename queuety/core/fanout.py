@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from queuety import exceptions
+from queuety.core.retry import RetryPolicy
 
 ALL, FIRST_SUCCESS, QUORUM = "all", "first_success", "quorum"
 SATISFIED, IMPOSSIBLE, PENDING = "satisfied", "impossible", "pending"
@@ -32,6 +33,12 @@ class FanOutSpec:
     """``for_each``: dotted path of ``f(state, aggregate) -> dict`` merged after the join."""
     max_concurrency: int | None = None
     """At most this many branches or items run at once; the others wait their turn."""
+    branch_timeouts: tuple[float | None, ...] = ()
+    """``parallel``: each branch's timeout, by position (its options', the step's keyword, or
+    its class's); empty when no branch has one. Stored only when set, so definitions without
+    them keep their hash."""
+    branch_retries: tuple[RetryPolicy | None, ...] = ()
+    """``parallel``: each branch's own retry policy, by position; empty when none has one."""
 
     def __post_init__(self) -> None:
         if self.mode not in (ALL, FIRST_SUCCESS, QUORUM):
@@ -53,12 +60,29 @@ class FanOutSpec:
                 "result_key": self.result_key, "mode": self.mode, "quorum": self.quorum,
                 "reducer": self.reducer,
                 **({} if self.max_concurrency is None else
-                   {"max_concurrency": self.max_concurrency})}
+                   {"max_concurrency": self.max_concurrency}),
+                **({} if not self.branch_timeouts else
+                   {"branch_timeouts": list(self.branch_timeouts)}),
+                **({} if not self.branch_retries else
+                   {"branch_retries": [None if policy is None else policy.to_dict()
+                                       for policy in self.branch_retries]})}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> FanOutSpec:
         """Rebuild from :meth:`to_dict` output."""
-        return cls(**{**data, "branches": tuple(data.get("branches") or ())})
+        return cls(**{
+            **data, "branches": tuple(data.get("branches") or ()),
+            "branch_timeouts": tuple(data.get("branch_timeouts") or ()),
+            "branch_retries": tuple(None if policy is None else RetryPolicy.from_dict(policy)
+                                    for policy in data.get("branch_retries") or ())})
+
+    def timeout_of(self, branch: int, default: float | None) -> float | None:
+        """The timeout of ``parallel`` branch ``branch`` (``default``: the step's)."""
+        return self.branch_timeouts[branch] if self.branch_timeouts else default
+
+    def retry_of(self, branch: int) -> RetryPolicy | None:
+        """The retry policy of ``parallel`` branch ``branch`` itself, if it has one."""
+        return self.branch_retries[branch] if self.branch_retries else None
 
 
 def progress(mode: str, quorum: int | None, total: int, succeeded: int, failed: int) -> str:

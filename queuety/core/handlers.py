@@ -103,6 +103,89 @@ def resolve_handler(step: Any) -> tuple[str, Any]:
     return path, obj
 
 
+@dataclass(frozen=True, slots=True)
+class StepOptions:
+    """How a handler is run: resolved once, the same way wherever a handler runs."""
+
+    retry: RetryPolicy | None
+    """Its own policy (``None``: the workflow's, then ``QUEUETY["DEFAULT_RETRY"]``)."""
+    timeout: float | None
+    """Seconds an attempt may run before it is interrupted."""
+    cost_units: int
+    """Units its completion adds to the run's ``cost_units``."""
+
+
+def step_options(name: str, obj: Any, *, retry: RetryPolicy | None = None,
+                 timeout: float | None = None, cost_units: int | None = None) -> StepOptions:
+    """Resolve how the handler ``obj`` (of step ``name``) runs: each of ``retry``, ``timeout``
+    and ``cost_units`` is the keyword given, else the handler's class attribute of that name,
+    else the default (no policy of its own, no timeout, 1 unit). Every builder method that
+    takes a handler (``then()``, ``route()``, ``parallel()`` branches, ``for_each()`` items)
+    and every compensation resolves its options here.
+
+    Raises:
+        WorkflowDefinitionError: a value is of the wrong type or out of range; the message
+            names the step and what to give instead.
+    """
+    if retry is None:
+        retry = getattr(obj, "retry", None)
+    if retry is not None and not isinstance(retry, RetryPolicy):
+        raise exceptions.WorkflowDefinitionError(
+            f"retry for step {name!r} must be a queuety.RetryPolicy (got {retry!r}).")
+    if timeout is None:
+        timeout = getattr(obj, "timeout", None)
+    if timeout is not None:
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
+            raise exceptions.WorkflowDefinitionError(
+                f"timeout for step {name!r} must be a positive number of seconds "
+                f"(got {timeout!r}).")
+        timeout = float(timeout)
+    return StepOptions(retry, timeout, _cost_units(name, obj, cost_units))
+
+
+#: The options a ``parallel()`` branch may set for itself.
+_BRANCH_OPTIONS = frozenset({"retry", "timeout", "cost_units"})
+
+
+def branch_entry(step_name: str, position: int, entry: Any) -> tuple[Any, dict[str, Any]]:
+    """Split a ``parallel()`` entry into its step and the options it sets for itself: an
+    entry is a step, or a pair ``(step, {option: value})``.
+
+    Raises:
+        WorkflowDefinitionError: the entry is malformed or sets an unknown option.
+    """
+    if not isinstance(entry, tuple):
+        return entry, {}
+    if len(entry) != 2 or not isinstance(entry[1], dict):
+        raise exceptions.WorkflowDefinitionError(
+            f"Branch {position} of parallel step {step_name!r} must be a step or a pair "
+            f"(step, {{option: value}}) (got {entry!r}).")
+    unknown = sorted(set(entry[1]) - _BRANCH_OPTIONS, key=repr)
+    if unknown:
+        raise exceptions.WorkflowDefinitionError(
+            f"Branch {position} of parallel step {step_name!r} sets unknown options "
+            f"{unknown!r}; a branch may set {', '.join(sorted(_BRANCH_OPTIONS))}.")
+    return entry[0], entry[1]
+
+
+def _cost_units(name: str, obj: Any, explicit: int | None) -> int:
+    """A step's cost: the keyword (0 allowed), the class's (at least 1), else 1."""
+    if explicit is not None:
+        if isinstance(explicit, bool) or not isinstance(explicit, int) or explicit < 0:
+            raise exceptions.WorkflowDefinitionError(
+                f"cost_units for step {name!r} must be a whole number of at least 0 "
+                f"(got {explicit!r}).")
+        return explicit
+    declared = getattr(obj, "cost_units", None)
+    if declared is None:
+        return 1
+    if isinstance(declared, int) and not isinstance(declared, bool) and declared >= 1:
+        return declared
+    raise exceptions.WorkflowDefinitionError(
+        f"Step class {name!r} declares cost_units={declared!r}; a class's cost must be "
+        "a whole number of at least 1 (set cost_units=0 on .then() to make one use free).")
+
+
 def call_handler(path: str, state: dict[str, Any], context: StepContext | None = None) -> Any:
     """Import the handler at ``path`` and run it on ``state``.
 

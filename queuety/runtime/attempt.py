@@ -96,7 +96,7 @@ def _execute_task_step(held: Claim, spec: WorkflowSpec, *, inline_until: float |
     # transition can wait for a lock, and the sweeper must not take this attempt for lost.
     with heartbeat(held.step_run_id):
         try:
-            with deadline(step.name, step.timeout, held) as watch:
+            with deadline(step.name, held.timeout, held) as watch:
                 output = None if step.kind == "delay" else watch.settle(call_handler(
                     step.handler or "", dict(held.state), context))
             outcome = engine.advance(spec, held.run_id, held.state, held.step_index, output)
@@ -128,7 +128,7 @@ def _execute_branch(held: Claim, spec: WorkflowSpec, step: StepSpec,
     timed_out = False
     with heartbeat(held.step_run_id):
         try:
-            with deadline(step.name, step.timeout, held) as watch:
+            with deadline(step.name, held.timeout, held) as watch:
                 if step.kind == "parallel":
                     output = engine.check_output(step.name, held.run_id, watch.settle(
                         call_handler(row.handler, dict(held.state), context)))
@@ -150,7 +150,8 @@ def _execute_cleanup(held: Claim, spec: WorkflowSpec) -> None:
     started = time.monotonic()
     with heartbeat(held.step_run_id):
         try:
-            call_handler(row.handler, dict(row.input or {}))
+            with deadline(row.step_name, held.timeout, held) as watch:
+                watch.settle(call_handler(row.handler, dict(row.input or {})))
         except Exception as error:  # noqa: BLE001 - recorded, then retried or skipped
             record_failure(held, spec, error, _ms_since(started))
             return
@@ -197,12 +198,10 @@ def _ms_since(started: float) -> float:
 
 def _requeue_if_early(step_run_id: int) -> None:
     row = (StepRun.objects.filter(pk=step_run_id, status=StepStatus.PENDING)
-           .values("available_at", "step_index", "kind", "run__definition_id").first())
+           .values("available_at", "timeout", "run__definition_id").first())
     if row is None:
         return
     wait = (row["available_at"] - timezone.now()).total_seconds()
     if 0 < wait <= settings.MAX_ETA:
         spec = load_spec(row["run__definition_id"])
-        publish.publish([publish.message_for(spec, step_run_id, row["step_index"], wait)
-                         if row["kind"] == "step"
-                         else publish.Message(step_run_id, wait, None, spec.queue)])
+        publish.publish([publish.Message(step_run_id, wait, row["timeout"], spec.queue)])

@@ -42,6 +42,10 @@ class Claim:
     """``step``, or ``compensation`` / ``hook`` for cleanup rows."""
     claimed_by: str = ""
     """``host:pid`` of the process holding the attempt: with ``attempt``, the row's guard."""
+    branch: int = 0
+    """The row's position in a fan-out (0 for other steps)."""
+    timeout: float | None = None
+    """The row's timeout: seconds the attempt may run (its step's, or its branch's)."""
 
 
 def worker_id(pid: int | None = None) -> str:
@@ -61,17 +65,18 @@ def claim(step_run_id: int, now: datetime | None = None) -> Claim | None:
             if row is None:
                 return None
             (run_id, step_index, seq, attempt, definition_pk, state, revision,
-             *counters, kind) = row
+             *counters, kind, branch, timeout) = row
         else:
             cursor.execute(sql.CLAIM_SQLITE, [stamp, stamp, me, step_run_id, stamp])
             row = cursor.fetchone()
             if row is None:
                 return None
-            run_id, step_index, seq, attempt, kind = row
+            run_id, step_index, seq, attempt, kind, branch, timeout = row
             cursor.execute(sql.CLAIMED_RUN_SQLITE, [run_id])
             definition_pk, state, revision, *counters = cursor.fetchone()
     return Claim(step_run_id, run_id, step_index, seq, attempt, definition_pk,
-                 rows.json_value(state), revision, now, budgets.Usage(*counters), kind, me)
+                 rows.json_value(state), revision, now, budgets.Usage(*counters), kind, me,
+                 branch, timeout)
 
 
 def claim_of(row: StepRun) -> Claim:
@@ -80,7 +85,7 @@ def claim_of(row: StepRun) -> Claim:
     run = row.run
     return Claim(row.pk, row.run_id, row.step_index, row.seq, row.attempt, run.definition_id,
                  run.state, run.revision, row.claimed_at, rows.usage_of(run), row.kind,
-                 row.claimed_by)
+                 row.claimed_by, row.branch, row.timeout)
 
 
 def owned(held: Claim) -> QuerySet[StepRun]:

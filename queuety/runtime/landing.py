@@ -325,21 +325,23 @@ def fan_out(spec: WorkflowSpec, run_id: int, index: int, state: dict[str, Any], 
     assert spread is not None, f"step {step.name!r} is not a fan-out step"
     common: dict[str, Any] = {
         "run_id": run_id, "seq": seq, "step_index": index, "step_name": step.name,
-        "max_attempts": effective_policy(spec, index).max_attempts, "timeout": step.timeout,
         "available_at": now, "published_at": now}
     if step.kind == "parallel":
-        new = [StepRun(branch=i, handler=path, **common)
+        new = [StepRun(branch=i, handler=path, timeout=spec.timeout_of(index, i),
+                       max_attempts=effective_policy(spec, index, i).max_attempts, **common)
                for i, path in enumerate(spread.branches)]
     else:
         items = items if items is not None else flow.for_each_items(spec, run_id, step, state)
+        attempts = effective_policy(spec, index).max_attempts
         new = [StepRun(branch=i, handler=step.handler, input={"item": item, "index": i},
-                       **common) for i, item in enumerate(items)]
+                       timeout=step.timeout, max_attempts=attempts, **common)
+               for i, item in enumerate(items)]
     if spread.max_concurrency is not None:
         for row in new[spread.max_concurrency:]:  # they start as running ones finish
             row.status, row.published_at = StepStatus.HELD, None
     created = StepRun.objects.bulk_create(new)
-    publish.publish_on_commit([publish.message_for(spec, row.pk, index) for row in created
-                               if row.status == StepStatus.PENDING])
+    publish.publish_on_commit([publish.Message(row.pk, None, row.timeout, spec.queue)
+                               for row in created if row.status == StepStatus.PENDING])
 
 
 def release_held(spec: WorkflowSpec, run_id: int, seq: int, index: int, now: datetime) -> int:
@@ -356,9 +358,10 @@ def release_held(spec: WorkflowSpec, run_id: int, seq: int, index: int, now: dat
     if free <= 0:
         return 0
     released = list(same_pass.filter(status=StepStatus.HELD).order_by("branch")
-                    .values_list("pk", flat=True)[:free])
+                    .values_list("pk", "timeout")[:free])
     if released:
-        StepRun.objects.filter(pk__in=released).update(
+        StepRun.objects.filter(pk__in=[pk for pk, _ in released]).update(
             status=StepStatus.PENDING, available_at=now, published_at=now)
-        publish.publish_on_commit([publish.message_for(spec, pk, index) for pk in released])
+        publish.publish_on_commit([publish.Message(pk, None, timeout, spec.queue)
+                                   for pk, timeout in released])
     return len(released)

@@ -153,9 +153,10 @@ def _after_lost_answer(held: Claim, spec: WorkflowSpec, next_index: int | None) 
                               claimed_at=None, heartbeat_at=None, published_at=now)
     # Every due row that transition created (a fan-out creates several); a second message for
     # a row already published is harmless, as the claim drops it. Later ones are the sweeper's.
-    publish.publish_on_commit([publish.message_for(spec, pk, index) for pk, index in following
-                               .filter(status=StepStatus.PENDING, available_at__lte=now)
-                               .values_list("pk", "step_index")])
+    publish.publish_on_commit([publish.Message(pk, None, timeout, spec.queue)
+                               for pk, timeout in following.filter(
+                                   status=StepStatus.PENDING, available_at__lte=now)
+                               .values_list("pk", "timeout")])
 
 
 def _transition_locked(held: Claim, spec: WorkflowSpec, output: dict[str, Any],
@@ -235,7 +236,7 @@ def _complete_postgres(held: Claim, spec: WorkflowSpec, outcome: engine.Advance,
         next_id, held.run_id, next_index, usage.transitions + 1, 1,
         held.definition_id, json.loads(state), held.revision + 1, now,
         budgets.Usage(usage.transitions + 1, usage.cost_units + cost_units,
-                      usage.started_workflows), "step", held.claimed_by)
+                      usage.started_workflows), "step", held.claimed_by, 0, None)
 
 
 # -- failure ----------------------------------------------------------------------------------
@@ -249,7 +250,8 @@ def record_failure(held: Claim, spec: WorkflowSpec, error: BaseException,
         row = StepRun.objects.only("handler", "step_name").get(pk=held.step_run_id)
         policy, name = cleanup.cleanup_policy(spec, row.handler), row.step_name
     else:
-        policy, name = effective_policy(spec, held.step_index), spec.steps[held.step_index].name
+        policy = effective_policy(spec, held.step_index, held.branch)
+        name = spec.steps[held.step_index].name
     # After an operator's retry() the row's budget is max_attempts = attempts so far + the
     # policy's; the policy counts the attempts of this budget only.
     row_max = StepRun.objects.values_list("max_attempts", flat=True).get(pk=held.step_run_id)
@@ -310,8 +312,7 @@ def _schedule_retry(held: Claim, spec: WorkflowSpec, event: Event, record: dict[
                   "retry_at": due.isoformat(), "max_attempts": max_attempts, **discarded}
     event.save()
     if on_broker:
-        timeout = None if held.kind != "step" else spec.steps[held.step_index].timeout
-        publish.publish_on_commit([publish.Message(held.step_run_id, delay, timeout,
+        publish.publish_on_commit([publish.Message(held.step_run_id, delay, held.timeout,
                                                    spec.queue)])
     logger.info("Step run id=%s attempt=%s failed (%s); retry in %.3fs",
                 held.step_run_id, held.attempt, record["type"], delay)

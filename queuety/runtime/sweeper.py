@@ -89,9 +89,8 @@ def republish_due(now: datetime) -> int:
         if due:
             StepRun.objects.filter(pk__in=[row[0] for row in due]).update(published_at=now)
             publish.publish_on_commit([
-                publish.message_for(load_spec(definition_pk), pk, index) if kind == "step"
-                else publish.Message(pk, None, None, load_spec(definition_pk).queue)
-                for pk, index, definition_pk, kind in due])
+                publish.Message(pk, None, timeout, load_spec(definition_pk).queue)
+                for pk, definition_pk, timeout in due])
     return len(due)
 
 

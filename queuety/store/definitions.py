@@ -45,9 +45,12 @@ def load_spec(definition_pk: int) -> WorkflowSpec:
     return spec
 
 
-def effective_policy(spec: WorkflowSpec, step_index: int) -> RetryPolicy:
-    """Return the retry policy of a step: its own, else its workflow's, else the global one."""
-    policy: RetryPolicy = spec.steps[step_index].retry or spec.retry or settings.DEFAULT_RETRY
+def effective_policy(spec: WorkflowSpec, step_index: int, branch: int = 0) -> RetryPolicy:
+    """Return the retry policy of a step (of its ``parallel`` branch ``branch``): the branch's
+    own, else the step's, else its workflow's, else the global one."""
+    step = spec.steps[step_index]
+    own = step.fanout.retry_of(branch) if step.kind == "parallel" and step.fanout else None
+    policy: RetryPolicy = own or step.retry or spec.retry or settings.DEFAULT_RETRY
     return policy
 
 

@@ -187,16 +187,16 @@ def lock_live_step(step_run_id: int) -> StepRun | None:
 
 
 def lock_due_unpublished(now: datetime, silent_since: datetime,
-                         limit: int = 1000) -> list[tuple[int, int, int, str]]:
+                         limit: int = 1000) -> list[tuple[int, int, float | None]]:
     """Lock (skipping rows another sweeper holds) the due pending rows of running runs, and
     the due cleanup rows, whose message never went out or went out before ``silent_since``;
-    return ``(id, step index, definition id, kind)`` of each. Call in a transaction."""
+    return ``(id, definition id, timeout)`` of each. Call in a transaction."""
     return list(
         StepRun.objects.select_for_update(skip_locked=True, of=("self",))
         .filter(Q(run__status=RunStatus.RUNNING) | ~Q(kind="step"),
                 status=StepStatus.PENDING, available_at__lte=now)
         .filter(Q(published_at__isnull=True) | Q(published_at__lt=silent_since))
-        .values_list("pk", "step_index", "run__definition_id", "kind")[:limit])
+        .values_list("pk", "run__definition_id", "timeout")[:limit])
 
 
 def new_step_run(run_pk: int, spec: WorkflowSpec, index: int, *, seq: int, now: datetime,

@@ -104,7 +104,7 @@ UPDATE queuety_steprun AS s SET {_CLAIM_SET}
  WHERE s.id = %s AND s.status = 'pending' AND s.available_at <= %s
    AND r.id = s.run_id AND (r.status = 'running' OR s.kind <> 'step')
 RETURNING s.run_id, s.step_index, s.seq, s.attempt, r.definition_id, r.state, r.revision,
-          r.transitions, r.cost_units, r.started_workflows, s.kind
+          r.transitions, r.cost_units, r.started_workflows, s.kind, s.branch, s.timeout
 """
 
 #: SQLite cannot return columns of a joined table, so it reads the run in a second query.
@@ -113,7 +113,7 @@ UPDATE queuety_steprun SET {_CLAIM_SET}
  WHERE id = %s AND status = 'pending' AND available_at <= %s
    AND (kind <> 'step'
         OR run_id IN (SELECT id FROM queuety_workflowrun WHERE status = 'running'))
-RETURNING run_id, step_index, seq, attempt, kind
+RETURNING run_id, step_index, seq, attempt, kind, branch, timeout
 """
 
 #: What the SQLite claim reads of the run after claiming its row.

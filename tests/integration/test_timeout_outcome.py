@@ -9,6 +9,7 @@ deadline is its own business. Runs on every supported Python, as the other timeo
 
 from __future__ import annotations
 
+import time
 import uuid
 
 import pytest
@@ -96,3 +97,68 @@ def test_a_timeout_error_caught_before_the_deadline_is_the_bodys_own(pyworker): 
 
     assert status.status == "completed", status.error
     assert status.state["own_timeout_handled"] is True
+
+
+# -- a Step class's timeout holds wherever the class runs ---------------------------------------
+
+CLASS = "tests.timeout_steps.SlowWithOwnTimeout"
+
+
+def _assert_timed_out_at_its_own_timeout(run_id, worker, kind="step_failed"):
+    status = wait_for(run_id, timeout=30, worker=worker)
+    failed = Event.objects.filter(run_id=run_id, kind=kind).first()
+    assert failed is not None, list(Event.objects.filter(run_id=run_id)
+                                    .values_list("kind", flat=True))
+    assert failed.data["error"]["type"] == "queuety.exceptions.StepTimeout", failed.data
+    assert "exceeded its timeout of 0.3s" in failed.data["error"]["message"]
+    assert 0.3 <= _recorded_after(failed) <= 1.0  # at its own deadline, not after the body
+    return status
+
+
+def test_class_timeout__holds_in_a_parallel_branch(worker, token):
+    run_id = (queuety.workflow("class_timeout_parallel")
+              .parallel([CLASS, "tests.timeout_steps.quick_branch"])
+              .dispatch({"token": token}))
+
+    status = _assert_timed_out_at_its_own_timeout(run_id, worker)
+
+    assert status.status == "failed" and "slow" not in status.state
+
+
+def test_class_timeout__holds_for_a_for_each_item(worker, token):
+    run_id = (queuety.workflow("class_timeout_items").for_each("items", CLASS)
+              .dispatch({"token": token, "items": [1]}))
+
+    status = _assert_timed_out_at_its_own_timeout(run_id, worker)
+
+    assert status.status == "failed"
+
+
+def test_class_timeout__holds_for_a_compensation(worker, token):
+    run_id = (queuety.workflow("class_timeout_compensation")
+              .then("tests.workflows.step_a").compensate_with(CLASS)
+              .wait_for_approval().dispatch({"token": token}))
+    wait_for(run_id, ("waiting_for_signal",), worker=worker)
+
+    queuety.cancel(run_id)
+
+    deadline = time.monotonic() + 20
+    while not Event.objects.filter(run_id=run_id, kind="cleanup_finished").exists():
+        assert time.monotonic() < deadline, "the compensations did not finish in 20 s"
+        time.sleep(0.1)
+    _assert_timed_out_at_its_own_timeout(run_id, worker, kind="compensation_failed")
+
+
+def test_parallel__a_branch_takes_options_of_its_own(worker, token):
+    run_id = (queuety.workflow("branch_options")
+              .parallel([("tests.timeout_steps.half_second", {"timeout": 0.2}),
+                         "tests.timeout_steps.half_second"], timeout=5)
+              .dispatch({"token": token}))
+
+    status = wait_for(run_id, timeout=30, worker=worker)
+
+    failed = Event.objects.get(run_id=run_id, kind="step_failed")
+    assert status.status == "failed"
+    assert "exceeded its timeout of 0.2s" in failed.data["error"]["message"]
+    assert StepRun.objects.filter(run_id=run_id, branch=0).get().timeout == 0.2
+    assert StepRun.objects.filter(run_id=run_id, branch=1).get().timeout == 5
