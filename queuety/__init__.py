@@ -14,6 +14,8 @@ the modules that do the work (``queuety.queries``, ``inbox``, ``operations``, ``
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from queuety.core.budget import Budget, BudgetView
 from queuety.core.builder import WorkflowBuilder, workflow
 from queuety.core.engine import DEFAULT, Route
@@ -86,6 +88,9 @@ __all__ = [
     "workflow_timeline",
 ]
 
+if TYPE_CHECKING:  # for annotations only: importing it would import Django
+    from queuety.inbox import SignalReceipt
+
 __version__ = "0.1.0"
 
 
@@ -107,7 +112,7 @@ def list_workflows(status: str | None = None, limit: int = 50) -> list[WorkflowS
     return queries.list_workflows(status=status, limit=limit)
 
 
-def signal(run_id: int, name: str, data=None):
+def signal(run_id: int, name: str, data: Any = None) -> SignalReceipt:
     """Send signal ``name`` with JSON ``data`` to run ``run_id``; return a receipt.
 
     A signal sent before its wait is reached is kept until the wait consumes it.
@@ -120,7 +125,7 @@ def signal(run_id: int, name: str, data=None):
     return inbox.send_signal(run_id, name, data)
 
 
-def approve(run_id: int, data=None, *, signal: str | None = None):
+def approve(run_id: int, data: Any = None, *, signal: str | None = None) -> SignalReceipt:
     """Approve the run's current ``wait_for_approval()`` or ``wait_for_decision()``.
 
     Raises:
@@ -132,14 +137,14 @@ def approve(run_id: int, data=None, *, signal: str | None = None):
     return inbox.reply(run_id, "approve", data, signal=signal)
 
 
-def reject(run_id: int, data=None, *, signal: str | None = None):
+def reject(run_id: int, data: Any = None, *, signal: str | None = None) -> SignalReceipt:
     """Reject the run's current ``wait_for_decision()``."""
     from queuety import inbox
 
     return inbox.reply(run_id, "reject", data, signal=signal)
 
 
-def submit_input(run_id: int, data=None, *, signal: str | None = None):
+def submit_input(run_id: int, data: Any = None, *, signal: str | None = None) -> SignalReceipt:
     """Answer the run's current ``wait_for_input()``; ``data`` must match its schema as sent.
 
     Raises:
@@ -196,28 +201,28 @@ def fork(run_id: int) -> int:
     return operations.fork(run_id)
 
 
-def workflow_timeline(run_id: int, limit: int = 100, offset: int = 0) -> list[dict]:
+def workflow_timeline(run_id: int, limit: int = 100, offset: int = 0) -> list[dict[str, Any]]:
     """Return the run's events, oldest first."""
     from queuety import timeline
 
     return timeline.timeline(run_id, limit, offset)
 
 
-def workflow_state_at(run_id: int, step: int | str) -> dict:
+def workflow_state_at(run_id: int, step: int | str) -> dict[str, Any]:
     """Return the public state right after ``step`` (index or name) last completed."""
     from queuety import timeline
 
     return timeline.state_at(run_id, step)
 
 
-def export_workflow(run_id: int) -> dict:
+def export_workflow(run_id: int) -> dict[str, Any]:
     """Return the run as a versioned JSON document (``format_version`` 1)."""
     from queuety import export
 
     return export.export(run_id)
 
 
-def replay_workflow(document) -> int:
+def replay_workflow(document: Any) -> int:
     """Start a run that continues where an exported one stood; return its id."""
     from queuety import export
 

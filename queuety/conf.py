@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 from typing import Any
+from urllib.parse import urlsplit
 
 from django.conf import settings as django_settings
 from django.core.exceptions import ImproperlyConfigured
@@ -22,8 +23,14 @@ DEFAULTS: dict[str, Any] = {
     "SWEEP_INTERVAL": 5,
     # A processing step whose heartbeat is older than this is treated as lost and re-run.
     "STALE_AFTER": 60.0,
-    # How often a running step's heartbeat is refreshed (well under STALE_AFTER).
+    # How often a running step's heartbeat is refreshed (well under STALE_AFTER), and how
+    # often each worker's main process says it is alive.
     "HEARTBEAT_INTERVAL": 10.0,
+    # A worker whose main process has not said it is alive for this long is lost: the sweeper
+    # retries the attempts its processes held (once their heartbeats are this old too) and
+    # re-publishes the messages it may have reserved (a back-off, a short delay). More than
+    # two heartbeats, so a worker busy for a moment is not taken for a lost one.
+    "WORKER_LOST_AFTER": 25.0,
     # A due pending step whose message has not been consumed after this long is re-published.
     "REDELIVER_AFTER": 60.0,
     # Back-offs up to this many seconds ride on the broker (countdown); longer ones wait in the
@@ -55,6 +62,10 @@ DEFAULTS: dict[str, Any] = {
     "REPLAY_MODULES": [],
     # Seconds an approval link stays valid.
     "APPROVAL_LINK_MAX_AGE": 7 * 24 * 3600,
+    # The site's address, such as "https://shop.example.com": approval_link() then returns an
+    # absolute URL (for an e-mail sent from a Celery task, which has no request to build one
+    # from). None: it returns the page's path.
+    "BASE_URL": None,
     # Keys (case-insensitive, at any depth) whose values the admin and the approval-link page
     # show as "********": in states, timelines, signal payloads and admin exports.
     "SECRET_KEYS": [],
@@ -89,18 +100,30 @@ class QueuetySettings:
         if not isinstance(values["INLINE_STEPS"], int) or values["INLINE_STEPS"] < 1:
             raise ImproperlyConfigured("QUEUETY['INLINE_STEPS'] must be a whole number, at "
                                        "least 1 (1 runs every step from its own message).")
-        for key in ("STALE_AFTER", "HEARTBEAT_INTERVAL", "REDELIVER_AFTER", "INLINE_SECONDS"):
+        for key in ("STALE_AFTER", "HEARTBEAT_INTERVAL", "REDELIVER_AFTER", "INLINE_SECONDS",
+                    "WORKER_LOST_AFTER"):
             if not values[key] > 0:
                 raise ImproperlyConfigured(f"QUEUETY[{key!r}] must be a positive number.")
         keys = values["SECRET_KEYS"]
         if isinstance(keys, str) or not all(isinstance(key, str) for key in keys):
             raise ImproperlyConfigured("QUEUETY['SECRET_KEYS'] must be a list of key names "
                                        "(strings), such as ['password', 'api_key'].")
+        base_url = values["BASE_URL"]
+        if base_url is not None and not _is_site_address(base_url):
+            raise ImproperlyConfigured(
+                "QUEUETY['BASE_URL'] must be None or the site's scheme and host, such as "
+                f"'https://shop.example.com' (not {base_url!r}); a site served under a path "
+                "sets FORCE_SCRIPT_NAME for it.")
         if values["HEARTBEAT_INTERVAL"] >= values["STALE_AFTER"]:
             raise ImproperlyConfigured(
                 "QUEUETY['HEARTBEAT_INTERVAL'] must be shorter than QUEUETY['STALE_AFTER'], "
                 "or live steps would be taken for lost ones."
             )
+        if values["WORKER_LOST_AFTER"] < 2 * values["HEARTBEAT_INTERVAL"]:
+            raise ImproperlyConfigured(
+                "QUEUETY['WORKER_LOST_AFTER'] must be at least twice QUEUETY["
+                "'HEARTBEAT_INTERVAL'], or a worker that missed one beat would be taken for a "
+                "lost one.")
         return values
 
     def __getattr__(self, name: str) -> Any:
@@ -113,9 +136,27 @@ class QueuetySettings:
         except KeyError:
             raise AttributeError(f"Unknown QUEUETY setting {name!r}.") from None
 
+    def validate(self) -> None:
+        """Read ``QUEUETY`` afresh; raise ImproperlyConfigured naming the first bad key.
+
+        The system check ``queuety.E003`` calls it, so ``manage.py check`` reports what would
+        otherwise fail only when a value is first used.
+        """
+        self._cache = self._load()
+
     def reload(self) -> None:
         """Forget cached values (called when ``QUEUETY`` changes)."""
         self._cache = None
+
+
+def _is_site_address(value: object) -> bool:
+    """An http(s) URL with a host and nothing after it (the script prefix of a site served
+    under a path comes from Django's ``FORCE_SCRIPT_NAME``, as ``reverse()`` adds it)."""
+    if not isinstance(value, str):
+        return False
+    parts = urlsplit(value)
+    return parts.scheme in ("http", "https") and bool(parts.netloc) and parts.path in (
+        "", "/") and not (parts.query or parts.fragment)
 
 
 settings = QueuetySettings()

@@ -99,9 +99,7 @@ def _dispatch_postgres(spec: WorkflowSpec, definition_pk: int, state: dict[str, 
         "event": json.dumps({"definition_hash": spec.definition_hash, "version": spec.version,
                              "state": state, "idempotency_key": None}),
     }
-    with rows.hot_cursor() as cursor:
-        cursor.execute(sql.DISPATCH_POSTGRES, params)
-        run_pk, step_run_pk = cursor.fetchone()
+    run_pk, step_run_pk = rows.execute_hot(sql.DISPATCH_POSTGRES, params)
     publish.publish_on_commit([publish.message_for(spec, step_run_pk, 0)])
     return int(run_pk)
 

@@ -37,6 +37,16 @@ class StepTimeout(QueuetyError, TimeoutError):
     late: dict[str, Any] | None = None
 
 
+class TransitionFailed(PermanentError):
+    """The database refused to record a step's outcome for a reason that trying again would
+    not fix (a pooler that drops prepared statements, a schema that does not match the code).
+
+    The step's output was discarded; the run fails at once with the database's error and the
+    fix in its message, rather than after ``STALE_AFTER`` as a lost worker. Never retried:
+    fix the cause, then ``retry()`` the run.
+    """
+
+
 class WorkerLost(QueuetyError):
     """The worker process running a step attempt died (killed, out of memory, host lost).
 

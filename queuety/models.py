@@ -251,3 +251,23 @@ class Event(models.Model):
 
     def __str__(self) -> str:
         return f"run {self.run_id}: {self.kind}"
+
+
+class Worker(models.Model):
+    """A worker's main process, alive as long as it beats (every ``HEARTBEAT_INTERVAL``).
+
+    When one stops beating (killed, out of memory, its machine lost), the sweeper takes back
+    what it held: its pool processes' attempts, and the step messages it had reserved from the
+    broker (a retry's back-off, a short delay), which a Redis broker would only hand out again
+    an hour later. A worker that shuts down cleanly deletes its row.
+    """
+
+    name = models.CharField(max_length=255, unique=True,
+                            help_text="host:pid of the main process.")
+    processes = models.JSONField(default=list, help_text="host:pid of each pool process "
+                                 "(the claimed_by of the step rows they run).")
+    started_at = models.DateTimeField()
+    beat_at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"worker {self.name} (beat {self.beat_at:%H:%M:%S})"

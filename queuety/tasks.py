@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import Any
 
+from billiard.einfo import ExceptionWithTraceback
 from billiard.exceptions import WorkerLostError
 from celery import shared_task, signals
 from celery.worker.request import Request
@@ -13,6 +15,7 @@ from django.db import close_old_connections
 
 from queuety.runtime import attempt, recovery, settle, sweeper
 from queuety.runtime.claim import worker_id
+from queuety.runtime.workers import MainProcessBeat
 
 logger = logging.getLogger("queuety")
 
@@ -20,6 +23,24 @@ logger = logging.getLogger("queuety")
 # (a site that sets CELERY_DB_REUSE_MAX keeps them across tasks).
 signals.task_prerun.connect(lambda **kwargs: close_old_connections(), weak=False)
 signals.task_postrun.connect(lambda **kwargs: close_old_connections(), weak=False)
+
+_beat: MainProcessBeat | None = None
+
+
+@signals.worker_ready.connect(weak=False)
+def _start_beating(sender: Any = None, **kwargs: Any) -> None:
+    """The worker's main process joins the registry once its consumer is up."""
+    global _beat
+    pool = getattr(sender, "pool", None)
+    _beat = MainProcessBeat(lambda: list((getattr(pool, "info", None) or {})
+                                         .get("processes") or []))
+    _beat.start()
+
+
+@signals.worker_shutdown.connect(weak=False)
+def _stop_beating(**kwargs: Any) -> None:
+    if _beat is not None:
+        _beat.stop()
 
 
 class StepRequest(Request):
@@ -29,23 +50,39 @@ class StepRequest(Request):
     """
 
     def on_timeout(self, soft: bool, timeout: float) -> None:
+        if not soft:
+            # Said first, so that the ERROR lines Celery logs next read as what they are.
+            logger.warning("Step run id=%s ignored its timeout; pool process %s is being "
+                           "killed at the hard time limit (%.1f s) and replaced. The attempt "
+                           "is recorded as StepTimeout; Celery's 'Hard time limit exceeded' "
+                           "and WorkerLostError lines that follow are this, not a crash.",
+                           self.args[0] if self.args else "?", self.worker_pid, timeout)
         super().on_timeout(soft, timeout)
         if not soft:  # the hard limit: the pool process running the step is being killed
             self._recover(hard_timeout=True)
 
-    def on_failure(self, exc_info, send_failed_event=True, return_ok=False) -> None:
+    def on_failure(self, exc_info: Any, send_failed_event: bool = True,
+                   return_ok: bool = False) -> None:
         super().on_failure(exc_info, send_failed_event=send_failed_event, return_ok=return_ok)
-        if isinstance(exc_info.exception, WorkerLostError):
+        error = exc_info.exception
+        if isinstance(error, ExceptionWithTraceback):  # billiard wraps what the pool reports
+            error = error.exc
+        if isinstance(error, WorkerLostError):
             self._recover(hard_timeout=False)
 
     def _recover(self, hard_timeout: bool) -> None:
         if not self.worker_pid or not self.args:
             return
         try:
-            recovery.recover_attempt(self.args[0], worker_id(self.worker_pid),
-                                     hard_timeout=hard_timeout)
+            recorded = recovery.recover_attempt(self.args[0], worker_id(self.worker_pid),
+                                                hard_timeout=hard_timeout)
         except Exception:  # noqa: BLE001 - the sweeper recovers the step later anyway
             logger.exception("Could not record the loss of step run id=%s", self.args[0])
+            return
+        if recorded and not hard_timeout:
+            logger.warning("Pool process %s died while running step run id=%s; the attempt is "
+                           "recorded as WorkerLost and runs again while attempts remain.",
+                           self.worker_pid, self.args[0])
 
 
 @shared_task(name="queuety.execute_step", acks_late=True, reject_on_worker_lost=True,
@@ -57,7 +94,8 @@ def execute_step(self, step_run_id: int) -> None:
         # Threads cannot be killed; the process can. The pool replaces it, and the attempt,
         # already recorded as timed out, can leave nothing running behind it.
         logger.warning("Step run id=%s timed out leaving threads %s running; exiting pool "
-                       "process %s so they stop.", step_run_id,
+                       "process %s so they stop (the timeout is recorded; the WorkerLostError "
+                       "Celery logs next is this exit, not a crash).", step_run_id,
                        ", ".join(report.leftover_threads), os.getpid())
         os._exit(70)
 

@@ -12,6 +12,10 @@ import uuid
 # One queue per test session, shared with the worker subprocess through the environment, so
 # messages left over from an earlier session never reach this one's worker.
 os.environ.setdefault("CELERY_TASK_DEFAULT_QUEUE", f"queuety-test-{uuid.uuid4().hex[:12]}")
+# The suite connects to PostgreSQL directly: prepared statements on, as a direct deployment
+# should have them (the demo's default is off, safe behind PgBouncer). The worker subprocesses
+# inherit it; tests/reliability/test_pgbouncer.py sets it per worker.
+os.environ.setdefault("QUEUETY_PREPARED_STATEMENTS", "1")
 
 from project.settings import *  # noqa: E402,F403
 
@@ -21,7 +25,13 @@ QUEUETY = {
     "HEARTBEAT_INTERVAL": 0.5,
     "REDELIVER_AFTER": 3.0,
     "MAX_ETA": 5.0,
+    "WORKER_LOST_AFTER": 1.5,
 }
+# A worker started with QUEUETY_TEST_TIMINGS=shipped runs on the shipped defaults (sweeps every
+# 5 s, heartbeats every 10 s, a lost worker after 25 s, a stale step after 60 s), so a test can
+# hold recovery to the bounds production sees (tests/reliability/test_recovery_timings.py).
+if os.environ.get("QUEUETY_TEST_TIMINGS") == "shipped":
+    QUEUETY = {}
 LOGGING["loggers"]["queuety"]["level"] = "INFO"  # noqa: F405
 # The API fuzzer authenticates every request with HTTP Basic: a fast hasher keeps a request at
 # milliseconds instead of a PBKDF2 derivation each (tests only).

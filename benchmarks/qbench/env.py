@@ -56,6 +56,9 @@ def django_env(db: str = QUEUETY_DB) -> dict[str, str]:
         # Production-like: DEBUG keeps every SQL statement in memory (Celery warns about it).
         "DJANGO_DEBUG": "0",
         "QUEUETY_LOG_LEVEL": "WARNING",
+        # Direct connections: the demo's prepared statements on (off by default, for
+        # PgBouncer; docs/deploy/running-workers.md).
+        "QUEUETY_PREPARED_STATEMENTS": "1",
         "PYTHONPATH": os.pathsep.join(path),
         "PYTHONUNBUFFERED": "1",
     }

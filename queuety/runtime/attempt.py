@@ -11,12 +11,13 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import transaction
+from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
 from queuety import cleanup, exceptions, publish
@@ -31,7 +32,10 @@ from queuety.runtime.finish import fail_unloadable
 from queuety.runtime.outcome import record_failure, record_success_retrying
 from queuety.runtime.settle import branch_done
 from queuety.runtime.watchdog import Heartbeats, deadline, heartbeat
+from queuety.store import rows
 from queuety.store.definitions import load_spec
+
+logger = logging.getLogger("queuety")
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,7 +120,33 @@ def _execute_task_step(held: Claim, spec: WorkflowSpec, *, inline_until: float |
                 # Found while landing on the next step (the run had moved on, or a for_each's
                 # items are not a list or too many): this step's outcome cannot stand.
                 record_failure(held, spec, error, _ms_since(started))
+            except DatabaseError as error:
+                if rows.is_transient(error) and rows.pooler_mismatch(error) is None:
+                    raise  # tried again in place already: the sweeper recovers the attempt
+                _record_refused_transition(held, spec, error, _ms_since(started))
     return _report(threads_before, timed_out), following
+
+
+def _record_refused_transition(held: Claim, spec: WorkflowSpec, error: DatabaseError,
+                               duration_ms: float) -> None:
+    """Fail the attempt whose outcome the database refused for good, saying why and what to
+    do, instead of leaving its row processing for the sweeper to take for a lost worker."""
+    step = spec.steps[held.step_index]
+    cause = error.__cause__ or error
+    fix = rows.pooler_mismatch(error) or (
+        "Its output was discarded; fix the cause (the database's and the worker's logs say "
+        "more), then retry the run.")
+    refused = exceptions.TransitionFailed(
+        f"The outcome of step {step.name!r} of run {held.run_id} (attempt {held.attempt}) "
+        f"could not be recorded: the database refused it with {type(cause).__name__}: "
+        f"{str(cause).strip()}. {fix}")
+    logger.error("%s", refused)
+    connection.close()  # a connection that failed mid-protocol is not to be trusted again
+    try:
+        record_failure(held, spec, refused, duration_ms)
+    except DatabaseError:
+        logger.exception("Could not record that the outcome of step run id=%s was refused; "
+                         "the sweeper will recover the attempt.", held.step_run_id)
 
 
 def _execute_branch(held: Claim, spec: WorkflowSpec, step: StepSpec,

@@ -58,15 +58,14 @@ def claim(step_run_id: int, now: datetime | None = None) -> Claim | None:
     now = now or timezone.now()
     stamp = connection.ops.adapt_datetimefield_value(now)
     me = worker_id()
-    with rows.hot_cursor() as cursor:
-        if connection.vendor == "postgresql":
-            cursor.execute(sql.CLAIM_POSTGRES, [stamp, stamp, me, step_run_id, stamp])
-            row = cursor.fetchone()
-            if row is None:
-                return None
-            (run_id, step_index, seq, attempt, definition_pk, state, revision,
-             *counters, kind, branch, timeout) = row
-        else:
+    if connection.vendor == "postgresql":
+        row = rows.execute_hot(sql.CLAIM_POSTGRES, [stamp, stamp, me, step_run_id, stamp])
+        if row is None:
+            return None
+        (run_id, step_index, seq, attempt, definition_pk, state, revision,
+         *counters, kind, branch, timeout) = row
+    else:
+        with rows.hot_cursor() as cursor:
             cursor.execute(sql.CLAIM_SQLITE, [stamp, stamp, me, step_run_id, stamp])
             row = cursor.fetchone()
             if row is None:

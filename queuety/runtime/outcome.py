@@ -17,7 +17,7 @@ from contextlib import suppress
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import InterfaceError, OperationalError, connection, transaction
+from django.db import DatabaseError, InterfaceError, OperationalError, connection, transaction
 from django.utils import timezone
 
 from queuety import cleanup, exceptions, publish
@@ -58,14 +58,25 @@ def record_success_retrying(held: Claim, spec: WorkflowSpec, outcome: engine.Adv
     ``STALE_AFTER``, by running it again).
     """
     step = spec.steps[held.step_index]
+    unprepared = False
     for tries, pause in enumerate((*TRANSITION_RETRY_DELAYS, None)):
         claim_next = (inline_until is not None and step.timeout is None
                       and time.monotonic() < inline_until)
         try:
             return record_success(held, spec, outcome, duration_ms, claim_next=claim_next,
                                   retried=tries > 0)
-        except (OperationalError, InterfaceError) as error:
-            if pause is None or not rows.is_transient(error) or connection.in_atomic_block or (
+        except DatabaseError as error:
+            if pause is not None and not unprepared and not connection.in_atomic_block and \
+                    rows.warn_pooler_mismatch_once(error):
+                # A pooler dropped the prepared statement: nothing ran. Logged once with the
+                # fix; this process prepares no more, so the same try goes through now.
+                unprepared = True
+                with suppress(Exception):
+                    connection.close()
+                continue
+            if not isinstance(error, OperationalError | InterfaceError) or pause is None \
+                    or not rows.is_transient(error) or rows.pooler_mismatch(error) \
+                    or connection.in_atomic_block or (
                     give_up_at is not None and time.monotonic() + pause >= give_up_at):
                 raise
             sqlstate = rows.sqlstate_of(error)
@@ -217,9 +228,7 @@ def _complete_postgres(held: Claim, spec: WorkflowSpec, outcome: engine.Advance,
         "events": json.dumps(events),
         "cost_units": cost_units,
     }
-    with rows.hot_cursor() as cursor:
-        cursor.execute(sql.COMPLETE_POSTGRES, params)
-        owns, advanced, next_id = cursor.fetchone()
+    owns, advanced, next_id = rows.execute_hot(sql.COMPLETE_POSTGRES, params)
     if next_id is None or next_index is None:
         if advanced and following is None:
             # The run completed. Its waiters are read by a statement of their own: a waiter

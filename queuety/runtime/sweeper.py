@@ -12,7 +12,8 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 
 from django.db import transaction
-from django.db.models import F, Q
+from django.db.models import F, Q, Value
+from django.db.models.functions import Greatest
 from django.utils import timezone
 
 from queuety import exceptions, publish
@@ -44,7 +45,8 @@ def sweep(now: datetime | None = None) -> dict[str, int]:
     now = now or timezone.now()
     report: dict[str, int] = {}
     phases: tuple[tuple[str, Callable[[datetime], int]], ...] = (
-        ("recovered", recover_lost), ("republished", republish_due),
+        ("workers", recover_lost_workers), ("recovered", recover_lost),
+        ("republished", republish_due),
         ("parents", wake_parents), ("overdue", fail_overdue), ("purged", purge_finished))
     for name, phase in phases:
         try:
@@ -57,8 +59,62 @@ def sweep(now: datetime | None = None) -> dict[str, int]:
     return report
 
 
+def recover_lost_workers(now: datetime) -> int:
+    """Take back what workers that stopped beating held; return how many were lost.
+
+    A worker whose main process has not beaten for ``WORKER_LOST_AFTER`` is gone with its pool
+    processes: their attempts whose heartbeats are as old are recorded as ``WorkerLost`` (and
+    retried while attempts remain), and every pending row whose message it may have reserved
+    (sent while it lived, or a back-off's or a delay's, due later) is published again, with
+    the time it still has to wait. A second message for a row is harmless: the claim drops
+    it, and an early one is held again for its due time.
+    """
+    lost_after = timedelta(seconds=settings.WORKER_LOST_AFTER)
+    lost = 0
+    while lost < 20:
+        with transaction.atomic():
+            worker = rows.lock_lost_worker(now - lost_after)
+            if worker is None:
+                break
+            # The worker may have lived up to one beat past its last one.
+            alive_until = worker.beat_at + timedelta(seconds=settings.HEARTBEAT_INTERVAL)
+            held = list(StepRun.objects.filter(
+                status=StepStatus.PROCESSING, claimed_by__in=[worker.name, *worker.processes],
+                heartbeat_at__lt=now - lost_after).select_related("run"))
+            pending = rows.lock_pending_sent_before(alive_until)
+            if pending:
+                # As when first sent: a held message counts as out from its due time.
+                StepRun.objects.filter(pk__in=[pk for pk, *_ in pending]).update(
+                    published_at=Greatest(Value(now), F("available_at")))
+                publish.publish_on_commit([
+                    publish.Message(pk, _countdown(due, now), timeout,
+                                    load_spec(definition_pk).queue)
+                    for pk, definition_pk, timeout, due in pending])
+            worker.delete()
+        logger.warning("Worker %s stopped beating at %s; %d attempt(s) it held are recorded as "
+                       "lost and %d message(s) it may have held are published again.",
+                       worker.name, worker.beat_at.isoformat(), len(held), len(pending))
+        for row in held:
+            _recover_row(row, timed_out=False)
+        lost += 1
+    return lost
+
+
+def _countdown(due: datetime, now: datetime) -> float | None:
+    """Seconds a re-published message must still wait (None: due now)."""
+    wait = (due - now).total_seconds()
+    return wait if wait > 0 else None
+
+
 def recover_lost(now: datetime) -> int:
-    """Record attempts whose heartbeat went stale, or which outlived their hard time limit."""
+    """Record attempts whose heartbeat went stale, or which outlived their hard time limit.
+
+    A timed attempt still processing past its hard limit was not recorded by its worker's main
+    process, which kills and records it at that limit: either that process could not write,
+    or the whole worker is gone. It timed out only if its process was still beating at its
+    deadline; if its last heartbeat came before, the process died before the deadline and the
+    attempt is a lost worker's, retried like any other.
+    """
     stale_before = now - timedelta(seconds=settings.STALE_AFTER)
     grace = settings.HARD_TIMEOUT_GRACE + KILL_MARGIN
     candidates = (StepRun.objects.filter(status=StepStatus.PROCESSING)
@@ -66,19 +122,27 @@ def recover_lost(now: datetime) -> int:
                   .select_related("run")[:500])
     recovered = 0
     for row in candidates:
-        timed_out = row.timeout is not None and row.claimed_at is not None and (
+        past_limit = row.timeout is not None and row.claimed_at is not None and (
             row.claimed_at + timedelta(seconds=row.timeout + grace) < now)
-        if not timed_out and not (row.heartbeat_at and row.heartbeat_at < stale_before):
+        if not past_limit and not (row.heartbeat_at and row.heartbeat_at < stale_before):
             continue
-        # One bad row must not stop the sweeper for every other run.
-        try:
-            record_failure(claim_of(row), load_spec(row.run.definition_id),
-                           interruption(row, timed_out), None)
-        except Exception as error:  # noqa: BLE001
-            logger.exception("Could not recover step run id=%s; failing it.", row.pk)
-            fail_unloadable(row.pk, row.run_id, error)
+        timed_out = past_limit and row.timeout is not None and row.claimed_at is not None \
+            and row.heartbeat_at is not None \
+            and row.heartbeat_at >= row.claimed_at + timedelta(seconds=row.timeout)
+        _recover_row(row, timed_out=timed_out)
         recovered += 1
     return recovered
+
+
+def _recover_row(row: StepRun, *, timed_out: bool) -> None:
+    """Record the attempt of a processing row whose process is gone (guarded by its claim)."""
+    # One bad row must not stop the sweeper for every other run.
+    try:
+        record_failure(claim_of(row), load_spec(row.run.definition_id),
+                       interruption(row, timed_out), None)
+    except Exception as error:  # noqa: BLE001
+        logger.exception("Could not recover step run id=%s; failing it.", row.pk)
+        fail_unloadable(row.pk, row.run_id, error)
 
 
 def republish_due(now: datetime) -> int:

@@ -8,12 +8,15 @@ row; operations that also write live step rows lock them first, so the two never
 from __future__ import annotations
 
 import json
+import logging
+import os
+import re
 from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
 import psycopg
-from django.db import InterfaceError, OperationalError, connection
+from django.db import DatabaseError, InterfaceError, OperationalError, connection
 from django.db.backends.utils import CursorDebugWrapper, CursorWrapper
 from django.db.models import Count, Q
 
@@ -21,9 +24,11 @@ from queuety import exceptions
 from queuety.core.budget import Usage
 from queuety.core.definition import WorkflowSpec
 from queuety.core.status import LIVE, LIVE_OR_HELD
-from queuety.models import RunStatus, StepRun, StepStatus, WorkflowRun
+from queuety.models import RunStatus, StepRun, StepStatus, Worker, WorkflowRun
 from queuety.store import sql
 from queuety.store.definitions import effective_policy
+
+logger = logging.getLogger("queuety")
 
 #: SQLSTATEs after which the same transaction, run again, may well succeed as it stands.
 SERIALIZATION_FAILURES = ("40001", "40P01")
@@ -39,8 +44,12 @@ def hot_cursor() -> CursorWrapper:
     PgBouncer before 1.21 cannot keep them), it binds parameters on the server, so psycopg
     prepares these statements and PostgreSQL stops planning them on every call: the
     transition's plan costs more than its execution. Otherwise, Django's own cursor.
+
+    Once a hot statement failed because the connection's pooler does not keep prepared
+    statements (:func:`pooler_mismatch`), this process logs the fix once and prepares them no
+    more: Django's own cursor from then on.
     """
-    if connection.vendor != "postgresql" or \
+    if connection.vendor != "postgresql" or _unprepared or \
             connection.settings_dict.get("OPTIONS", {}).get("prepare_threshold") is None:
         return connection.cursor()
     connection.ensure_connection()
@@ -49,7 +58,38 @@ def hot_cursor() -> CursorWrapper:
     raw = psycopg.Cursor(connection.connection)
     if connection.queries_logged:
         return _HotDebugCursor(raw, connection)
-    return connection.make_cursor(raw)  # type: ignore[arg-type]  # any DB-API cursor will do
+    return _HotCursor(raw, connection)
+
+
+def execute_hot(statement: str, params: Any) -> Any:
+    """Run a hot statement that commits by itself and return its one row.
+
+    A statement a pooler refused for want of its prepared statement never ran (it failed at
+    Parse or Bind): it is run once more, unprepared, on a new connection, when this is not
+    inside a transaction (whose owner must see the error).
+    """
+    for tries in (0, 1):
+        try:
+            with hot_cursor() as cursor:
+                cursor.execute(statement, params)
+                return cursor.fetchone()
+        except DatabaseError as error:
+            if tries or connection.in_atomic_block or not warn_pooler_mismatch_once(error):
+                raise
+            connection.close()
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+class _HotCursor(CursorWrapper):
+    """Django's wrapper of a server-binding cursor: a statement the pooler refused for want
+    of its prepared statement is reported (:func:`warn_pooler_mismatch_once`)."""
+
+    def execute(self, sql: Any, params: Any = None) -> Any:
+        try:
+            return super().execute(sql, params)
+        except DatabaseError as error:
+            warn_pooler_mismatch_once(error)
+            raise
 
 
 class _HotDebugCursor(CursorDebugWrapper):
@@ -58,7 +98,70 @@ class _HotDebugCursor(CursorDebugWrapper):
 
     def execute(self, sql: Any, params: Any = None) -> Any:
         with self.debug_sql(sql, params):
-            return super(CursorDebugWrapper, self).execute(sql, params)
+            try:
+                return super(CursorDebugWrapper, self).execute(sql, params)
+            except DatabaseError as error:
+                warn_pooler_mismatch_once(error)
+                raise
+
+
+# -- prepared statements behind a pooler ------------------------------------------------------
+
+#: What PostgreSQL answers, through PgBouncer in transaction mode (1.18 measured), when a
+#: connection's prepared statements were made on another server session: the statement is
+#: missing there (26000), another client made one of that name there (42P05), or another
+#: client's statement of that name takes a different number of parameters (08P01). In every
+#: case the statement failed at Parse or Bind, before it executed.
+_POOLER_MISMATCH = {
+    "26000": re.compile(r"prepared statement .* does not exist"),
+    "42P05": re.compile(r"prepared statement .* already exists"),
+    "08P01": re.compile(r"bind message supplies \d+ parameters?, but prepared statement .* "
+                        r"requires \d+|bind message has \d+ parameter formats but \d+ "
+                        r"parameters"),
+}
+
+#: Set once this process met a pooler mismatch: the hot cursor prepares nothing more, and the
+#: ERROR naming the fix is not logged again (a process forked after inherits both).
+_unprepared = False
+
+
+def pooler_mismatch(error: BaseException, alias: str = "default") -> str | None:
+    """The fix, when ``error`` (a database error Django raised, or the driver's) says that
+    prepared statements do not survive the connection's pooler; None for any other error.
+
+    Pure inspection of the error and its ``__cause__`` (SQLSTATE and message), for any
+    database: the SQLSTATEs and messages are PostgreSQL's, seen through PgBouncer in
+    transaction mode before 1.21.
+    """
+    for candidate in (error, error.__cause__):
+        sqlstate = getattr(candidate, "sqlstate", None)
+        if sqlstate in _POOLER_MISMATCH and _POOLER_MISMATCH[sqlstate].search(str(candidate)):
+            return (
+                "Queuety's database connection goes through a pooler that does not keep "
+                "prepared statements (PgBouncer in transaction mode before 1.21, or without "
+                f"max_prepared_statements): remove OPTIONS['prepare_threshold'] from "
+                f"DATABASES[{alias!r}] (the demo settings: unset QUEUETY_PREPARED_STATEMENTS), "
+                "or run PgBouncer 1.21 or later with max_prepared_statements set, or connect "
+                "to PostgreSQL directly (docs/deploy/running-workers.md, 'Behind PgBouncer')."
+            )
+    return None
+
+
+def warn_pooler_mismatch_once(error: BaseException) -> bool:
+    """Whether ``error`` is a pooler mismatch (:func:`pooler_mismatch`). The first one a
+    process meets is logged at ERROR with the fix, and turns prepared statements off for the
+    rest of the process (:func:`hot_cursor`); later ones are not logged again."""
+    global _unprepared
+    fix = pooler_mismatch(error, connection.alias)
+    if fix is None:
+        return False
+    if not _unprepared:
+        _unprepared = True
+        logger.error("%s This process (pid %s) prepares no statement from now on. The "
+                     "statement failed with %s, SQLSTATE %s: %s", fix, os.getpid(),
+                     type(error.__cause__ or error).__name__,
+                     getattr(error, "sqlstate", None) or sqlstate_of(error), str(error).strip())
+    return True
 
 
 def json_value(value: Any) -> Any:
@@ -75,7 +178,20 @@ def sqlstate_of(error: BaseException) -> str | None:
 def is_transient(error: BaseException) -> bool:
     """A database error after which the same transition may well succeed: on PostgreSQL a
     serialization failure, a deadlock, or a lost or refused connection (no SQLSTATE, classes
-    08 and 57P); on SQLite a busy or locked database."""
+    08 and 57P: PgBouncer's own errors, such as ``query_wait_timeout``, are 08P01 too); on
+    SQLite a busy or locked database.
+
+    A pooler mismatch (:func:`pooler_mismatch`, whatever its class: 26000 and 42P05 are
+    ProgrammingErrors, the bind parameter-count error an 08P01) is not a lost connection. The
+    statement failed before it executed; it is transient only once this process stopped
+    preparing (:func:`warn_pooler_mismatch_once`, which the hot cursor calls) and only the hot
+    statements were prepared (no ``server_side_binding``): then the same transition, on a new
+    connection (close this one: its statement cache matches no server session), runs
+    unprepared and succeeds.
+    """
+    if pooler_mismatch(error) is not None:
+        return _unprepared and connection.settings_dict.get("OPTIONS", {}).get(
+            "server_side_binding") is not True
     if not isinstance(error, OperationalError | InterfaceError):
         return False
     if connection.vendor == "sqlite":
@@ -228,3 +344,39 @@ def fanout_rows(run_id: int, seq: int, index: int) -> list[dict[str, Any]]:
              "error": None if not r["error"] else {k: r["error"].get(k) for k in
                                                   ("type", "message")},
              "finished_at": r["finished_at"]} for r in rows]
+
+
+# -- workers ----------------------------------------------------------------------------------
+
+def record_worker(name: str, processes: list[str], started_at: datetime,
+                  now: datetime) -> None:
+    """Say that worker ``name`` (its main process) is alive, with its pool ``processes``."""
+    Worker.objects.update_or_create(name=name, defaults={
+        "processes": processes, "started_at": started_at, "beat_at": now})
+
+
+def forget_worker(name: str) -> None:
+    """Remove worker ``name`` from the registry (it shut down cleanly)."""
+    Worker.objects.filter(name=name).delete()
+
+
+def lock_lost_worker(lost_before: datetime) -> Worker | None:
+    """Lock, for this transaction, one worker that has not beaten since ``lost_before`` (one
+    another sweeper holds is skipped); None when there is none."""
+    return (Worker.objects.select_for_update(skip_locked=True)
+            .filter(beat_at__lt=lost_before).order_by("beat_at").first())
+
+
+def lock_pending_sent_before(moment: datetime,
+                             limit: int = 1000) -> list[tuple[int, int, float | None, datetime]]:
+    """Lock (skipping rows another sweeper holds) the pending rows of running runs, and the
+    pending cleanup rows, whose message a worker lost at ``moment`` may have held: sent by
+    then (``published_at`` is the send time of a due row's message) or due after it (a
+    back-off's or a delay's message waits in the worker that reserved it, and its
+    ``published_at`` is its due time). Return ``(id, definition id, timeout, due at)``."""
+    return list(
+        StepRun.objects.select_for_update(skip_locked=True, of=("self",))
+        .filter(Q(run__status=RunStatus.RUNNING) | ~Q(kind="step"),
+                status=StepStatus.PENDING, published_at__isnull=False)
+        .filter(Q(published_at__lte=moment) | Q(available_at__gt=moment))
+        .values_list("pk", "run__definition_id", "timeout", "available_at")[:limit])

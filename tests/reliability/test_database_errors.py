@@ -132,6 +132,31 @@ def test_error_outlasting_the_retries__the_step_is_recovered_and_runs_again(
                    handler_runs=2, merged=1)
 
 
+def test_error_in_the_transition_that_trying_again_cannot_fix__fails_the_run_at_once(
+        fault_trigger, worker, token, figures):
+    # 42703 (undefined column), as a schema that does not match the code would raise: before,
+    # the error escaped the attempt, its row stayed processing, and STALE_AFTER later the
+    # sweeper took it for a lost worker and ran the handler again; the cause was only in the
+    # worker's log.
+    run_id, injected = run_with_fault(token, "42703", fires=1)
+
+    status = wait_for(run_id, timeout=30, worker=worker)
+    recorded = time.monotonic() - injected
+
+    assert status.status == "failed"
+    assert status.error["type"] == "queuety.exceptions.TransitionFailed"
+    assert status.error["step"] == "step_b" and status.error["attempt"] == 1
+    assert "could not be recorded: the database refused it with UndefinedColumn: injected " \
+           "fault 42703" in status.error["message"]
+    assert "retry the run" in status.error["message"]
+    failed = Event.objects.get(run_id=run_id, kind="step_failed")
+    assert failed.data["error"]["type"] == "queuety.exceptions.TransitionFailed"
+    assert len(workflows.marks(f"{token}-b")) == 1  # the handler ran once
+    assert not Event.objects.filter(run_id=run_id, kind="step_retried").exists()
+    assert recorded < 2, recorded  # at once, not after STALE_AFTER
+    figures.record("db_error_not_transient", recorded_s=round(recorded, 2), handler_runs=1)
+
+
 @pytest.mark.parametrize("inline", [False, True], ids=["next_step_published",
                                                    "next_step_claimed_inline"])
 def test_a_try_whose_commit_landed_but_whose_answer_was_lost__is_not_applied_twice(

@@ -1,0 +1,26 @@
+"""QUEUETY settings that cannot work are refused, naming the key and why."""
+
+from __future__ import annotations
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+from django.test import override_settings
+
+from queuety.conf import settings
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"HEARTBEAT_INTERVAL": 10, "WORKER_LOST_AFTER": 15},
+     r"QUEUETY\['WORKER_LOST_AFTER'\] must be at least twice QUEUETY\['HEARTBEAT_INTERVAL'\]"),
+    ({"WORKER_LOST_AFTER": 0}, r"QUEUETY\['WORKER_LOST_AFTER'\] must be a positive number"),
+    ({"HEARTBEAT_INTERVAL": 60}, r"must be shorter than QUEUETY\['STALE_AFTER'\]"),
+    ({"WORKER_LOST_AFTR": 30}, r"Did you mean 'WORKER_LOST_AFTER'"),
+])
+def test_settings__unworkable_values_are_refused(values, message):
+    with override_settings(QUEUETY=values), pytest.raises(ImproperlyConfigured, match=message):
+        settings.STALE_AFTER  # noqa: B018 - reading a key validates them all
+
+
+def test_settings__worker_lost_after_defaults_to_two_and_a_half_heartbeats():
+    with override_settings(QUEUETY={}):
+        assert settings.WORKER_LOST_AFTER == 25.0 == 2.5 * settings.HEARTBEAT_INTERVAL
