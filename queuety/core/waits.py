@@ -10,10 +10,14 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import jsonschema
+from referencing import Registry
+from referencing.exceptions import Unresolvable
+from referencing.jsonschema import DRAFT202012
 
 from queuety import exceptions
 
@@ -94,6 +98,35 @@ def check_schema(schema: Any) -> None:
             f"The input schema is not a valid JSON Schema (draft 2020-12) at {where}: "
             f"{error.message}."
         ) from None
+    # A reference must resolve inside the schema itself: one that resolves nowhere (or to a
+    # remote document, which is never fetched) would fail every reply instead.
+    resolver = Registry().with_resource(_SCHEMA_URI, DRAFT202012.create_resource(schema)) \
+        .resolver(base_uri=_SCHEMA_URI)
+    for ref in _references(schema):
+        try:
+            resolver.lookup(ref)
+        except Unresolvable:
+            raise exceptions.WorkflowDefinitionError(
+                f"The input schema's $ref {ref!r} resolves to nothing inside the schema; "
+                "define what it names (under $defs) or remove it. Remote schemas are not "
+                "fetched.") from None
+
+
+#: The address a checked schema is resolved under (its own ``$ref`` values are relative).
+_SCHEMA_URI = "urn:queuety:input-schema"
+
+
+def _references(node: Any) -> Iterator[str]:
+    """Every ``$ref`` string in a schema, at any depth."""
+    if isinstance(node, dict):
+        ref = node.get("$ref")
+        if isinstance(ref, str):
+            yield ref
+        for value in node.values():
+            yield from _references(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _references(value)
 
 
 def validation_errors(schema: dict[str, Any], data: Any) -> list[dict[str, str]]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import time
 
 import pytest
@@ -10,6 +12,7 @@ import queuety
 from queuety.models import Event, StepRun
 from tests import workflows
 from tests.integration.conftest import wait_for
+from tests.integration.test_timeouts import pyworker  # noqa: F401 - the per-Python worker
 
 pytestmark = pytest.mark.worker
 
@@ -39,14 +42,193 @@ def test_F1_F2_blocking_branches_run_in_parallel_and_merge_in_order(worker, toke
     assert max(walls) <= 1.6
 
 
-def test_F3_a_failing_branch_fails_the_run_before_the_join(worker, token):
+def _digest(value) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:10]
+
+
+def test_F2_join_output_is_identical_across_runs_and_pythons(pyworker, semantics):  # noqa: F811
+    """10 for_each runs whose items finish in reverse order, 10 parallel runs whose two
+    branches race: the join output is the same every time, ordered by item index or branch
+    declaration, on every supported Python (the digests match across the page's columns)."""
+    runs = 10
+    items_ = items(*({"sleep": s} for s in (0.3, 0.2, 0.1, 0)))
+    tag = f"f2-{pyworker.version}"
+    for_each = [(queuety.workflow("f2_items").on_queue(pyworker.queue)
+                 .for_each("tasks", "tests.workflows.run_task")
+                 .dispatch({"token": f"{tag}-{n}", "tasks": items_})) for n in range(runs)]
+    parallel = [(queuety.workflow("f2_branches").on_queue(pyworker.queue)
+                 .parallel(["tests.workflows.sleeper", "tests.workflows.sleeper_two"])
+                 .dispatch({"token": f"{tag}-p{n}", "nap": 0.1})) for n in range(runs)]
+
+    results, completion_orders, merged = set(), set(), set()
+    for run_id in for_each:
+        status = wait_for(run_id, timeout=60, worker=pyworker)
+        assert status.status == "completed", status.error
+        results.add(_digest(status.state["tasks_for_each_results"]["results"]))
+        indices = [r["index"] for r in status.state["tasks_for_each_results"]["results"]]
+        assert indices == [0, 1, 2, 3]
+        completion_orders.add(tuple(
+            StepRun.objects.get(pk=e.step_run_id).branch for e in
+            Event.objects.filter(run_id=run_id, kind="item_completed").order_by("pk")))
+    for run_id in parallel:
+        status = wait_for(run_id, timeout=60, worker=pyworker)
+        assert status.status == "completed", status.error
+        merged.add(_digest({k: v for k, v in status.state.items() if k != "token"}))
+        assert status.state["shared"] == "second"
+
+    semantics.record(f"F2 join output over {runs} for_each runs (4 items finishing in reverse) "
+                     f"and {runs} parallel runs (2 racing branches)",
+                     f"ordered by item index / declaration; 1 distinct output per shape over "
+                     f"{runs} runs; the same digests on every Python",
+                     f"for_each: {len(results)} distinct output (digest {min(results)}) in "
+                     f"index order, {len(completion_orders)} distinct completion orders seen "
+                     f"(e.g. {list(min(completion_orders))}); parallel: {len(merged)} distinct "
+                     f"merge (digest {min(merged)})", python=pyworker.version)
+    assert len(results) == 1 and len(merged) == 1
+
+
+def test_F3_a_failing_branch_fails_the_run_before_the_join(worker, token, semantics):
     run_id = (queuety.workflow("par_fail").parallel([workflows.boom, workflows.sleeper])
               .then(workflows.step_a).dispatch({"token": token, "nap": 0.5}))
     status = wait_for(run_id, worker=worker)
     assert status.status == "failed" and status.error["type"] == "ValueError"
     time.sleep(1.0)
+    joins = Event.objects.filter(run_id=run_id, kind="step_completed").count()
+    semantics.record("F3 mode all, parallel: one of 2 branches fails",
+                     "the run fails; 0 join executions; the successor never runs",
+                     f"{status.status}, {status.error['type']}; {joins} join executions; "
+                     f"successor ran {len(workflows.marks(f'{token}-a'))} time(s)")
     assert workflows.marks(f"{token}-a") == []
-    assert not Event.objects.filter(run_id=run_id, kind="step_completed").exists()
+    assert joins == 0
+
+
+def _settled(run_id):
+    """The join's settle event and the run's item rows by status."""
+    join = Event.objects.get(run_id=run_id, kind="step_completed", step_name="fan")
+    rows = StepRun.objects.filter(run_id=run_id, step_name="fan")
+    by_status: dict[str, list[int]] = {}
+    for row in rows.order_by("branch"):
+        by_status.setdefault(row.status, []).append(row.branch)
+    return join, by_status
+
+
+@pytest.mark.parametrize("mode, specs, quorum", [
+    # 1 fast item, 2 slow ones (running when the join settles), 1 held by max_concurrency.
+    ("first_success", ({}, {"sleep": 3}, {"sleep": 3}, {"sleep": 3}), None),
+    # 2 fast items, 1 slow one running and 2 held when the second success settles it.
+    ("quorum", ({}, {}, {"sleep": 3}, {"sleep": 3}, {"sleep": 3}), 2),
+])
+def test_F3_an_early_join_cancels_every_live_item_and_records_it(worker, token, semantics,
+                                                                 mode, specs, quorum):
+    started = time.monotonic()
+    run_id = (queuety.workflow(f"fe_{mode}_cancels")
+              .for_each("tasks", workflows.run_task, mode=mode, quorum=quorum,
+                        max_concurrency=3, name="fan")
+              .then(workflows.step_a)
+              .dispatch({"token": token, "tasks": items(*specs)}))
+    status = wait_for(run_id, worker=worker)
+    took = time.monotonic() - started
+    join, by_status = _settled(run_id)
+    cancelled = by_status.get("cancelled", [])
+    time.sleep(3.5)  # the slow items that were running end; their output must not count
+    late = Event.objects.filter(run_id=run_id, kind="step_discarded").count()
+    ran = len(workflows.marks(f"{token}-item"))
+    label = "first_success" if mode == "first_success" else f"quorum({quorum})"
+    semantics.record(f"F3 {label}: for_each over {len(specs)} items, "
+                     f"{sum(1 for s in specs if not s)} fast and the rest 3 s, max_concurrency=3",
+                     "continues after the first (n-th) success; every remaining item "
+                     "cancelled, each cancellation recorded",
+                     f"{status.status} after {took:.2f}s; {len(cancelled)} rows cancelled "
+                     f"(items {cancelled}), step_completed says cancelled: "
+                     f"{join.data['cancelled']}; {ran - (len(specs) - len(cancelled))} "
+                     f"cancelled items had started, {late} late finishes recorded "
+                     f"step_discarded; succeeded {by_status.get('completed', [])}")
+    assert status.status == "completed" and status.state["log"] == ["a"]
+    assert took < 3, took  # settled by the fast items, not after the slow ones
+    assert join.data["cancelled"] == len(cancelled) == len(specs) - (quorum or 1)
+    assert set(by_status) == {"completed", "cancelled"}
+    assert late == ran - (len(specs) - len(cancelled))  # every started-then-cancelled item
+
+
+def test_F3_mode_all_joins_after_the_last_item_and_a_failure_skips_the_join(worker, token,
+                                                                            semantics):
+    ok = (queuety.workflow("fe_all_last").for_each("tasks", workflows.run_task, name="fan")
+          .then(workflows.step_a)
+          .dispatch({"token": token, "tasks": items({"sleep": 1}, {}, {"sleep": 0.5})}))
+    failing = (queuety.workflow("fe_all_fail")
+               .for_each("tasks", workflows.run_task, name="fan")
+               .then(workflows.step_b)
+               .dispatch({"token": token + "f",
+                          "tasks": items({"action": "fail"}, {"sleep": 0.5}, {})}))
+
+    done = wait_for(ok, worker=worker)
+    join, by_status = _settled(ok)
+    finished = list(Event.objects.filter(run_id=ok, kind="item_completed").order_by("pk"))
+    gap = (join.created_at - finished[-1].created_at).total_seconds()
+    after_first = (join.created_at - finished[0].created_at).total_seconds()
+    failed = wait_for(failing, worker=worker)
+    time.sleep(1.0)
+    joins = Event.objects.filter(run_id=failing, kind="step_completed").count()
+    semantics.record("F3 mode all, for_each over 3 items (1 s, 0 s, 0.5 s); then one of 3 "
+                     "fails", "the join starts after the last item; one failure fails the run "
+                     "with 0 join executions",
+                     f"join recorded {gap:.3f}s after the last item, {after_first:.2f}s "
+                     f"after the first ({done.status}, "
+                     f"{len(by_status.get('completed', []))}/3 items); with a failing item: "
+                     f"{failed.status}, {failed.error['type']}, {joins} join executions, "
+                     f"successor ran {len(workflows.marks(f'{token}f-b'))} time(s)")
+    assert done.status == "completed" and by_status == {"completed": [0, 1, 2]}
+    assert gap >= 0 and after_first >= 0.9  # not before the 1 s item finished
+    assert failed.status == "failed" and failed.error["type"] == "ValueError"
+    assert joins == 0 and workflows.marks(f"{token}f-b") == []
+
+
+def test_F5_every_path_ends_in_one_terminal_output(worker, token, semantics):
+    """F5 holds by construction: a definition is one list of steps, so routes, jumps and
+    fan-outs all end by completing the run once, with one final state."""
+    flows = {
+        "route 'yes'": (queuety.workflow("f5_route")
+                        .route(workflows.classify, {"yes": "yes_step", "no": "fallback"})
+                        .then(workflows.step_b, name="yes_step")
+                        .then(workflows.step_c, name="fallback"), {"label": "yes"}),
+        "route 'no'": (queuety.workflow("f5_route")
+                       .route(workflows.classify, {"yes": "yes_step", "no": "fallback"})
+                       .then(workflows.step_b, name="yes_step")
+                       .then(workflows.step_c, name="fallback"), {"label": "no"}),
+        "jump": (queuety.workflow("f5_jump").then(workflows.jump_to_c)
+                 .then(workflows.step_b).then(workflows.step_c), {}),
+        "parallel": (queuety.workflow("f5_parallel")
+                     .parallel([workflows.sleeper, workflows.sleeper_two])
+                     .then(workflows.step_a), {"nap": 0.2}),
+        "for_each": (queuety.workflow("f5_items").for_each("tasks", workflows.run_task)
+                     .then(workflows.step_a), {"tasks": items({}, {}, {})}),
+    }
+    runs = {name: builder.dispatch({"token": f"{token}{n}", **payload})
+            for n, (name, (builder, payload)) in enumerate(flows.items())}
+    for name, run_id in runs.items():
+        status = wait_for(run_id, worker=worker)
+        assert status.status == "completed", (name, status.error)
+    time.sleep(0.5)  # room for a second terminal event that should not come
+    terminals, joins = {}, {}
+    for name, run_id in runs.items():
+        events = list(Event.objects.filter(run_id=run_id).order_by("pk")
+                      .values_list("kind", "step_name"))
+        terminals[name] = [k for k, _ in events if k in ("workflow_completed", "workflow_failed")]
+        assert events[-1][0] == "workflow_completed", (name, events)
+        joins[name] = sum(k == "step_completed" and step in ("parallel_0", "tasks_for_each")
+                          for k, step in events)
+    once = [name for name, kinds in terminals.items() if kinds == ["workflow_completed"]]
+    logs = {name: queuety.workflow_status(run_id).state["log"] for name, run_id in runs.items()}
+    semantics.record("F5 routes to different steps, a jump, parallel branches, for_each items",
+                     "enforced by construction (one step list): each run completes once, with "
+                     "one workflow_completed and one final state; branches meet at their join",
+                     f"{len(once)}/{len(runs)} runs ended with exactly one workflow_completed, "
+                     f"their last event; joins: parallel {joins['parallel']}, for_each "
+                     f"{joins['for_each']}; final logs "
+                     + ", ".join(f"{name} {log}" for name, log in logs.items()))
+    assert once == list(runs) and joins["parallel"] == joins["for_each"] == 1
+    assert logs == {"route 'yes'": ["b", "c"], "route 'no'": ["c"], "jump": ["jump", "c"],
+                    "parallel": ["a"], "for_each": ["a"]}
 
 
 def test_for_each__all_with_a_reducer(worker, token):

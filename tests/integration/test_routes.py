@@ -60,11 +60,45 @@ def test_route__a_matching_label_with_output(worker, token):
     assert status.state["classified_as"] == "yes" and status.state["log"] == ["b", "c"]
 
 
+def test_RT2_an_unrouted_successor_cannot_mask_an_unmatched_label(worker, token, semantics):
+    # A step right after the route step that no label names is no successor: refused at build.
+    with pytest.raises(queuety.WorkflowDefinitionError) as refused:
+        (queuety.workflow("rt2_build").route(workflows.classify, {"yes": "yes_step"})
+         .then(workflows.step_c, name="unrouted").then(workflows.step_b, name="yes_step")
+         .build())
+    # The route's target has an unconditional successor in sequence; 'nope' reaches neither.
+    run_id = (queuety.workflow("rt2").route(workflows.classify, {"yes": "yes_step"})
+              .then(workflows.step_b, name="yes_step").then(workflows.step_c, name="after")
+              .dispatch({"token": token, "label": "nope"}))
+
+    status = wait_for(run_id, worker=worker)
+
+    time.sleep(0.5)  # room for a successor that should not run
+    ran = len(workflows.marks(f"{token}-b")) + len(workflows.marks(f"{token}-c"))
+    semantics.record("RT2 route {'yes'} with an unconditional successor, label 'nope'",
+                     "refused at build, or the run fails with UnmatchedRoute; the successor "
+                     "never runs",
+                     f"a step after the route that no label names: refused at build "
+                     f"({str(refused.value).split(':')[0]}); routed target with a successor: "
+                     f"{status.status}, {status.error['type'].rsplit('.', 1)[-1]}; "
+                     f"{ran} of 2 successors ran")
+    assert "steps no route or sequence leads to: 'unrouted'" in str(refused.value)
+    assert status.status == "failed"
+    assert status.error["type"] == "queuety.exceptions.UnmatchedRoute"
+    assert "'nope'" in status.error["message"] and "['yes']" in status.error["message"]
+    assert ran == 0
+    assert not Event.objects.filter(run_id=run_id, kind="step_completed").exists()
+
+
 @pytest.mark.parametrize("label", [True, 1, 1.0, None, ["yes"]])
-def test_RT4_labels_are_strings_compared_exactly(worker, token, label):
+def test_RT4_labels_are_strings_compared_exactly(worker, token, semantics, label):
     run_id = (queuety.workflow("rt4").route(workflows.classify, {"1": "one", "True": "one"})
               .then(workflows.step_b, name="one").dispatch({"token": token, "label": label}))
     status = wait_for(run_id, worker=worker)
+    semantics.record(f"RT4 label {label!r} against routes {{'1', 'True'}}",
+                     "the run fails (a label must be a string); never matches '1' or 'True'",
+                     f"{status.status}, {(status.error or {}).get('type', '-').rsplit('.', 1)[-1]}"
+                     f"; downstream ran {len(workflows.marks(f'{token}-b'))} time(s)")
     assert status.status == "failed"
     assert status.error["type"] == "queuety.exceptions.InvalidStepOutput"
     assert "a route label must be a string" in status.error["message"]

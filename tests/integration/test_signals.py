@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Literal
 
 import pytest
 from django.db import connection
@@ -253,6 +254,8 @@ def test_H1_H2_replies_arrive_exactly_as_sent(worker, token, semantics):
 def test_H3_H4_invalid_input_lists_every_path_and_records_nothing(worker, token, semantics):
     run_id = (queuety.workflow("form").wait_for_input(schema=SCHEMA).then(workflows.step_a)
               .dispatch({"token": token}))
+    events_before = Event.objects.filter(run_id=run_id).count()
+    state_before = queuety.workflow_status(run_id).state
     with pytest.raises(queuety.InvalidSignalData) as refused:
         queuety.submit_input(run_id, {"decision": "maybe", "amount": -5})
     paths = [e["path"] for e in refused.value.errors]
@@ -267,16 +270,74 @@ def test_H3_H4_invalid_input_lists_every_path_and_records_nothing(worker, token,
     assert status.status == "waiting_for_signal" and "input" not in status.state
     assert not Signal.objects.filter(run_id=run_id).exists()
     assert not Event.objects.filter(run_id=run_id, kind="signal_received").exists()
+    new_events = Event.objects.filter(run_id=run_id).count() - events_before
     queuety.submit_input(run_id, {"decision": "approve", "amount": 10})
     final = wait_for(run_id, worker=worker)
+    downstream = len(workflows.marks(f"{token}-a"))
+    semantics.record("H4 two refused replies, then a valid one",
+                     "still waiting, no event, no state change; the valid reply resumes it; "
+                     "downstream runs once",
+                     f"after the refused replies: {status.status}, {new_events} new events, "
+                     f"state {'unchanged' if status.state == state_before else 'CHANGED'}; "
+                     f"valid reply: {final.status}, downstream ran {downstream} time(s)")
+    assert new_events == 0 and status.state == state_before
     assert final.state["input"] == {"decision": "approve", "amount": 10}
-    assert len(workflows.marks(f"{token}-a")) == 1
+    assert downstream == 1
 
 
-def test_H6_invalid_schemas_fail_the_build():
-    for schema in ({"type": "strng"}, {"properties": []}, ["not", "a", "dict"]):
-        with pytest.raises(queuety.WorkflowDefinitionError, match="schema"):
+def test_H6_invalid_schemas_fail_the_build(semantics):
+    refused = []
+    bad = ({"type": "strng"}, {"properties": []}, {"pattern": "("}, ["not", "a", "dict"],
+           Literal["approve", "reject"], str)
+    for schema in bad:
+        with pytest.raises(queuety.WorkflowDefinitionError, match="schema") as error:
             queuety.workflow("bad_schema").wait_for_input(schema=schema)
+        refused.append(str(error.value))
+    # Every schema the build accepts pauses, and refuses or delivers a reply without crashing.
+    good = {"enum": ({"type": "object", "properties": {"d": {"enum": ["approve", "reject"]}}},
+                     {"d": "approve"}, {"d": "maybe"}),
+            "range": (SCHEMA, {"decision": "reject", "amount": 0},
+                      {"decision": "reject", "amount": 1001}),
+            "local $ref": ({"type": "object", "$defs": {"d": {"enum": ["approve"]}},
+                            "properties": {"d": {"$ref": "#/$defs/d"}}},
+                           {"d": "approve"}, {"d": "no"})}
+    worked = []
+    for name, (schema, valid, invalid) in good.items():
+        paused = queuety.workflow("good_schema").wait_for_input(schema=schema).dispatch({})
+        assert queuety.workflow_status(paused).status == "waiting_for_signal", name
+        with pytest.raises(queuety.InvalidSignalData):
+            queuety.submit_input(paused, invalid)
+        queuety.submit_input(paused, valid)
+        if queuety.workflow_status(paused).state["input"] == valid:
+            worked.append(name)
+    semantics.record("H6 wait_for_input(schema=...): 6 bad schemas (unknown type, properties "
+                     "not an object, bad regex, a list, Literal[...], str); 3 good ones",
+                     "each refused at build, or it works at pause and reply time",
+                     f"{len(refused)}/{len(bad)} refused at build; {len(worked)}/{len(good)} "
+                     f"accepted ones paused, refused a bad reply and delivered a good one "
+                     f"({', '.join(worked)})")
+    assert len(refused) == len(bad) and len(worked) == len(good)
+    assert "takes a JSON Schema object (a dict), got list" in refused[3]
+
+
+def test_H6_a_schema_whose_ref_resolves_nowhere_is_refused_at_build(semantics):
+    schema = {"type": "object", "properties": {"d": {"$ref": "#/$defs/missing"}}}
+    try:
+        run_id = queuety.workflow("dangling_ref").wait_for_input(schema=schema).dispatch({})
+    except queuety.WorkflowDefinitionError as error:
+        outcome = f"refused at build: {error}"
+    else:
+        try:
+            queuety.submit_input(run_id, {"d": "x"})
+            outcome = f"accepted at build; the reply was taken ({queuety.workflow_status(run_id).status})"
+        except queuety.InvalidSignalData as error:
+            outcome = f"accepted at build; the reply was refused as invalid data: {error}"
+        except Exception as error:  # noqa: BLE001 - what escapes is the measurement
+            outcome = (f"accepted at build; the reply raised {type(error).__name__}: "
+                       f"{str(error).splitlines()[0].split(' within ')[0]}")
+    semantics.record("H6 a schema with a $ref that resolves nowhere", "refused at build",
+                     outcome)
+    assert outcome.startswith("refused at build"), outcome
 
 
 def test_H7_no_reruns_when_a_reply_comes_after_a_worker_restart(worker, token, semantics):
