@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
+import django
 from django.contrib import admin, messages
 from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import PermissionDenied
@@ -45,7 +46,8 @@ from django.utils.formats import number_format
 from django.utils.functional import cached_property
 from django.utils.html import format_html, format_html_join
 from django.utils.http import url_has_allowed_host_and_scheme
-from django.utils.translation import ngettext
+from django.utils.text import capfirst
+from django.utils.translation import gettext, ngettext
 
 from queuety import exceptions, export, inbox, operations, queries, replyforms
 from queuety.core import budget as budgets
@@ -457,8 +459,14 @@ class WorkflowRunAdmin(admin.ModelAdmin):
         return queryset.filter(where), False
 
     @staticmethod
-    def spec(run: WorkflowRun) -> WorkflowSpec:
-        return load_spec(run.definition_id)  # cached per process: no query per row
+    def spec(run: WorkflowRun) -> WorkflowSpec | None:
+        """The run's definition (cached per process: no query per row); None when it no
+        longer loads here (a class its retry policy names was removed, say): the changelist
+        still shows the run, from its row."""
+        try:
+            return load_spec(run.definition_id)
+        except exceptions.WorkflowDefinitionError:
+            return None
 
     @admin.display(description="status", ordering="status")
     def status_display(self, run: WorkflowRun) -> str:
@@ -466,7 +474,8 @@ class WorkflowRunAdmin(admin.ModelAdmin):
 
     @admin.display(description="version")
     def version(self, run: WorkflowRun) -> str:
-        return self.spec(run).version or "-"
+        spec = self.spec(run)
+        return "definition does not load" if spec is None else spec.version or "-"
 
     @admin.display(description="hash")
     def short_hash(self, run: WorkflowRun) -> str:
@@ -475,19 +484,24 @@ class WorkflowRunAdmin(admin.ModelAdmin):
 
     @admin.display(description="current step")
     def step_display(self, run: WorkflowRun) -> str:
-        steps = self.spec(run).steps
+        spec = self.spec(run)
+        steps = () if spec is None else spec.steps
         if run.current_step >= len(steps):
             return "-"
         return f"{steps[run.current_step].name} ({run.current_step + 1}/{run.total_steps})"
 
     @admin.display(description="waiting for")
     def waiting_for(self, run: WorkflowRun) -> str:
-        return waiting_label(run.status, run.current_step, self.spec(run)) or "-"
+        spec = self.spec(run)
+        return "-" if spec is None else waiting_label(run.status, run.current_step, spec) or "-"
 
     @admin.display(description="budget use")
     def budget_use(self, run: WorkflowRun) -> str:
         """The budget closest to its limit, e.g. ``transitions 12/20``."""
-        limits = self.spec(run).budget.configured()
+        spec = self.spec(run)
+        if spec is None:
+            return "-"
+        limits = spec.budget.configured()
         usage = {"transitions": run.transitions, "cost_units": run.cost_units,
                  "started_workflows": run.started_workflows}
         # State bytes are left out here: they would need the (possibly large) state column.
@@ -617,6 +631,20 @@ class WorkflowRunAdmin(admin.ModelAdmin):
         return {**self.admin_site.each_context(request), "opts": self.opts,
                 "app_label": self.opts.app_label, **extra}
 
+    def _breadcrumbs(self, current: str) -> dict[str, Any]:
+        """Home > the app > the runs > ``current``, for breadcrumbs.html.
+
+        In the markup of the running Django, as its own admin templates do: Django 6.1 styles
+        an ``<ol class="breadcrumbs">`` of items, earlier versions a ``<div>`` of links.
+        """
+        site = self.admin_site.name
+        return {"crumbs": [
+            (reverse(f"{site}:index", current_app=site), gettext("Home")),
+            (reverse(f"{site}:app_list", kwargs={"app_label": self.opts.app_label},
+                     current_app=site), self.opts.app_config.verbose_name),
+            (self._url("changelist"), capfirst(self.opts.verbose_name_plural)),
+        ], "crumb_current": current, "breadcrumbs_as_list": django.VERSION >= (6, 1)}
+
     # -- the run page
 
     def change_view(self, request: HttpRequest, object_id: str, form_url: str = "",
@@ -661,6 +689,7 @@ class WorkflowRunAdmin(admin.ModelAdmin):
         context = self._context(
             request,
             related=self._related_runs(run),
+            **self._breadcrumbs(f"#{run.pk}"),
             title=f"{run.name} #{run.pk}",
             subtitle=None,
             run=run, status=status, spec=spec, step=step, wait=wait,
@@ -832,6 +861,7 @@ class WorkflowRunAdmin(admin.ModelAdmin):
         here = request.get_full_path()
         return TemplateResponse(request, "admin/queuety/workflowrun/approvals.html",
                                 self._context(request, title="Runs waiting on a person",
+                                              **self._breadcrumbs("Waiting on a person"),
                                               rows=rows, page=page, here=here,
                                               can_signal=self.has_signal_permission(request),
                                               changelist_url=self._url("changelist")))

@@ -55,10 +55,12 @@ def effective_policy(spec: WorkflowSpec, step_index: int, branch: int = 0) -> Re
 
 
 def definition_hash(definition_pk: int) -> str:
-    """Return the hash of a stored definition."""
+    """Return the hash of a stored definition (as stored: also for one that no longer
+    loads here)."""
     found = _hashes.get(definition_pk)
     if found is None:
-        found = _hashes[definition_pk] = load_spec(definition_pk).definition_hash
+        found = _hashes[definition_pk] = WorkflowDefinition.objects.values_list(
+            "definition_hash", flat=True).get(pk=definition_pk)
     return found
 
 

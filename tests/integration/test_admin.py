@@ -299,6 +299,25 @@ def test_changelist__says_when_a_run_sleeps_in_a_delay(boss, token):
     assert "a delay of 10 min 0 s" in html
 
 
+def test_changelist__shows_a_run_whose_definition_no_longer_loads(boss, token):
+    # A deploy removed a class its retry policy names: the changelist must still list it (it
+    # answered 500 for every page that showed such a run).
+    good = queuety.workflow(f"adm_gone_{token}").then(workflows.step_a).build()
+    stored = good.to_dict()
+    bad = dict(stored, retry={"max_attempts": 1, "initial_delay": 1.0, "backoff_factor": 2.0,
+                              "max_delay": 60.0, "jitter": 0.0, "retry_on": ["gone.Module"]})
+    ghost = WorkflowDefinition.objects.create(name=f"adm_gone_{token}", definition=bad,
+                                              definition_hash="e" * 64)
+    run = WorkflowRun.objects.create(definition=ghost, name=f"adm_gone_{token}", total_steps=1,
+                                     state={"token": token}, status="failed")
+
+    response = boss.get(RUNS, {"q": str(run.pk)})
+
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert "definition does not load" in html and "e" * 12 in html
+
+
 def test_run_page__long_state_is_cut_with_a_link_to_all_of_it(boss, token):
     big = {f"key_{i:04d}": "x" * 40 for i in range(400)}
     run_id = queuety.workflow(f"adm_big_{token}").wait_for_signal("go").dispatch(
