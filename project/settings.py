@@ -46,6 +46,8 @@ ROOT_URLCONF = "project.urls"
 TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",
+        # The demo site's own templates (templates/: its admin branding, and its override of
+        # Queuety's approval page); Queuety's are in the app (APP_DIRS), so its wheel has them.
         "DIRS": [BASE_DIR / "templates"],
         "APP_DIRS": True,
         "OPTIONS": {
@@ -75,12 +77,17 @@ if EMBEDDED:
             },
         }
     }
+    # queuety.W001 says SQLite is for a demo on one machine: this is that demo.
+    SILENCED_SYSTEM_CHECKS = ["queuety.W001"]
 else:
     DATABASES = {"default": dj_database_url.parse(os.environ["DATABASE_URL"], conn_max_age=600)}
-    # Prepared statements (Django turns them off by default, for transaction-mode poolers):
-    # Queuety then prepares the statements every step runs. Remove this line behind
-    # PgBouncer in transaction mode (before 1.21, or without max_prepared_statements).
-    DATABASES["default"].setdefault("OPTIONS", {})["prepare_threshold"] = 5
+    # Prepared statements stay off (Django's default), which is safe behind any pooler.
+    # QUEUETY_PREPARED_STATEMENTS=1 allows them when the workers connect to PostgreSQL
+    # directly, or through PgBouncer 1.21+ with max_prepared_statements: Queuety then
+    # prepares the statements every step runs. Never behind PgBouncer in transaction mode
+    # before 1.21 (docs/deploy/running-workers.md, "Behind PgBouncer").
+    if os.environ.get("QUEUETY_PREPARED_STATEMENTS", "0") == "1":
+        DATABASES["default"].setdefault("OPTIONS", {})["prepare_threshold"] = 5
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 USE_TZ = True
@@ -136,13 +143,9 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
         "rest_framework.authentication.BasicAuthentication",
     ],
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
 }
-SPECTACULAR_SETTINGS = {
-    "TITLE": "Queuety API",
-    "DESCRIPTION": "Signals, approvals, input and status of durable workflow runs.",
-    "VERSION": "1",
-}
+# No DEFAULT_SCHEMA_CLASS or SPECTACULAR_SETTINGS: Queuety's views carry their own schema
+# class, and its schema view its title and version.
 
 LOGGING = {
     "version": 1,

@@ -60,8 +60,16 @@ def make_token(run_id: int) -> str:
 
 
 def approval_link(run_id: int) -> str:
-    """Return the path of the approval page for run ``run_id``'s current human wait."""
-    return reverse("queuety:approval-page", args=[make_token(run_id)])
+    """Return the link to the approval page for run ``run_id``'s current human wait.
+
+    An absolute URL when ``QUEUETY["BASE_URL"]`` is set (``BASE_URL`` followed by the page's
+    path), so a Celery task can mail it; otherwise the page's path, to be joined to the site's
+    address (``request.build_absolute_uri(link)`` in a view).
+    """
+    path = reverse("queuety:approval-page", args=[make_token(run_id)])
+    if settings.BASE_URL is None:
+        return path
+    return str(settings.BASE_URL).rstrip("/") + path
 
 
 def read_token(token: str) -> Ticket:

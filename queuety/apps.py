@@ -14,6 +14,9 @@ class QueuetyConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        # Registers the system checks (queuety.E001 ...) as it is imported.
+        from queuety import checks  # noqa: F401
+
         post_migrate.connect(_schedule_sweeper, sender=self)
 
 

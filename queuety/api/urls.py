@@ -1,7 +1,6 @@
 """API URLs; mount under any prefix: ``path("queuety/api/", include("queuety.api.urls"))``."""
 
 from django.urls import path, re_path
-from drf_spectacular.views import SpectacularAPIView
 
 from queuety.api import views
 
@@ -15,7 +14,7 @@ urlpatterns = [
     path("runs/<int:pk>/input/", views.InputView.as_view(), name="run-input"),
     path("waits/", views.WaitsView.as_view(), name="waits"),
     path("approvals/<str:token>/", views.ApprovalPageView.as_view(), name="approval-page"),
-    path("schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("schema/", views.SchemaView.as_view(), name="schema"),
     # Last: paths no endpoint matches (``runs/-1/``, ``runs/abc/``) get a JSON 404 too.
     re_path(r"^(?P<path>.*)$", views.not_found),
 ]

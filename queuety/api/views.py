@@ -12,7 +12,10 @@ from django.http import HttpRequest, HttpResponse, HttpResponseBase
 from django.shortcuts import render
 from django.utils.module_loading import import_string
 from django.views import View
+from drf_spectacular.openapi import AutoSchema
+from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from drf_spectacular.views import SpectacularAPIView
 from rest_framework import status
 from rest_framework.exceptions import ParseError
 from rest_framework.permissions import BasePermission
@@ -20,7 +23,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from queuety import approvals, exceptions, inbox, queries, replyforms
+from queuety import __version__, approvals, exceptions, inbox, queries, replyforms
 from queuety.api import exceptions as api_errors
 from queuety.api import serializers
 from queuety.conf import settings
@@ -47,6 +50,12 @@ IDEMPOTENCY_KEY = OpenApiParameter(
 class RunAPIView(APIView):
     """Base: permissions from settings, domain errors as JSON answers."""
 
+    # Its own schema class, so the OpenAPI schema does not depend on the site's
+    # REST_FRAMEWORK["DEFAULT_SCHEMA_CLASS"] (DRF's default is not drf-spectacular's). The
+    # views below are documented with @extend_schema on the CLASS: on a method it would
+    # extend the schema class the site's settings name.
+    schema = AutoSchema()
+
     def get_permissions(self) -> list[BasePermission]:
         return [import_string(path)() for path in settings.API_PERMISSION_CLASSES]
 
@@ -71,11 +80,11 @@ class RunAPIView(APIView):
         return run
 
 
+@extend_schema(parameters=[RUN_ID],
+               responses={200: serializers.WorkflowStatusSerializer, **ERRORS})
 class RunDetailView(RunAPIView):
     """``GET runs/<id>/``: the run's status, as ``queuety.workflow_status()`` returns it."""
 
-    @extend_schema(parameters=[RUN_ID],
-                   responses={200: serializers.WorkflowStatusSerializer, **ERRORS})
     def get(self, request: Request, pk: int) -> Response:
         self.get_run(pk)
         return Response(queries.workflow_status(pk).to_dict())
@@ -158,13 +167,13 @@ REPLY_DOC: dict[str, Any] = {
                   202: serializers.SignalReceiptSerializer, **ERRORS}}
 
 
+@extend_schema(**REPLY_DOC)
 class SignalView(PostReplyView):
     """``POST runs/<id>/signals/<name>/``: the JSON body is the signal's data.
 
     200 when it completed the wait the run was parked at, 202 when it was stored for later.
     """
 
-    @extend_schema(**REPLY_DOC)
     def post(self, request: Request, pk: int, name: str) -> Response:
         return super().post(request, pk, name=name)
 
@@ -172,12 +181,12 @@ class SignalView(PostReplyView):
         return inbox.send_signal(pk, name, self.body(request), sent_by=_sender(request))
 
 
+@extend_schema(**REPLY_DOC)
 class ReplyView(PostReplyView):
     """``POST runs/<id>/approve/``, ``reject/``, ``input/``: answer the run's human wait."""
 
     kind = ""
 
-    @extend_schema(**REPLY_DOC)
     def post(self, request: Request, pk: int) -> Response:
         return super().post(request, pk)
 
@@ -201,6 +210,35 @@ class InputView(ReplyView):
     kind = "input"
 
 
+@extend_schema(responses={200: OpenApiTypes.OBJECT})
+class SchemaView(SpectacularAPIView):
+    """``GET schema/``: the OpenAPI 3 schema of Queuety's endpoints, and of them only.
+
+    Titled and versioned here, so the site's ``SPECTACULAR_SETTINGS`` (which describe its own
+    API, if it has one) neither need to nor can change it.
+    """
+
+    schema = AutoSchema()
+    custom_settings = {
+        "TITLE": "Queuety API",
+        "DESCRIPTION": "Signals, approvals, input and status of durable workflow runs.",
+        "VERSION": __version__,
+        "PREPROCESSING_HOOKS": ["queuety.api.views.queuety_endpoints"],
+    }
+
+    def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        # A method of its own: the inherited one is documented on DRF's default schema class
+        # unless the site's settings name drf-spectacular's (see RunAPIView).
+        return super().get(request, *args, **kwargs)
+
+
+def queuety_endpoints(endpoints: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """drf-spectacular hook: keep the endpoints of Queuety's views, drop the site's others."""
+    return [endpoint for endpoint in endpoints
+            if getattr(endpoint[3], "cls", None) is not None
+            and endpoint[3].cls.__module__.startswith("queuety.")]
+
+
 def not_found(request: HttpRequest, path: str = "") -> HttpResponse:
     """Any other path under the API: a JSON 404, like every other API answer."""
     from django.http import JsonResponse
@@ -209,10 +247,10 @@ def not_found(request: HttpRequest, path: str = "") -> HttpResponse:
                          "code": "not_found"}, status=404)
 
 
+@extend_schema(responses={200: serializers.WaitingRunSerializer(many=True), **ERRORS})
 class WaitsView(RunAPIView):
     """``GET waits/``: runs waiting on a person, oldest first (at most 200)."""
 
-    @extend_schema(responses={200: serializers.WaitingRunSerializer(many=True), **ERRORS})
     def get(self, request: Request) -> Response:
         found = []
         runs = (WorkflowRun.objects.filter(status=RunStatus.WAITING_FOR_SIGNAL)

@@ -90,3 +90,30 @@ def test_definitions_page_counts_runs_per_status(site, page):
     row.locator("a", has_text="completed").click()
     page.wait_for_url(re.compile(r"status__exact=completed"))
     assert page.locator("#result_list tbody tr").count() == 3
+
+
+def breadcrumb_bar(page) -> tuple[str, str]:
+    """The text and background colour of the page's breadcrumb bar."""
+    bar = page.locator("nav[aria-label='Breadcrumbs'] .breadcrumbs")
+    assert bar.count() == 1
+    return bar.inner_text(), bar.evaluate("bar => getComputedStyle(bar).backgroundColor")
+
+
+def test_run_page_and_approvals_page_render_the_admins_breadcrumb_bar(site, page):
+    # Django's own changelist is the reference: the same bar, styled by the same CSS, on the
+    # Django version this runs on (5.2, 6.0; 6.1 changed its markup to an <ol>).
+    log_in(page, site, RUNS)
+    text, reference = breadcrumb_bar(page)
+    assert text.startswith("Home") and reference not in ("rgba(0, 0, 0, 0)", "transparent")
+
+    waiting = site.runs["waiting"]
+    page.goto(site.url(f"{RUNS}{waiting}/change/"))
+    text, colour = breadcrumb_bar(page)
+    assert re.fullmatch(r"Home\W+Queuety workflows\W+Workflow runs\W+#" + str(waiting), text)
+    assert colour == reference
+    assert page.locator(".breadcrumbs a[href='/admin/queuety/']").count() == 1
+
+    page.goto(site.url(f"{RUNS}approvals/"))
+    text, colour = breadcrumb_bar(page)
+    assert re.fullmatch(r"Home\W+Queuety workflows\W+Workflow runs\W+Waiting on a person", text)
+    assert colour == reference

@@ -63,17 +63,24 @@ def test_get_run__the_status_fields(operator, worker, token):
         "detail": "Workflow run 99999999 does not exist.", "code": "run_not_found"}
 
 
-def test_approve__resumes_the_run_and_a_second_answer_is_409(operator, worker, token):
+def test_approve__resumes_the_run_and_a_second_answer_is_409(operator, worker, token,
+                                                             semantics):
     run_id = waiting_run(token)
 
     first = post(operator, f"/runs/{run_id}/approve/", {"by": "editor@example.com"})
     second = post(operator, f"/runs/{run_id}/approve/", {"by": "someone else"})
 
+    status = wait_for(run_id, worker=worker)
+    time.sleep(0.5)  # room for a second downstream run that should not come
+    downstream = len(workflows.marks(f"{token}-a"))
+    semantics.record("H5 a second approve POST to an answered wait",
+                     "HTTP 409 AlreadyAnswered; the downstream step ran once",
+                     f"first {first.status_code}, second {second.status_code} "
+                     f"{second.json().get('code')}; downstream ran {downstream} time(s)")
     assert first.status_code == 200 and first.json()["settled"] is True
     assert second.status_code == 409 and second.json()["code"] == "already_answered"
-    status = wait_for(run_id, worker=worker)
     assert status.state["approval"] == {"by": "editor@example.com"}
-    assert len(workflows.marks(f"{token}-a")) == 1
+    assert downstream == 1
     sender = Signal.objects.get(run_id=run_id).sent_by
     assert sender.startswith("user:")
 
@@ -166,13 +173,22 @@ def test_budget_breach__409_with_the_figures_and_nothing_recorded(operator, work
     assert not Signal.objects.filter(run_id=run_id).exists()
 
 
-def test_idempotency_key__a_retried_post_replays_the_first_answer(operator, worker, token):
+def test_idempotency_key__a_retried_post_replays_the_first_answer(operator, worker, token,
+                                                                  semantics):
     run_id = waiting_run(token)
     key = uuid.uuid4().hex
     first = post(operator, f"/runs/{run_id}/approve/", {"by": "a"}, **{"Idempotency-Key": key})
     again = post(operator, f"/runs/{run_id}/approve/", {"by": "a"}, **{"Idempotency-Key": key})
     elsewhere = post(operator, f"/runs/{run_id}/reject/", {}, **{"Idempotency-Key": key})
 
+    semantics.record("H5 a retried approve POST with the same Idempotency-Key",
+                     "the original 2xx again; one reply recorded",
+                     f"first {first.status_code}, retry {again.status_code} (body "
+                     f"{'identical' if again.json() == first.json() else 'DIFFERENT'}, "
+                     f"Idempotent-Replayed: {again.headers.get('Idempotent-Replayed')}); the "
+                     f"key on another endpoint {elsewhere.status_code} "
+                     f"{elsewhere.json().get('code')}; "
+                     f"{Signal.objects.filter(run_id=run_id).count()} signal(s) stored")
     assert first.status_code == again.status_code == 200
     assert again.json() == first.json() and again.headers["Idempotent-Replayed"] == "true"
     assert elsewhere.status_code == 409 and elsewhere.json()["code"] == "idempotency_key_reused"
@@ -248,6 +264,18 @@ def test_approval_link__page_approve_once(worker, token):
     assert reused.status_code == 410 and "already answered" in reused.content.decode()
     assert browser.get(link).status_code == 410
     assert Signal.objects.filter(run_id=run_id).count() == 1
+
+
+def test_approval_link__absolute_with_base_url_for_mail_sent_without_a_request(worker, token):
+    run_id = waiting_run(token)
+    assert approvals.approval_link(run_id).startswith("/queuety/api/approvals/")
+    with override_settings(QUEUETY={**TEST_QUEUETY, "BASE_URL": "https://shop.example.com/"}):
+        link = approvals.approval_link(run_id)
+    assert link.startswith("https://shop.example.com/queuety/api/approvals/")
+    page = Client().get(link.removeprefix("https://shop.example.com"))
+    assert page.status_code == 200 and "api_approval" in page.content.decode()
+    # The demo overrides the page as a site would (templates/queuety/approval.html).
+    assert 'id="shop-header"' in page.content.decode()
 
 
 def test_approval_link__tampered_expired_and_csrf(worker, token):

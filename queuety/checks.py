@@ -1,0 +1,202 @@
+"""System checks: the settings Queuety needs, reported by ``manage.py check`` (and by
+``runserver`` and ``migrate``) instead of as a run that never moves.
+
+Registered in ``QueuetyConfig.ready()``. Each message says what is wrong; its hint says how to
+fix it. docs/deploy/embedding.md, "System checks", lists them all.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.core.checks import CheckMessage, Error, Tags, Warning, register
+from django.core.exceptions import ImproperlyConfigured
+from django.db import DatabaseError, connections
+
+from queuety import conf
+
+#: The scheduler that reads django-celery-beat's tables, where ``migrate`` puts the sweeper.
+DATABASE_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
+#: PgBouncer's default port: a connection there most likely goes through PgBouncer.
+PGBOUNCER_PORT = 6432
+GUIDE = "docs/deploy/embedding.md"
+
+
+@register()
+def check_database(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """queuety.E001 / W001: Queuety runs on PostgreSQL.
+
+    SQLite is a warning, not an error: it is the demo's embedded default (one machine, no
+    server), where Queuety works with fewer guarantees; the demo silences the warning.
+    """
+    vendor = connections["default"].vendor
+    if vendor == "postgresql":
+        return []
+    if vendor == "sqlite":
+        return [Warning(
+            "The default database is SQLite: Queuety's workers then take turns on one file, "
+            "and the one-statement step boundary and row locks of PostgreSQL are not used.",
+            hint="Use PostgreSQL (ENGINE 'django.db.backends.postgresql') for anything but a "
+                 "demo on one machine; the demo project silences this warning "
+                 "(SILENCED_SYSTEM_CHECKS).",
+            id="queuety.W001")]
+    return [Error(
+        f"The default database is {vendor}, and Queuety needs PostgreSQL.",
+        hint="Set DATABASES['default']['ENGINE'] to 'django.db.backends.postgresql' "
+             f"({GUIDE}, step 2).",
+        id="queuety.E001")]
+
+
+@register()
+def check_celery_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """queuety.E002 (beat's scheduler) and W002 (late acknowledgement)."""
+    problems: list[CheckMessage] = []
+    scheduler = getattr(settings, "CELERY_BEAT_SCHEDULER", None)
+    if not _is_database_scheduler(scheduler):
+        found = "not set" if scheduler is None else f"{scheduler!r}"
+        problems.append(Error(
+            f"CELERY_BEAT_SCHEDULER is {found}, so beat never runs Queuety's sweeper: "
+            "lost messages are not published again, lost steps are not run again and "
+            "delays longer than QUEUETY['MAX_ETA'] never end.",
+            hint=f"Set CELERY_BEAT_SCHEDULER = {DATABASE_SCHEDULER!r} (the sweeper's "
+                 "schedule is in django-celery-beat's tables, written by migrate).",
+            id="queuety.E002"))
+    if getattr(settings, "CELERY_TASK_ACKS_LATE", False) is not True:
+        problems.append(Warning(
+            "CELERY_TASK_ACKS_LATE is not True: Queuety's step task acknowledges late on its "
+            "own, but a worker killed during its other tasks (waking a parent run) loses "
+            "their messages, which then wait for the sweeper.",
+            hint="Set CELERY_TASK_ACKS_LATE = True and CELERY_TASK_REJECT_ON_WORKER_LOST = True.",
+            id="queuety.W002"))
+    return problems
+
+
+def _is_database_scheduler(scheduler: object) -> bool:
+    if scheduler is None:
+        return False
+    from celery.utils.imports import symbol_by_name
+    from django_celery_beat.schedulers import DatabaseScheduler
+
+    try:
+        found = symbol_by_name(scheduler) if isinstance(scheduler, str) else scheduler
+    except (ImportError, AttributeError, ValueError):
+        return False
+    return isinstance(found, type) and issubclass(found, DatabaseScheduler)
+
+
+@register()
+def check_queuety_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """queuety.E003: every ``QUEUETY`` key is known and every value can work."""
+    try:
+        conf.settings.validate()
+    except ImproperlyConfigured as error:
+        return [Error(str(error), hint="Fix the QUEUETY setting: docs/reference/settings.md "
+                                       "lists every key and the values it takes.",
+                      id="queuety.E003")]
+    return []
+
+
+@register()
+def check_celery_app(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """queuety.E004: this process's Celery app reads the ``CELERY_`` settings.
+
+    Without it, dispatches go out through Celery's fallback app (its default broker, or no
+    broker at all) and every run starts only when the sweeper publishes its first step.
+    """
+    from celery import current_app
+
+    if getattr(current_app, "namespace", None) == "CELERY":
+        return []
+    return [Error(
+        "The current Celery app is not configured from Django's settings (namespace "
+        "'CELERY'), so runs dispatched here are not published to your workers' broker; each "
+        "starts only when the sweeper publishes it, about a minute later.",
+        hint="Create your project's Celery app with app.config_from_object("
+             "'django.conf:settings', namespace='CELERY') in <project>/celery.py, and import "
+             "it in <project>/__init__.py (from .celery import app as celery_app), as "
+             f"Celery's Django guide and {GUIDE} (step 3) show.",
+        id="queuety.E004")]
+
+
+@register()
+def check_prepared_statements(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """queuety.W005: prepared statements asked for on a connection that looks pooled.
+
+    A connection looks pooled when it goes to PgBouncer's default port (6432) or sets
+    ``DISABLE_SERVER_SIDE_CURSORS`` (what Django's documentation asks of a site behind a
+    transaction-mode pooler).
+    """
+    problems: list[CheckMessage] = []
+    databases: dict[str, dict[str, Any]] = settings.DATABASES
+    for alias, database in databases.items():
+        options = database.get("OPTIONS") or {}
+        if options.get("prepare_threshold") is None:
+            continue
+        if str(database.get("PORT") or "") == str(PGBOUNCER_PORT):
+            why = f"its PORT is {PGBOUNCER_PORT}, PgBouncer's"
+        elif database.get("DISABLE_SERVER_SIDE_CURSORS") is True:
+            why = "it sets DISABLE_SERVER_SIDE_CURSORS, as for a transaction-mode pooler"
+        else:
+            continue
+        problems.append(Warning(
+            f"DATABASES[{alias!r}] sets OPTIONS['prepare_threshold'] and looks like a "
+            f"connection through a pooler ({why}): PgBouncer in transaction mode before 1.21, "
+            "or without max_prepared_statements, fails statements that were prepared on "
+            "another server connection.",
+            hint="Remove OPTIONS['prepare_threshold'] unless the pooler keeps prepared "
+                 "statements (PgBouncer 1.21 or later with max_prepared_statements set); "
+                 "docs/deploy/running-workers.md, 'Behind PgBouncer', says more. Silence "
+                 "queuety.W005 once it does.",
+            id="queuety.W005"))
+    return problems
+
+
+@register(Tags.database)
+def check_sweeper_schedule(app_configs: Any = None, databases: Any = None,
+                           **kwargs: Any) -> list[CheckMessage]:
+    """queuety.W003 / W004 / W006: the sweeper's periodic task is there, enabled and in step.
+
+    A database check, so it runs only when asked (``check --database default``) and on
+    ``migrate``. Warnings, not errors: ``migrate`` is their fix, and errors would stop it.
+    Skipped until Queuety's and django-celery-beat's tables exist (``migrate`` makes the task).
+    """
+    if not databases or "default" not in databases:
+        return []
+    from django_celery_beat.models import IntervalSchedule, PeriodicTask
+
+    from queuety.models import WorkflowRun
+    from queuety.schedule import SWEEPER_TASK_NAME
+
+    connection = connections["default"]
+    try:
+        tables = set(connection.introspection.table_names())
+        if not {PeriodicTask._meta.db_table, WorkflowRun._meta.db_table} <= tables:
+            return []
+        tasks = list(PeriodicTask.objects.using("default").filter(task="queuety.sweep")
+                     .select_related("interval"))
+    except DatabaseError:
+        return []  # reported by Django's own checks, or by the command that needs the database
+    fix = "Run 'python manage.py migrate', which writes the sweeper's schedule."
+    if not tasks:
+        return [Warning(
+            "No django-celery-beat periodic task runs 'queuety.sweep', so lost messages are "
+            "not published again, lost steps are not run again and long delays never end.",
+            hint=fix, id="queuety.W003")]
+    enabled = [task for task in tasks if task.enabled]
+    if not enabled:
+        return [Warning(
+            f"The periodic task {tasks[0].name!r} that runs 'queuety.sweep' is disabled, so "
+            "the sweeper never runs.",
+            hint="Run 'python manage.py migrate', which enables it again (or enable it in "
+                 "the admin, under Periodic tasks).", id="queuety.W004")]
+    every, queue = conf.settings.SWEEP_INTERVAL, conf.settings.QUEUE
+    in_step = [task for task in enabled if task.interval is not None
+               and task.interval.period == IntervalSchedule.SECONDS
+               and task.interval.every == every and (task.queue or None) == queue]
+    if not in_step and any(task.name == SWEEPER_TASK_NAME for task in enabled):
+        return [Warning(
+            f"The sweeper's periodic task does not match QUEUETY['SWEEP_INTERVAL'] ({every} s) "
+            f"and QUEUETY['QUEUE'] ({queue!r}), which changed since the last migrate.",
+            hint=fix, id="queuety.W006")]
+    return []

@@ -1,0 +1,67 @@
+"""The sweeper's database check (queuety.W003 / W004 / W006) against the session's database.
+
+Each case changes the schedule inside a transaction that is rolled back, so the session
+worker's beat never sees the sweeper's task missing or disabled.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from unittest import mock
+
+from django.core.management import call_command
+from django.db import connection, transaction
+from django.test import override_settings
+from django_celery_beat.models import PeriodicTask
+
+from queuety import checks
+from queuety.schedule import SWEEPER_TASK_NAME
+from tests.settings import QUEUETY as TEST_QUEUETY
+
+
+@contextmanager
+def rolled_back():
+    with transaction.atomic():
+        yield
+        transaction.set_rollback(True)
+
+
+def ids(messages) -> list[str]:
+    return [message.id for message in messages]
+
+
+def test_sweeper_schedule__as_migrate_wrote_it_passes():
+    assert checks.check_sweeper_schedule(databases=["default"]) == []
+
+
+def test_sweeper_schedule__missing_is_a_warning_whose_fix_is_migrate():
+    with rolled_back():
+        PeriodicTask.objects.filter(task="queuety.sweep").delete()
+        found = checks.check_sweeper_schedule(databases=["default"])
+    assert ids(found) == ["queuety.W003"]
+    assert found[0].hint == "Run 'python manage.py migrate', which writes the sweeper's schedule."
+
+
+def test_sweeper_schedule__disabled_is_a_warning():
+    with rolled_back():
+        PeriodicTask.objects.filter(name=SWEEPER_TASK_NAME).update(enabled=False)
+        found = checks.check_sweeper_schedule(databases=["default"])
+    assert ids(found) == ["queuety.W004"]
+    assert f"{SWEEPER_TASK_NAME!r} that runs 'queuety.sweep' is disabled" in found[0].msg
+
+
+def test_sweeper_schedule__an_interval_changed_since_migrate_is_a_warning():
+    with override_settings(QUEUETY={**TEST_QUEUETY, "SWEEP_INTERVAL": 7}):
+        found = checks.check_sweeper_schedule(databases=["default"])
+    assert ids(found) == ["queuety.W006"] and "(7 s)" in found[0].msg
+
+
+def test_sweeper_schedule__skipped_before_the_tables_exist_and_without_a_database():
+    with mock.patch.object(connection.introspection, "table_names", return_value=[]):
+        assert checks.check_sweeper_schedule(databases=["default"]) == []
+    assert checks.check_sweeper_schedule(databases=["other"]) == []
+
+
+def test_check_command__asked_for_the_database_runs_it_and_reports_nothing():
+    # What embedding.md runs after migrate; without --database the check is not run at all.
+    call_command("check", "--database", "default", "--fail-level", "WARNING")
