@@ -465,7 +465,7 @@ class WorkflowRunAdmin(admin.ModelAdmin):
         still shows the run, from its row."""
         try:
             return load_spec(run.definition_id)
-        except exceptions.WorkflowDefinitionError:
+        except (exceptions.WorkflowDefinitionError, KeyError, TypeError, ValueError):
             return None
 
     @admin.display(description="status", ordering="status")

@@ -197,7 +197,6 @@ def retry(run_id: int, *, actor: str = "") -> None:
                         .exclude(status=StepStatus.COMPLETED))
         else:
             redo = [latest] if latest is not None and kind in ("task", "delay") else []
-        policy = effective_policy(spec, run.current_step)
         fanout = spec.steps[run.current_step].fanout
         limit = len(redo) if fanout is None or fanout.max_concurrency is None \
             else fanout.max_concurrency
@@ -209,7 +208,8 @@ def retry(run_id: int, *, actor: str = "") -> None:
                 status=StepStatus.PENDING if position < limit else StepStatus.HELD,
                 error=None, finished_at=None, claimed_at=None,
                 heartbeat_at=None, available_at=now, published_at=now,
-                max_attempts=row.attempt + policy.max_attempts)
+                max_attempts=row.attempt
+                + effective_policy(spec, run.current_step, row.branch).max_attempts)
         run.refresh_from_db()
         _continue(run, spec, now)
 

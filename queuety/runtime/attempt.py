@@ -121,8 +121,8 @@ def _execute_task_step(held: Claim, spec: WorkflowSpec, *, inline_until: float |
                 # items are not a list or too many): this step's outcome cannot stand.
                 record_failure(held, spec, error, _ms_since(started))
             except DatabaseError as error:
-                if rows.is_transient(error) and rows.pooler_mismatch(error) is None:
-                    raise  # tried again in place already: the sweeper recovers the attempt
+                if not rows.is_refusal(error):
+                    raise  # perhaps passing (a timeout, a standby): the sweeper's, as before
                 _record_refused_transition(held, spec, error, _ms_since(started))
     return _report(threads_before, timed_out), following
 

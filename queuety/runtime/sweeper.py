@@ -11,7 +11,7 @@ import logging
 from collections.abc import Callable
 from datetime import datetime, timedelta
 
-from django.db import transaction
+from django.db import DatabaseError, transaction
 from django.db.models import F, Q, Value
 from django.db.models.functions import Greatest
 from django.utils import timezone
@@ -62,42 +62,45 @@ def sweep(now: datetime | None = None) -> dict[str, int]:
 def recover_lost_workers(now: datetime) -> int:
     """Take back what workers that stopped beating held; return how many were lost.
 
-    A worker whose main process has not beaten for ``WORKER_LOST_AFTER`` is gone with its pool
-    processes: their attempts whose heartbeats are as old are recorded as ``WorkerLost`` (and
-    retried while attempts remain), and every pending row whose message it may have reserved
-    (sent while it lived, or a back-off's or a delay's, due later) is published again, with
-    the time it still has to wait. A second message for a row is harmless: the claim drops
-    it, and an early one is held again for its due time.
+    A worker whose main process has not beaten for ``WORKER_LOST_AFTER`` (by the database's
+    clock, which every beat is stamped with) is gone with its pool processes: their attempts
+    whose heartbeats are as old are recorded as ``WorkerLost`` (and retried while attempts
+    remain). Which messages it had reserved is not known, so every pending row whose message
+    it may have held (sent while it lived, or a back-off's or a delay's, due later) is published
+    again, once for all the workers lost in one sweep and at most 1,000 a sweep, with the time
+    it still has to wait. A second message for a row is harmless: the claim drops it, and an
+    early one is held again for its due time.
     """
     lost_after = timedelta(seconds=settings.WORKER_LOST_AFTER)
-    lost = 0
-    while lost < 20:
-        with transaction.atomic():
-            worker = rows.lock_lost_worker(now - lost_after)
-            if worker is None:
-                break
-            # The worker may have lived up to one beat past its last one.
-            alive_until = worker.beat_at + timedelta(seconds=settings.HEARTBEAT_INTERVAL)
-            held = list(StepRun.objects.filter(
-                status=StepStatus.PROCESSING, claimed_by__in=[worker.name, *worker.processes],
-                heartbeat_at__lt=now - lost_after).select_related("run"))
-            pending = rows.lock_pending_sent_before(alive_until)
-            if pending:
-                # As when first sent: a held message counts as out from its due time.
-                StepRun.objects.filter(pk__in=[pk for pk, *_ in pending]).update(
-                    published_at=Greatest(Value(now), F("available_at")))
-                publish.publish_on_commit([
-                    publish.Message(pk, _countdown(due, now), timeout,
-                                    load_spec(definition_pk).queue)
-                    for pk, definition_pk, timeout, due in pending])
-            worker.delete()
-        logger.warning("Worker %s stopped beating at %s; %d attempt(s) it held are recorded as "
-                       "lost and %d message(s) it may have held are published again.",
-                       worker.name, worker.beat_at.isoformat(), len(held), len(pending))
-        for row in held:
-            _recover_row(row, timed_out=False)
-        lost += 1
-    return lost
+    with transaction.atomic():
+        workers = rows.lock_lost_workers(lost_after, limit=20)
+        if not workers:
+            return 0
+        # A worker may have lived up to one beat past its last one.
+        alive_until = max(w.beat_at for w in workers) + timedelta(
+            seconds=settings.HEARTBEAT_INTERVAL)
+        pending = rows.lock_pending_sent_before(alive_until)
+        if pending:
+            # As when first sent: a held message counts as out from its due time.
+            StepRun.objects.filter(pk__in=[pk for pk, *_ in pending]).update(
+                published_at=Greatest(Value(now), F("available_at")))
+            publish.publish_on_commit([
+                publish.Message(pk, _countdown(due, now), timeout,
+                                load_spec(definition_pk).queue)
+                for pk, definition_pk, timeout, due in pending])
+        processes = [name for w in workers for name in w.processes]
+        held = list(StepRun.objects.filter(
+            status=StepStatus.PROCESSING, claimed_by__in=processes,
+            heartbeat_at__lt=now - lost_after).select_related("run"))
+        # Forgotten only once their messages are out: beyond 1,000, the next sweep goes on.
+        if len(pending) < 1000:
+            rows.forget_workers([w.pk for w in workers])
+    logger.warning("Workers %s stopped beating; %d attempt(s) they held are recorded as lost "
+                   "and %d message(s) they may have held are published again.",
+                   ", ".join(w.name for w in workers), len(held), len(pending))
+    for row in held:
+        _recover_row(row, timed_out=False)
+    return len(workers)
 
 
 def _countdown(due: datetime, now: datetime) -> float | None:
@@ -140,7 +143,10 @@ def _recover_row(row: StepRun, *, timed_out: bool) -> None:
     try:
         record_failure(claim_of(row), load_spec(row.run.definition_id),
                        interruption(row, timed_out), None)
-    except Exception as error:  # noqa: BLE001
+    except DatabaseError:  # passing, perhaps: the next sweep tries again
+        logger.exception("Could not recover step run id=%s; the next sweep tries again.",
+                         row.pk)
+    except Exception as error:  # noqa: BLE001 - a definition or policy that cannot load
         logger.exception("Could not recover step run id=%s; failing it.", row.pk)
         fail_unloadable(row.pk, row.run_id, error)
 

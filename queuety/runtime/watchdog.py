@@ -7,6 +7,7 @@ time limit instead, which every timed step's message carries (see ``queuety.publ
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal as posix_signal
@@ -102,6 +103,9 @@ class Deadline:
     def __init__(self, step_name: str, timeout: float | None, held: Claim) -> None:
         self.step_name, self.timeout, self.held = step_name, timeout, held
         self.interruption: exceptions.StepTimeout | None = None
+        #: Set once the attempt's block is being left: an alarm that comes now is too late
+        #: to interrupt anything and must not escape from the clean-up.
+        self.closed = False
 
     @property
     def passed(self) -> bool:
@@ -124,7 +128,7 @@ class Deadline:
         """
         if self.interruption is None:
             return output
-        self.interruption.late = {"output": output}
+        self.interruption.late = {"output": _storable(output)}
         raise self.interruption
 
     def overrule(self, error: BaseException) -> BaseException:
@@ -165,7 +169,8 @@ def deadline(step_name: str, timeout: float | None, held: Claim) -> Iterator[Dea
         )
 
     def on_alarm(signum: int, frame: FrameType | None) -> None:
-        raise watch.interrupt()
+        if not watch.closed:
+            raise watch.interrupt()
 
     previous = posix_signal.signal(posix_signal.SIGALRM, on_alarm)
     posix_signal.setitimer(posix_signal.ITIMER_REAL, timeout)
@@ -177,5 +182,24 @@ def deadline(step_name: str, timeout: float | None, held: Claim) -> Iterator[Dea
             raise
         raise overruled from error
     finally:
-        posix_signal.setitimer(posix_signal.ITIMER_REAL, 0)
-        posix_signal.signal(posix_signal.SIGALRM, previous)
+        watch.closed = True
+        try:
+            posix_signal.setitimer(posix_signal.ITIMER_REAL, 0)
+        finally:
+            posix_signal.signal(posix_signal.SIGALRM, previous)
+
+
+#: The most of a late output the timeline keeps (it is shown, never merged).
+_LATE_OUTPUT_BYTES = 10_000
+
+
+def _storable(output: Any) -> Any:
+    """A late output as the timeline can store it: itself when it is JSON of reasonable size,
+    else a note of what it was (a compensation, whose output is ignored, may return anything)."""
+    try:
+        text = json.dumps(output, allow_nan=False)
+    except (TypeError, ValueError, RecursionError):
+        return {"unstorable": f"{type(output).__name__}: {repr(output)[:200]}"}
+    if len(text) > _LATE_OUTPUT_BYTES or "\\u0000" in text:
+        return {"unstorable": f"{type(output).__name__} of {len(text)} bytes of JSON"}
+    return output

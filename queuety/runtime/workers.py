@@ -38,12 +38,14 @@ class MainProcessBeat:
         self._processes = processes
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self.name = worker_id()
         self.started_at = timezone.now()
+        # The start time is part of the name: a worker restarted with the same host and pid
+        # (a container's PID 1) is a new worker, and the old one is found lost.
+        self.name = f"{worker_id()}@{self.started_at:%Y%m%dT%H%M%S.%f}"
 
     def start(self) -> None:
-        """Beat once now, then every ``HEARTBEAT_INTERVAL`` until :meth:`stop`."""
-        self._beat()
+        """Beat now and then every ``HEARTBEAT_INTERVAL``, in the thread, until :meth:`stop`
+        (a database that cannot be reached never holds up the worker's main process)."""
         self._thread = threading.Thread(target=self._run, name="queuety-worker-beat",
                                         daemon=True)
         self._thread.start()
@@ -61,14 +63,14 @@ class MainProcessBeat:
             connection.close()
 
     def _run(self) -> None:
+        self._beat()
         while not self._stop.wait(settings.HEARTBEAT_INTERVAL):
             self._beat()
 
     def _beat(self) -> None:
         try:
             pids = self._processes() or [os.getpid()]
-            rows.record_worker(self.name, [worker_id(pid) for pid in pids], self.started_at,
-                               timezone.now())
+            rows.record_worker(self.name, [worker_id(pid) for pid in pids], self.started_at)
         except Exception:  # noqa: BLE001 - beat again next time, on a new connection
             logger.exception("Worker %s could not record its beat", self.name)
         finally:

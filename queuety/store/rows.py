@@ -12,13 +12,24 @@ import logging
 import os
 import re
 from collections.abc import Iterable
-from datetime import datetime
+from contextlib import suppress
+from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
-from django.db import DatabaseError, InterfaceError, OperationalError, connection
+from django.db import (
+    DatabaseError,
+    DataError,
+    IntegrityError,
+    InterfaceError,
+    NotSupportedError,
+    OperationalError,
+    ProgrammingError,
+    connection,
+)
 from django.db.backends.utils import CursorDebugWrapper, CursorWrapper
 from django.db.models import Count, Q
+from django.db.models.functions import Now
 
 from queuety import exceptions
 from queuety.core.budget import Usage
@@ -76,7 +87,8 @@ def execute_hot(statement: str, params: Any) -> Any:
         except DatabaseError as error:
             if tries or connection.in_atomic_block or not warn_pooler_mismatch_once(error):
                 raise
-            connection.close()
+            with suppress(Exception):  # Django forgets the connection even if closing fails
+                connection.close()
     raise AssertionError("unreachable")  # pragma: no cover
 
 
@@ -173,6 +185,16 @@ def sqlstate_of(error: BaseException) -> str | None:
     """The PostgreSQL SQLSTATE of a database error Django raised (None when it carries none,
     as for a lost connection or another backend)."""
     return getattr(error.__cause__, "sqlstate", None)
+
+
+def is_refusal(error: BaseException) -> bool:
+    """A database error that trying the same statement again would not fix: the schema does
+    not match the code (class 42), the data or a constraint refused it (22, 23), or a pooler
+    that drops prepared statements refused it again after this process stopped preparing.
+    A statement timeout, a lock timeout or a read-only standby may pass: not refusals."""
+    if isinstance(error, ProgrammingError | DataError | IntegrityError | NotSupportedError):
+        return True
+    return pooler_mismatch(error) is not None and not is_transient(error)
 
 
 def is_transient(error: BaseException) -> bool:
@@ -348,11 +370,14 @@ def fanout_rows(run_id: int, seq: int, index: int) -> list[dict[str, Any]]:
 
 # -- workers ----------------------------------------------------------------------------------
 
-def record_worker(name: str, processes: list[str], started_at: datetime,
-                  now: datetime) -> None:
-    """Say that worker ``name`` (its main process) is alive, with its pool ``processes``."""
+def record_worker(name: str, processes: list[str], started_at: datetime) -> None:
+    """Say that worker ``name`` (its main process) is alive, with its pool ``processes``.
+
+    Stamped with the database's clock, as the sweeper compares it: a worker whose own clock
+    is behind is not taken for a lost one.
+    """
     Worker.objects.update_or_create(name=name, defaults={
-        "processes": processes, "started_at": started_at, "beat_at": now})
+        "processes": processes, "started_at": started_at, "beat_at": Now()})
 
 
 def forget_worker(name: str) -> None:
@@ -360,11 +385,16 @@ def forget_worker(name: str) -> None:
     Worker.objects.filter(name=name).delete()
 
 
-def lock_lost_worker(lost_before: datetime) -> Worker | None:
-    """Lock, for this transaction, one worker that has not beaten since ``lost_before`` (one
-    another sweeper holds is skipped); None when there is none."""
-    return (Worker.objects.select_for_update(skip_locked=True)
-            .filter(beat_at__lt=lost_before).order_by("beat_at").first())
+def forget_workers(ids: list[int]) -> None:
+    """Remove the lost workers ``ids`` from the registry (what they held was taken back)."""
+    Worker.objects.filter(pk__in=ids).delete()
+
+
+def lock_lost_workers(lost_after: timedelta, limit: int) -> list[Worker]:
+    """Lock, for this transaction, the workers that have not beaten for ``lost_after`` by the
+    database's clock (those another sweeper holds are skipped)."""
+    return list(Worker.objects.select_for_update(skip_locked=True)
+                .filter(beat_at__lt=Now() - lost_after).order_by("beat_at")[:limit])
 
 
 def lock_pending_sent_before(moment: datetime,

@@ -251,3 +251,27 @@ def test_which_database_errors_the_transition_tries_again():
         "server starting up": True, "connection dropped": True,
         "statement timeout": False, "lock timeout": False, "disk full": False}
     assert not rows.is_transient(ValueError("not a database error"))
+
+
+def test_which_database_errors_fail_the_step_at_once():
+    from django.db import DataError, IntegrityError, ProgrammingError
+    from psycopg import errors
+
+    def wrapped(kind, cause: Exception) -> Exception:
+        error = kind(str(cause))
+        error.__cause__ = cause
+        return error
+
+    refused = {name: rows.is_refusal(error) for name, error in {
+        "undefined column": wrapped(ProgrammingError, errors.UndefinedColumn()),
+        "unique violation": wrapped(IntegrityError, errors.UniqueViolation()),
+        "bad data": wrapped(DataError, errors.InvalidTextRepresentation()),
+        "statement timeout": wrapped(OperationalError, errors.QueryCanceled()),
+        "lock timeout": wrapped(OperationalError, errors.LockNotAvailable()),
+        "read-only standby": wrapped(OperationalError, errors.ReadOnlySqlTransaction()),
+        "connection dropped": wrapped(OperationalError, errors.AdminShutdown()),
+    }.items()}
+    assert refused == {
+        "undefined column": True, "unique violation": True, "bad data": True,
+        "statement timeout": False, "lock timeout": False, "read-only standby": False,
+        "connection dropped": False}
