@@ -18,6 +18,7 @@ broker's Redis database and a queue, the server's port, where mail goes), append
 
 from __future__ import annotations
 
+import contextlib
 import email
 import http.cookiejar
 import json
@@ -124,15 +125,19 @@ class Terminal:
         return process
 
     def stop(self) -> None:
+        # SIGTERM to each main process only: a worker then stops its embedded beat itself,
+        # which saves beat's run counts (a signal to the whole group raced that save).
         for process in self.processes:
             if process.poll() is None:
-                os.killpg(process.pid, signal.SIGTERM)
+                os.kill(process.pid, signal.SIGTERM)
         for process in self.processes:
             try:
                 process.wait(timeout=30)
             except subprocess.TimeoutExpired:
+                pass
+            with contextlib.suppress(ProcessLookupError):  # anything left behind
                 os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
+            process.wait()
 
 
 @dataclass
