@@ -14,7 +14,8 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
 import queuety
-from queuety import admin as queuety_admin
+from queuety.admin import display as admin_display
+from queuety.admin import filters as admin_filters
 from queuety.models import Event, RunStatus, Signal, WorkflowDefinition, WorkflowRun
 from tests import workflows
 from tests.integration.conftest import wait_for
@@ -146,7 +147,7 @@ def test_changelist__big_results_use_the_planner_estimate(boss, token, monkeypat
     exact = boss.get(RUNS, {"q": f"adm_estimate_{token}"})
     assert "about" not in exact.content.decode().split('class="paginator"')[1]
 
-    monkeypatch.setattr(queuety_admin.EstimatedCountPaginator, "exact_below", 0)
+    monkeypatch.setattr(admin_filters.EstimatedCountPaginator, "exact_below", 0)
     with CaptureQueriesContext(connection) as queries:
         estimated = boss.get(RUNS)
 
@@ -341,7 +342,7 @@ def test_run_page__timeline_is_paginated_newest_page_first(boss, worker, token):
     first = boss.get(run_page(run_id), {"events": 1})
 
     assert last.context["events_page"].number == last.context["events_page"].paginator.num_pages
-    assert len(first.context["timeline"]) == queuety_admin.TIMELINE_PAGE_SIZE
+    assert len(first.context["timeline"]) == admin_display.TIMELINE_PAGE_SIZE
     assert first.context["timeline"][0]["event"].kind == "workflow_started"
     assert last.context["timeline"][-1]["event"].kind == "workflow_completed"
     assert f"of {total}" in first.content.decode()
@@ -586,7 +587,7 @@ def test_bulk_actions__pause_and_cancel_report_what_they_did(superuser, token):
 
 
 def test_bulk_actions__refuse_more_than_the_limit(boss, token, monkeypatch):
-    monkeypatch.setattr(queuety_admin, "BULK_LIMIT", 1)
+    monkeypatch.setattr(admin_display, "BULK_LIMIT", 1)
     first, second = approval_run(token, "lim1"), approval_run(token, "lim2")
     response = boss.post(RUNS, {"action": "pause_selected", "_selected_action": [first, second]},
                          follow=True)

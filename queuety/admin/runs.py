@@ -1,36 +1,18 @@
-"""The Django admin for Queuety: see and steer workflow runs.
-
-Nothing can be added, edited or deleted by hand: runs and definitions are read-only. Operators
-steer runs with actions (retry, pause, resume, cancel, approve, reject, submit input) that call
-the service layer. Each action is a CSRF-protected POST that is permission-checked, refused when
-the run changed since the page was rendered (the form carries the run's ``revision``), and
-recorded on the run's timeline with the acting user (``admin:<username>``).
-
-Pages:
-
-- the runs changelist (fast on big tables: planner-estimated counts, indexed filters, no
-  per-row query);
-- the run page (status block, error, budget bars, wait, definition, timeline, state, signals
-  and the actions valid in the run's status);
-- ``approvals/``: every run waiting on a person, oldest first, answerable inline;
-- ``<id>/export/``: the run's JSON export (``export.export()``);
-- the definitions changelist with run counts per status.
-"""
+"""The runs admin: a fast changelist, the run page with its actions, approvals and exports."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import Any
 
 import django
 from django.contrib import admin, messages
-from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
-from django.db import connections, transaction
-from django.db.models import Count, Q, QuerySet
+from django.db import transaction
+from django.db.models import Q, QuerySet
 from django.http import (
     Http404,
     HttpRequest,
@@ -42,14 +24,31 @@ from django.http import (
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils import timezone
-from django.utils.formats import number_format
-from django.utils.functional import cached_property
-from django.utils.html import format_html, format_html_join
+from django.utils.html import format_html
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.utils.text import capfirst
 from django.utils.translation import gettext, ngettext
 
-from queuety import exceptions, export, inbox, operations, queries, replyforms
+from queuety import exceptions, export, operations, queries, replyforms
+from queuety.admin import display
+from queuety.admin.actions import RUN_ACTIONS, LockedRun, StaleForm, valid_actions
+from queuety.admin.display import (
+    EVENT_DATA_CHARS,
+    HUMAN_WAITS,
+    STATE_PREVIEW_CHARS,
+    TIMELINE_PAGE_SIZE,
+    actor,
+    pretty_json,
+    status_badge,
+)
+from queuety.admin.filters import (
+    DefinitionFilter,
+    EstimatedCountPaginator,
+    NameFilter,
+    VersionFilter,
+    WaitingFilter,
+    waiting_on,
+)
 from queuety.core import budget as budgets
 from queuety.core.definition import WorkflowSpec
 from queuety.core.describe import describe_step, format_status, human_duration, waiting_label
@@ -60,331 +59,11 @@ from queuety.models import (
     RunStatus,
     Signal,
     StepRun,
-    WorkflowDefinition,
     WorkflowDependency,
     WorkflowRun,
 )
 from queuety.store import rows
-from queuety.store.definitions import definition_hash, effective_policy, load_spec, wait_kinds
-
-# -- settings and shared helpers ---------------------------------------------------------------
-# (What steps do, what runs wait for and how long things took: ``queuety.core.describe``, the
-# vocabulary the CLI and the API use too.)
-
-#: Status colours: the same on the changelist, the run page and the approvals page. White
-#: text on these backgrounds stays readable in the admin's light and dark themes.
-STATUS_COLOURS: dict[str, str] = {
-    RunStatus.RUNNING: "#1d6fb8",
-    RunStatus.WAITING_FOR_SIGNAL: "#a85d00",
-    RunStatus.WAITING_FOR_WORKFLOWS: "#7a5a00",
-    RunStatus.PAUSED: "#5f6b7a",
-    RunStatus.COMPLETED: "#1f7a3a",
-    RunStatus.FAILED: "#b3261e",
-    RunStatus.CANCELLED: "#444444",
-}
-
-#: Human wait kinds (``WaitSpec.human``) and how a page names them.
-HUMAN_WAITS = {"approval": "an approval", "decision": "a decision", "input": "input"}
-
-#: Most runs one bulk action (export, pause, ...) handles; more is refused with a message.
-BULK_LIMIT = 1000
-
-#: Characters of the pretty-printed state shown before "Show the whole state".
-STATE_PREVIEW_CHARS = 8000
-
-#: Characters of one timeline event's data shown on the run page.
-EVENT_DATA_CHARS = 2000
-
-TIMELINE_PAGE_SIZE = 50
-
-
-def actor(request: HttpRequest) -> str:
-    """Return how the timeline names the user acting through the admin."""
-    return f"admin:{request.user.get_username()}"
-
-
-def status_badge(status: str) -> str:
-    """Return the status as a coloured pill."""
-    return format_html(
-        '<span class="queuety-status" style="background:{};color:#fff;padding:1px 7px;'
-        'border-radius:9px;white-space:nowrap;font-size:0.92em">{}</span>',
-        STATUS_COLOURS.get(status, "#444444"), status)
-
-
-def pretty_json(value: Any, limit: int | None = None, *,
-                masked: bool = True) -> tuple[str, bool]:
-    """Return ``value`` as indented JSON, cut at ``limit`` characters, and whether it was cut.
-
-    Run data is shown ``masked`` (``QUEUETY["SECRET_KEYS"]``); schemas and definitions are not
-    run data and are shown as they are.
-    """
-    text = json.dumps(mask(value) if masked else value, indent=2, ensure_ascii=False,
-                      default=str)
-    if limit is not None and len(text) > limit:
-        return text[:limit] + "\n…", True
-    return text, False
-
-
-# -- what waits where ---------------------------------------------------------------------------
-
-def waiting_on(kinds: Iterable[str]) -> Q:
-    """Return a filter for runs parked at a wait of one of ``kinds``.
-
-    It is expressed on the run row alone (status, definition, current step), so it uses the
-    ``(status, -id)`` index and needs no join.
-    """
-    kinds = set(kinds)
-    where = Q(pk__in=[])  # matches nothing; OR-ed away as soon as one definition matches
-    for definition_pk, steps in sorted(wait_kinds().items()):
-        indices = sorted(index for index, kind in steps.items() if kind in kinds)
-        if indices:
-            where |= Q(definition_id=definition_pk, current_step__in=indices)
-    return Q(status=RunStatus.WAITING_FOR_SIGNAL) & where
-
-
-# -- counting big tables -----------------------------------------------------------------------
-
-class EstimatedCountPaginator(Paginator):
-    """A paginator that takes PostgreSQL's row estimate for big result sets.
-
-    ``SELECT COUNT(*)`` reads every matching row, which dominates a changelist over millions of
-    runs. ``EXPLAIN`` plans the same query without reading rows and says how many it expects.
-    When it expects fewer than ``exact_below`` rows an exact count is cheap, so it is made;
-    above, the estimate is used and :attr:`estimated` is set so the page can say "about".
-    """
-
-    exact_below = 10_000
-    estimated = False
-    object_list: QuerySet[Any]  # for mypy: this paginator pages querysets only
-
-    @cached_property
-    def count(self) -> int:
-        queryset = self.object_list
-        connection = connections[queryset.db]
-        if connection.vendor != "postgresql":
-            return super().count
-        sql, params = queryset.order_by().query.get_compiler(using=queryset.db).as_sql()
-        with connection.cursor() as cursor:
-            cursor.execute(f"EXPLAIN (FORMAT JSON) {sql}", params)
-            plan = cursor.fetchone()[0]
-        if isinstance(plan, str):
-            plan = json.loads(plan)
-        expected = int(plan[0]["Plan"]["Plan Rows"])
-        if expected < self.exact_below:
-            return super().count
-        self.estimated = True
-        return expected
-
-
-# -- list filters --------------------------------------------------------------------------------
-
-class NameFilter(admin.SimpleListFilter):
-    """Filter runs by workflow name; choices come from the (small) definitions table."""
-
-    title = "workflow"
-    parameter_name = "workflow"
-
-    def lookups(self, request: HttpRequest,
-                model_admin: admin.ModelAdmin[Any]) -> list[tuple[str, str]]:
-        names = (WorkflowDefinition.objects.order_by("name").values_list("name", flat=True)
-                 .distinct())
-        return [(name, name) for name in names]
-
-    def queryset(self, request: HttpRequest,
-                 queryset: QuerySet[WorkflowRun]) -> QuerySet[WorkflowRun]:
-        return queryset.filter(name=self.value()) if self.value() else queryset
-
-
-class VersionFilter(admin.SimpleListFilter):
-    """Filter runs by the ``.version()`` label of their definition."""
-
-    title = "version"
-    parameter_name = "version"
-    #: The choice for definitions without a version label.
-    UNLABELLED = "(none)"
-
-    def _versions(self) -> dict[int, str | None]:
-        if not hasattr(self, "_by_definition"):  # one query per request, not one per use
-            self._by_definition = dict(
-                WorkflowDefinition.objects.values_list("pk", "definition__version"))
-        return self._by_definition
-
-    def lookups(self, request: HttpRequest,
-                model_admin: admin.ModelAdmin[Any]) -> list[tuple[str, str]]:
-        versions = sorted({v for v in self._versions().values() if v is not None})
-        return [(v, v) for v in versions] + [(self.UNLABELLED, "no version label")]
-
-    def queryset(self, request: HttpRequest,
-                 queryset: QuerySet[WorkflowRun]) -> QuerySet[WorkflowRun]:
-        wanted = self.value()
-        if not wanted:
-            return queryset
-        # Resolved to definition ids so the filter runs on the runs' definition_id index.
-        match = None if wanted == self.UNLABELLED else wanted
-        ids = [pk for pk, version in self._versions().items() if version == match]
-        return queryset.filter(definition_id__in=ids)
-
-
-class WaitingFilter(admin.SimpleListFilter):
-    """Filter runs by what they wait for: a person (of each kind), a signal, child workflows."""
-
-    title = "waiting for"
-    parameter_name = "waiting"
-
-    def lookups(self, request: HttpRequest,
-                model_admin: admin.ModelAdmin[Any]) -> list[tuple[str, str]]:
-        return [("person", "a person (any)"), *HUMAN_WAITS.items(), ("signal", "a signal"),
-                ("workflows", "child workflows")]
-
-    def queryset(self, request: HttpRequest,
-                 queryset: QuerySet[WorkflowRun]) -> QuerySet[WorkflowRun]:
-        wanted = self.value()
-        if wanted == "workflows":
-            return queryset.filter(status=RunStatus.WAITING_FOR_WORKFLOWS)
-        if wanted == "person":
-            return queryset.filter(waiting_on(HUMAN_WAITS))
-        if wanted in (*HUMAN_WAITS, "signal"):
-            return queryset.filter(waiting_on([wanted]))
-        return queryset
-
-
-class DefinitionFilter(admin.SimpleListFilter):
-    """Runs of one exact definition; shown only while selected (from a run or definition page).
-
-    Listing every definition here would not scale; the definitions changelist links to it.
-    """
-
-    title = "definition"
-    parameter_name = "definition"
-
-    def lookups(self, request: HttpRequest,
-                model_admin: admin.ModelAdmin[Any]) -> list[tuple[str, str]]:
-        value = self.value()
-        if not (value and value.isdigit()):
-            return []
-        found = WorkflowDefinition.objects.filter(pk=int(value)).first()
-        return [(value, str(found) if found else f"#{value} (deleted)")]
-
-    def queryset(self, request: HttpRequest,
-                 queryset: QuerySet[WorkflowRun]) -> QuerySet[WorkflowRun]:
-        value = self.value()
-        if value and value.isdigit():
-            return queryset.filter(definition_id=int(value))
-        return queryset
-
-
-# -- actions on one run --------------------------------------------------------------------------
-
-class StaleForm(Exception):
-    """The run changed between rendering the form and posting it."""
-
-    def __init__(self, revision: int) -> None:
-        super().__init__(revision)
-        self.revision = revision
-
-
-@dataclass(frozen=True, slots=True)
-class LockedRun:
-    """What an action sees of the run it holds locked."""
-
-    pk: int
-    definition_id: int
-    current_step: int
-
-
-@dataclass(frozen=True, slots=True)
-class RunAction:
-    """An action of the run page: its label, who may do it, and what it does."""
-
-    name: str
-    label: str
-    permission: str
-    """``operate`` (``queuety.change_workflowrun``) or ``signal``
-    (``queuety.signal_workflowrun``)."""
-    perform: Callable[[HttpRequest, LockedRun], str]
-    """Do it (inside the transaction holding the run's lock); return the success message."""
-
-
-def _retry(request: HttpRequest, run: LockedRun) -> str:
-    operations.retry(run.pk, actor=actor(request))
-    return f"Run {run.pk} was scheduled for retry from its failed step."
-
-
-def _pause(request: HttpRequest, run: LockedRun) -> str:
-    operations.pause(run.pk, actor=actor(request))
-    return f"Run {run.pk} was paused: a step in flight finishes, nothing new starts."
-
-
-def _resume(request: HttpRequest, run: LockedRun) -> str:
-    status = operations.resume(run.pk, actor=actor(request))
-    return f"Run {run.pk} was resumed; it is now {status}."
-
-
-def _cancel(request: HttpRequest, run: LockedRun) -> str:
-    operations.cancel(run.pk, actor=actor(request))
-    return f"Run {run.pk} was cancelled; its compensations, if any, run next."
-
-
-def _decision_data(request: HttpRequest) -> dict[str, Any]:
-    data = {"by": request.user.get_username()}
-    note = request.POST.get("note", "").strip()
-    if note:
-        data["note"] = note
-    return data
-
-
-def _approve(request: HttpRequest, run: LockedRun) -> str:
-    receipt = inbox.reply(run.pk, "approve", _decision_data(request), sent_by=actor(request))
-    return f"Run {run.pk} was approved; it is now {receipt.status}."
-
-
-def _reject(request: HttpRequest, run: LockedRun) -> str:
-    receipt = inbox.reply(run.pk, "reject", _decision_data(request), sent_by=actor(request))
-    return f"Run {run.pk} was rejected; it is now {receipt.status}."
-
-
-def _input(request: HttpRequest, run: LockedRun) -> str:
-    spec = load_spec(run.definition_id)
-    step = spec.steps[run.current_step] if run.current_step < len(spec.steps) else None
-    schema = step.wait.schema if step is not None and step.wait is not None else None
-    try:
-        data = replyforms.form_reply(schema, request.POST)
-    except ValueError as error:
-        raise exceptions.InvalidSignalData(
-            f"The input for run {run.pk} was not sent: {error}") from None
-    receipt = inbox.reply(run.pk, "input", data, sent_by=actor(request))
-    return f"Your input was sent to run {run.pk}; it is now {receipt.status}."
-
-
-RUN_ACTIONS = {action.name: action for action in (
-    RunAction("retry", "Retry", "operate", _retry),
-    RunAction("pause", "Pause", "operate", _pause),
-    RunAction("resume", "Resume", "operate", _resume),
-    RunAction("cancel", "Cancel", "operate", _cancel),
-    RunAction("approve", "Approve", "signal", _approve),
-    RunAction("reject", "Reject", "signal", _reject),
-    RunAction("input", "Submit input", "signal", _input),
-)}
-
-
-def valid_actions(run: WorkflowRun, spec: WorkflowSpec) -> list[str]:
-    """Return the actions the run's status allows (the operations refuse the others anyway)."""
-    found = []
-    if run.status == RunStatus.FAILED and not (
-            run.cleanup and run.cleanup.get("cause") in ("failure", "deadline")):
-        found.append("retry")
-    if run.status in (RunStatus.RUNNING, RunStatus.WAITING_FOR_SIGNAL):
-        found.append("pause")
-    if run.status == RunStatus.PAUSED:
-        found.append("resume")
-    if run.status not in (RunStatus.COMPLETED, RunStatus.CANCELLED):
-        found.append("cancel")
-    step = spec.steps[run.current_step] if run.current_step < len(spec.steps) else None
-    if run.status == RunStatus.WAITING_FOR_SIGNAL and step is not None and step.wait:
-        found += {"approval": ["approve"], "decision": ["approve", "reject"],
-                  "input": ["input"]}.get(step.wait.human or "", [])
-    return found
-
+from queuety.store.definitions import definition_hash, effective_policy, load_spec
 
 # -- the runs admin ------------------------------------------------------------------------------
 
@@ -534,9 +213,9 @@ class WorkflowRunAdmin(admin.ModelAdmin):
 
     def _selected_ids(self, request: HttpRequest,
                       queryset: QuerySet[WorkflowRun]) -> list[int] | None:
-        ids = list(queryset.order_by("pk").values_list("pk", flat=True)[:BULK_LIMIT + 1])
-        if len(ids) > BULK_LIMIT:
-            self.message_user(request, f"At most {BULK_LIMIT} runs can be handled at once; "
+        ids = list(queryset.order_by("pk").values_list("pk", flat=True)[:display.BULK_LIMIT + 1])
+        if len(ids) > display.BULK_LIMIT:
+            self.message_user(request, f"At most {display.BULK_LIMIT} runs can be handled at once; "
                                        "select fewer runs (filter the list first).",
                               messages.ERROR)
             return None
@@ -870,89 +549,3 @@ class WorkflowRunAdmin(admin.ModelAdmin):
                         extra_context: dict[str, Any] | None = None) -> HttpResponse:
         return super().changelist_view(request, {
             **(extra_context or {}), "approvals_url": self._url("approvals")})
-
-
-# -- the definitions admin -----------------------------------------------------------------------
-
-class DefinitionChangeList(ChangeList):
-    """Adds the page's run counts per status, in one grouped query for the whole page."""
-
-    def get_results(self, request: HttpRequest) -> None:
-        super().get_results(request)
-        self.result_list = list(self.result_list)
-        counts: dict[int, dict[str, int]] = {}
-        for definition_pk, status, n in (
-                WorkflowRun.objects.filter(definition_id__in=[d.pk for d in self.result_list])
-                .values_list("definition_id", "status").annotate(n=Count("pk"))
-                .order_by()):
-            counts.setdefault(definition_pk, {})[status] = n
-        for definition in self.result_list:
-            definition.run_counts = counts.get(definition.pk, {})
-
-
-@admin.register(WorkflowDefinition)
-class WorkflowDefinitionAdmin(admin.ModelAdmin):
-    """Workflow definitions (immutable shapes) with their run counts per status."""
-
-    list_display = ("id", "name", "version", "short_hash", "runs", "created_at")
-    show_facets = admin.ShowFacets.NEVER
-    list_display_links = ("id", "name")
-    search_fields = ("name", "=definition_hash")
-    ordering = ("-id",)
-    fields = ("name", "version", "definition_hash", "created_at", "runs", "document")
-    readonly_fields = fields
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest,
-                              obj: WorkflowDefinition | None = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest,
-                              obj: WorkflowDefinition | None = None) -> bool:
-        return False
-
-    def has_view_permission(self, request: HttpRequest,
-                            obj: WorkflowDefinition | None = None) -> bool:
-        # Whoever may see runs may see what they execute.
-        return super().has_view_permission(request, obj) or request.user.has_perm(
-            "queuety.view_workflowrun")
-
-    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
-        return DefinitionChangeList
-
-    @admin.display(description="version")
-    def version(self, definition: WorkflowDefinition) -> str:
-        return (definition.definition or {}).get("version") or "-"
-
-    @admin.display(description="hash")
-    def short_hash(self, definition: WorkflowDefinition) -> str:
-        return format_html('<code title="{}">{}</code>', definition.definition_hash,
-                           definition.definition_hash[:12])
-
-    def _runs_url(self, definition: WorkflowDefinition, status: str | None = None) -> str:
-        url = reverse(f"{self.admin_site.name}:queuety_workflowrun_changelist")
-        return f"{url}?definition={definition.pk}" + (f"&status__exact={status}" if status
-                                                      else "")
-
-    @admin.display(description="runs per status")
-    def runs(self, definition: WorkflowDefinition) -> str:
-        counts = getattr(definition, "run_counts", None)
-        if counts is None:  # the detail page: one definition, one grouped query
-            counts = dict(WorkflowRun.objects.filter(definition_id=definition.pk)
-                          .values_list("status").annotate(n=Count("pk")).order_by()
-                          .values_list("status", "n"))
-        if not counts:
-            return "no runs"
-        parts = format_html_join(
-            " ", '<a href="{}" style="text-decoration:none">{} {}</a>',
-            ((self._runs_url(definition, status), status_badge(status),
-              number_format(counts[status], force_grouping=True))
-             for status in RunStatus if status in counts))
-        return format_html('{} <a href="{}">all</a>', parts, self._runs_url(definition))
-
-    @admin.display(description="definition")
-    def document(self, definition: WorkflowDefinition) -> str:
-        return format_html('<pre style="white-space:pre-wrap;margin:0">{}</pre>',
-                           pretty_json(definition.definition, masked=False)[0])

@@ -1,0 +1,22 @@
+"""The Django admin for Queuety: see and steer workflow runs.
+
+Nothing can be added, edited or deleted by hand: runs and definitions are read-only. Operators
+steer runs with actions (retry, pause, resume, cancel, approve, reject, submit input) that call
+the service layer. Each action is a CSRF-protected POST that is permission-checked, refused when
+the run changed since the page was rendered (the form carries the run's ``revision``), and
+recorded on the run's timeline with the acting user (``admin:<username>``).
+
+Pages:
+
+- the runs changelist (fast on big tables: planner-estimated counts, indexed filters, no
+  per-row query);
+- the run page (status block, error, budget bars, wait, definition, timeline, state, signals
+  and the actions valid in the run's status);
+- ``approvals/``: every run waiting on a person, oldest first, answerable inline;
+- ``<id>/export/``: the run's JSON export (``export.export()``);
+- the definitions changelist with run counts per status.
+"""
+
+from queuety.admin import definitions, runs
+
+__all__ = ["definitions", "runs"]

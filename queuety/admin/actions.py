@@ -1,0 +1,131 @@
+"""The actions of the run page: who may do each, what it does, and which a run allows."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from django.http import (
+    HttpRequest,
+)
+
+from queuety import exceptions, inbox, operations, replyforms
+from queuety.admin.display import actor
+from queuety.core.definition import WorkflowSpec
+from queuety.models import (
+    RunStatus,
+    WorkflowRun,
+)
+from queuety.store.definitions import load_spec
+
+
+class StaleForm(Exception):
+    """The run changed between rendering the form and posting it."""
+
+    def __init__(self, revision: int) -> None:
+        super().__init__(revision)
+        self.revision = revision
+
+
+@dataclass(frozen=True, slots=True)
+class LockedRun:
+    """What an action sees of the run it holds locked."""
+
+    pk: int
+    definition_id: int
+    current_step: int
+
+
+@dataclass(frozen=True, slots=True)
+class RunAction:
+    """An action of the run page: its label, who may do it, and what it does."""
+
+    name: str
+    label: str
+    permission: str
+    """``operate`` (``queuety.change_workflowrun``) or ``signal``
+    (``queuety.signal_workflowrun``)."""
+    perform: Callable[[HttpRequest, LockedRun], str]
+    """Do it (inside the transaction holding the run's lock); return the success message."""
+
+
+def _retry(request: HttpRequest, run: LockedRun) -> str:
+    operations.retry(run.pk, actor=actor(request))
+    return f"Run {run.pk} was scheduled for retry from its failed step."
+
+
+def _pause(request: HttpRequest, run: LockedRun) -> str:
+    operations.pause(run.pk, actor=actor(request))
+    return f"Run {run.pk} was paused: a step in flight finishes, nothing new starts."
+
+
+def _resume(request: HttpRequest, run: LockedRun) -> str:
+    status = operations.resume(run.pk, actor=actor(request))
+    return f"Run {run.pk} was resumed; it is now {status}."
+
+
+def _cancel(request: HttpRequest, run: LockedRun) -> str:
+    operations.cancel(run.pk, actor=actor(request))
+    return f"Run {run.pk} was cancelled; its compensations, if any, run next."
+
+
+def _decision_data(request: HttpRequest) -> dict[str, Any]:
+    data = {"by": request.user.get_username()}
+    note = request.POST.get("note", "").strip()
+    if note:
+        data["note"] = note
+    return data
+
+
+def _approve(request: HttpRequest, run: LockedRun) -> str:
+    receipt = inbox.reply(run.pk, "approve", _decision_data(request), sent_by=actor(request))
+    return f"Run {run.pk} was approved; it is now {receipt.status}."
+
+
+def _reject(request: HttpRequest, run: LockedRun) -> str:
+    receipt = inbox.reply(run.pk, "reject", _decision_data(request), sent_by=actor(request))
+    return f"Run {run.pk} was rejected; it is now {receipt.status}."
+
+
+def _input(request: HttpRequest, run: LockedRun) -> str:
+    spec = load_spec(run.definition_id)
+    step = spec.steps[run.current_step] if run.current_step < len(spec.steps) else None
+    schema = step.wait.schema if step is not None and step.wait is not None else None
+    try:
+        data = replyforms.form_reply(schema, request.POST)
+    except ValueError as error:
+        raise exceptions.InvalidSignalData(
+            f"The input for run {run.pk} was not sent: {error}") from None
+    receipt = inbox.reply(run.pk, "input", data, sent_by=actor(request))
+    return f"Your input was sent to run {run.pk}; it is now {receipt.status}."
+
+
+RUN_ACTIONS = {action.name: action for action in (
+    RunAction("retry", "Retry", "operate", _retry),
+    RunAction("pause", "Pause", "operate", _pause),
+    RunAction("resume", "Resume", "operate", _resume),
+    RunAction("cancel", "Cancel", "operate", _cancel),
+    RunAction("approve", "Approve", "signal", _approve),
+    RunAction("reject", "Reject", "signal", _reject),
+    RunAction("input", "Submit input", "signal", _input),
+)}
+
+
+def valid_actions(run: WorkflowRun, spec: WorkflowSpec) -> list[str]:
+    """Return the actions the run's status allows (the operations refuse the others anyway)."""
+    found = []
+    if run.status == RunStatus.FAILED and not (
+            run.cleanup and run.cleanup.get("cause") in ("failure", "deadline")):
+        found.append("retry")
+    if run.status in (RunStatus.RUNNING, RunStatus.WAITING_FOR_SIGNAL):
+        found.append("pause")
+    if run.status == RunStatus.PAUSED:
+        found.append("resume")
+    if run.status not in (RunStatus.COMPLETED, RunStatus.CANCELLED):
+        found.append("cancel")
+    step = spec.steps[run.current_step] if run.current_step < len(spec.steps) else None
+    if run.status == RunStatus.WAITING_FOR_SIGNAL and step is not None and step.wait:
+        found += {"approval": ["approve"], "decision": ["approve", "reject"],
+                  "input": ["input"]}.get(step.wait.human or "", [])
+    return found
