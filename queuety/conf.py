@@ -26,6 +26,11 @@ DEFAULTS: dict[str, Any] = {
     # How often a running step's heartbeat is refreshed (well under STALE_AFTER), and how
     # often each worker's main process says it is alive.
     "HEARTBEAT_INTERVAL": 10.0,
+    # Largest progress a step may report with context.heartbeat(progress={...}), in bytes of
+    # compact JSON, and the least time between two progress writes of one worker process
+    # (reports in between are coalesced: the latest is written).
+    "MAX_PROGRESS_BYTES": 4096,
+    "PROGRESS_INTERVAL": 0.5,
     # A worker whose main process has not said it is alive for this long is lost: the sweeper
     # retries the attempts its processes held (once their heartbeats are this old too) and
     # re-publishes the messages it may have reserved (a back-off, a short delay). More than
@@ -101,7 +106,7 @@ class QueuetySettings:
             raise ImproperlyConfigured("QUEUETY['INLINE_STEPS'] must be a whole number, at "
                                        "least 1 (1 runs every step from its own message).")
         for key in ("STALE_AFTER", "HEARTBEAT_INTERVAL", "REDELIVER_AFTER", "INLINE_SECONDS",
-                    "WORKER_LOST_AFTER"):
+                    "WORKER_LOST_AFTER", "MAX_PROGRESS_BYTES", "PROGRESS_INTERVAL"):
             if not values[key] > 0:
                 raise ImproperlyConfigured(f"QUEUETY[{key!r}] must be a positive number.")
         keys = values["SECRET_KEYS"]

@@ -152,6 +152,21 @@ class AlreadyAnswered(RunNotWaiting):
     """A reply reached a wait that a person has already answered; nothing was recorded."""
 
 
+class WaitExpired(RunNotWaiting):
+    """A reply or signal came for a wait that its timeout has already settled.
+
+    The wait's ``on_timeout`` decided what the run did (failed it, went on, or jumped); the
+    late reply was not recorded. Also the error of a run that ``on_timeout="fail"`` failed.
+    """
+
+
+class InvalidProgress(QueuetyError, ValueError):
+    """``context.heartbeat(progress=...)`` was given something other than a small JSON object.
+
+    Nothing was recorded; the step goes on (and fails only if it lets the error escape).
+    """
+
+
 class InvalidSignalData(QueuetyError, ValueError):
     """Signal data was refused (not JSON, too large, or failing the wait's JSON Schema).
 

@@ -18,6 +18,7 @@ from queuety.core import waits
 from queuety.core.definition import WorkflowSpec
 from queuety.core.status import FINISHED
 from queuety.models import Event, RunStatus, Signal, WorkflowRun
+from queuety.runtime import expiry
 from queuety.runtime.landing import land
 from queuety.store import rows
 from queuety.store.definitions import load_spec
@@ -56,13 +57,63 @@ def send_signal(run_id: int, name: str, data: Any = None, *, sent_by: str = "",
     data = waits.check_signal_data(run_id, name, data, settings.MAX_SIGNAL_BYTES)
     with transaction.atomic():
         run, spec = _lock_for_signal(run_id)
-        return _deliver(run, spec, name, data, sent_by=sent_by, dedupe_key=dedupe_key)
+        late = _settle_if_expired(run, spec)
+        if late is None:
+            return _deliver(run, spec, name, data, sent_by=sent_by, dedupe_key=dedupe_key)
+    raise late  # after the commit: the timeout this signal found is settled
+
+
+def _settle_if_expired(run: WorkflowRun, spec: WorkflowSpec) -> exceptions.WaitExpired | None:
+    """If ``run`` (locked) is parked at a wait whose timeout has passed, settle it by timeout
+    now, in this transaction, and return the error for the late reply; else None.
+
+    The reply and the sweeper decide under the same row lock, so exactly one settles the wait:
+    a reply that comes after the expiry loses even if the sweeper has not run yet.
+    """
+    now = timezone.now()
+    if not expiry.is_expired(run, now):
+        return None
+    step = spec.steps[run.current_step]
+    expired_at = run.wait_expires_at
+    expiry.settle_by_timeout(spec, run, now)
+    return exceptions.WaitExpired(
+        run.pk, f"Wait {step.name!r} of run {run.pk} expired at "
+                f"{expired_at.isoformat() if expired_at else '?'}, before this reply came; "
+                "its on_timeout has settled it, and the reply was not recorded.")
+
+
+def _expired_instead(run: WorkflowRun, spec: WorkflowSpec,
+                     indexes: list[int]) -> exceptions.WaitExpired | None:
+    """The error for a reply to one of the waits at ``indexes`` that the run is no longer
+    parked at because its timeout settled it last (None otherwise)."""
+    error = run.error or {}
+    if run.status == RunStatus.FAILED and str(error.get("type", "")).endswith("WaitExpired") \
+            and error.get("step_index") in indexes:
+        return exceptions.WaitExpired(
+            run.pk, f"Run {run.pk} failed because its wait {error.get('step')!r} timed out "
+                    f"at {error.get('expires_at')}; the reply was not recorded.")
+    last = (Event.objects.filter(run_id=run.pk, kind__in=("wait_timed_out", "wait_settled"),
+                                 step_index__in=indexes)
+            .order_by("-pk").values("kind", "step_name", "data").first())
+    if last is None or last["kind"] != "wait_timed_out":
+        return None
+    return exceptions.WaitExpired(
+        run.pk, f"Wait {last['step_name']!r} of run {run.pk} timed out at "
+                f"{(last['data'] or {}).get('expires_at')} (on_timeout "
+                f"{(last['data'] or {}).get('on_timeout')!r}); the reply came too late and "
+                "was not recorded.")
 
 
 def _lock_for_signal(run_id: int, finished_ok: bool = False
                      ) -> tuple[WorkflowRun, WorkflowSpec]:
-    run = rows.lock_run(run_id, fields=rows.BOUNDARY_FIELDS)
+    run = rows.lock_run(run_id, fields=expiry.EXPIRY_FIELDS)
     if run.status in FINISHED and not finished_ok:
+        error = run.error or {}
+        if str(error.get("type", "")).endswith("WaitExpired"):
+            raise exceptions.WaitExpired(
+                run_id, f"Run {run_id} of workflow {run.name!r} failed because its wait "
+                        f"{error.get('step')!r} timed out at {error.get('expires_at')}; it "
+                        "takes no more signals.")
         raise exceptions.RunNotWaiting(
             run_id, f"Run {run_id} of workflow {run.name!r} is {run.status}; it takes no more "
                     "signals.")
@@ -81,6 +132,11 @@ def _deliver(run: WorkflowRun, spec: WorkflowSpec, name: str, data: Any, *, sent
                     f"{', '.join(map(repr, known)) or 'nothing'}.")
     parked_here = (run.status == RunStatus.WAITING_FOR_SIGNAL
                    and run.current_step in listeners)
+    if not parked_here and not any(i >= run.current_step for i in listeners) and any(
+            spec.steps[i].wait.timeout is not None for i in listeners if spec.steps[i].wait):
+        late = _expired_instead(run, spec, listeners)
+        if late is not None:
+            raise late
     target = run.current_step if parked_here else next(
         (i for i in listeners if i >= run.current_step), listeners[0])
     wait = spec.steps[target].wait
@@ -137,27 +193,45 @@ def reply(run_id: int, kind: str, data: Any = None, *, signal: str | None = None
     data = waits.check_signal_data(run_id, signal or kind, data, settings.MAX_SIGNAL_BYTES)
     with transaction.atomic():
         run, spec = _lock_for_signal(run_id, finished_ok=True)
-        step = spec.steps[run.current_step] if run.current_step < len(spec.steps) else None
-        name = None
-        if run.status == RunStatus.WAITING_FOR_SIGNAL and step is not None and step.wait:
-            name = waits.reply_signal(step.wait, kind)
-            if signal is not None and signal != name:
-                name = None  # a reply of this kind cannot send another signal
-        pinned = (step_index is None or step_index == run.current_step) and (
-            transitions is None or transitions == run.transitions)
-        if name is None or not pinned:
-            answered = Signal.objects.filter(
-                run_id=run_id, consumed_at__isnull=False,
-                name__in=[n for s in spec.steps if s.wait and s.wait.human for n in s.wait.signals],
-            ).exists()
-            where = (f"waiting at step {step.name!r}" if step is not None and run.status ==
-                     RunStatus.WAITING_FOR_SIGNAL else f"{run.status} at step "
-                     f"{step.name!r}" if step else run.status)
-            if answered or not pinned:
-                raise exceptions.AlreadyAnswered(
-                    run_id, f"Run {run_id} is not waiting for {_REPLY_NOUN[kind]} any more: "
-                            f"the wait was already answered (the run is {where}).")
-            raise exceptions.RunNotWaiting(
-                run_id, f"Run {run_id} is not waiting for {_REPLY_NOUN[kind]} (it is {where}); "
-                        "a reply is accepted only while the run waits for one.")
-        return _deliver(run, spec, name, data, sent_by=sent_by, dedupe_key=dedupe_key)
+        late = _settle_if_expired(run, spec)
+        if late is None:
+            return _reply_locked(run, spec, kind, data, signal=signal, sent_by=sent_by,
+                                 dedupe_key=dedupe_key, step_index=step_index,
+                                 transitions=transitions)
+    raise late  # after the commit: the timeout this reply found is settled
+
+
+def _reply_locked(run: WorkflowRun, spec: WorkflowSpec, kind: str, data: Any, *,
+                  signal: str | None, sent_by: str, dedupe_key: str | None,
+                  step_index: int | None, transitions: int | None) -> SignalReceipt:
+    """:func:`reply` once the run is locked and its wait is known not to have expired."""
+    run_id = run.pk
+    step = spec.steps[run.current_step] if run.current_step < len(spec.steps) else None
+    name = None
+    if run.status == RunStatus.WAITING_FOR_SIGNAL and step is not None and step.wait:
+        name = waits.reply_signal(step.wait, kind)
+        if signal is not None and signal != name:
+            name = None  # a reply of this kind cannot send another signal
+    pinned = (step_index is None or step_index == run.current_step) and (
+        transitions is None or transitions == run.transitions)
+    if name is None or not pinned:
+        answered = Signal.objects.filter(
+            run_id=run_id, consumed_at__isnull=False,
+            name__in=[n for s in spec.steps if s.wait and s.wait.human for n in s.wait.signals],
+        ).exists()
+        where = (f"waiting at step {step.name!r}" if step is not None and run.status ==
+                 RunStatus.WAITING_FOR_SIGNAL else f"{run.status} at step "
+                 f"{step.name!r}" if step else run.status)
+        late = _expired_instead(run, spec, [i for i, s in enumerate(spec.steps)
+                                            if s.wait and s.wait.human]
+                                if step_index is None else [step_index])
+        if late is not None:
+            raise late
+        if answered or not pinned:
+            raise exceptions.AlreadyAnswered(
+                run_id, f"Run {run_id} is not waiting for {_REPLY_NOUN[kind]} any more: "
+                        f"the wait was already answered (the run is {where}).")
+        raise exceptions.RunNotWaiting(
+            run_id, f"Run {run_id} is not waiting for {_REPLY_NOUN[kind]} (it is {where}); "
+                    "a reply is accepted only while the run waits for one.")
+    return _deliver(run, spec, name, data, sent_by=sent_by, dedupe_key=dedupe_key)

@@ -70,6 +70,11 @@ class WorkflowRun(models.Model):
     groups = models.JSONField(default=dict, blank=True, db_default={})
     # Iterations of each repeat step's current loop ({step index: n}); reset when it exits.
     loops = models.JSONField(default=dict, blank=True)
+    # For a workflow with prune_state_after(n): the transition that last wrote each state key
+    # ({key: transition}), so a key is dropped n transitions after its last write.
+    state_writes = models.JSONField(default=dict, blank=True, db_default={})
+    # While the run is parked at a wait with a timeout: when the sweeper settles it by timeout.
+    wait_expires_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -80,6 +85,10 @@ class WorkflowRun(models.Model):
             models.Index(fields=["deadline_at"], name="queuety_run_deadline",
                          condition=Q(deadline_at__isnull=False)),
             models.Index(fields=["status", "finished_at"], name="queuety_run_finished"),
+            # The sweeper's expiry scan reads only runs parked at a timed wait.
+            models.Index(fields=["wait_expires_at"], name="queuety_run_wait_expiry",
+                         condition=Q(status="waiting_for_signal",
+                                     wait_expires_at__isnull=False)),
         ]
         permissions = [
             ("signal_workflowrun", "Can send signals, approvals and input to workflow runs"),
@@ -140,6 +149,8 @@ class StepRun(models.Model):
     claimed_by = models.CharField(max_length=255, blank=True, default="", db_default="",
                                   help_text="host:pid of the process running the attempt.")
     heartbeat_at = models.DateTimeField(null=True, blank=True)
+    # What the handler last reported with context.heartbeat(progress={...}).
+    progress = models.JSONField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     handler = models.CharField(max_length=255, blank=True, default="", db_default="",
                                help_text="For cleanup rows: the handler to call.")

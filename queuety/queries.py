@@ -12,6 +12,7 @@ from queuety import exceptions
 from queuety.core import budget as budgets
 from queuety.core import waits
 from queuety.core.definition import WorkflowSpec
+from queuety.core.progress import progress_text
 from queuety.core.status import FINISHED, WorkflowStatus
 from queuety.models import RunStatus, Signal, StepRun, StepStatus, WorkflowDefinition, WorkflowRun
 from queuety.runtime.landing import workflow_wait
@@ -64,9 +65,31 @@ def wait_info(run: WorkflowRun, spec: WorkflowSpec) -> dict[str, Any]:
         "correlation_value": run.state.get(wait.correlation_key)
         if wait.correlation_key else None,
         "wait_mode": wait.mode, "schema": wait.schema,
+        **({} if wait.timeout is None else {
+            "expires_at": None if run.wait_expires_at is None
+            else run.wait_expires_at.isoformat(),
+            "timeout_seconds": wait.timeout, "on_timeout": wait.on_timeout}),
     }
     return {"wait_type": "signal", "waiting_for": list(wait.signals), "wait_mode": wait.mode,
             "wait_details": {k: v for k, v in signal_details.items() if v is not None}}
+
+
+def step_progress(run: WorkflowRun) -> dict[str, Any] | None:
+    """The progress the run's running step last reported (``context.heartbeat(progress=)``):
+    of its branch or item that reported last, for a fan-out step. ``None`` when no step of
+    the run is running or none reported progress."""
+    if run.status != RunStatus.RUNNING:
+        return None
+    row = (StepRun.objects.filter(run_id=run.pk, kind="step", status=StepStatus.PROCESSING,
+                                  step_index=run.current_step, progress__isnull=False)
+           .order_by("-heartbeat_at").values("step_name", "branch", "progress",
+                                             "heartbeat_at").first())
+    if row is None:
+        return None
+    reported = row["heartbeat_at"]
+    return {"step_name": row["step_name"], "branch": row["branch"], "data": row["progress"],
+            "text": progress_text(row["progress"]),
+            "reported_at": None if reported is None else reported.isoformat()}
 
 
 def status_of(run: WorkflowRun) -> WorkflowStatus:
@@ -87,7 +110,7 @@ def status_of(run: WorkflowRun) -> WorkflowStatus:
             budgets.state_bytes(run.state))),
         retry_policy=None if finished or spec.steps[run.current_step].kind != "task"
         else effective_policy(spec, run.current_step).describe(),
-        **wait_info(run, spec),
+        **wait_info(run, spec), progress=step_progress(run),
         created_at=run.created_at, updated_at=run.updated_at, finished_at=run.finished_at,
     )
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from queuety.core import pruning
 from queuety.models import Event
 from queuety.store import rows
 from queuety.store.definitions import load_spec
@@ -16,7 +17,7 @@ from queuety.store.definitions import load_spec
 #: Event kinds that carry the run's whole public state in ``data["state"]``.
 STATE_RESETS = ("workflow_started", "workflow_rewound", "workflow_forked", "workflow_replayed")
 #: Event kinds whose ``data["output"]`` was merged into the state.
-MERGES = ("step_completed", "wait_settled")
+MERGES = ("step_completed", "wait_settled", "wait_timed_out")
 
 
 def event_dict(event: Event) -> dict[str, Any]:
@@ -49,8 +50,11 @@ def states_after_steps(run_id: int) -> dict[int, dict[str, Any]]:
         elif kind in MERGES:
             output = data.get("output") or {}
             state = {**state, **{k: v for k, v in output.items() if not k.startswith("_")}}
+            state = pruning.replay(state, data)  # what prune_state_after dropped
             if step_index is not None:  # a merge always names its step
                 after[step_index] = dict(state)
+        elif data and data.get("pruned"):  # a transition that merged nothing still prunes
+            state = pruning.replay(state, data)
     return after
 
 

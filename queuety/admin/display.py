@@ -10,6 +10,7 @@ from django.http import (
 )
 from django.utils.html import format_html
 
+from queuety.core.progress import DONE_KEYS
 from queuety.masking import mask
 from queuety.models import (
     RunStatus,
@@ -71,3 +72,16 @@ def pretty_json(value: Any, limit: int | None = None, *,
     if limit is not None and len(text) > limit:
         return text[:limit] + "\n…", True
     return text, False
+
+
+def progress_percent(progress: dict[str, Any] | None) -> int | None:
+    """The bar of a step's reported progress: 0-100, or None when it gives no fraction."""
+    data = (progress or {}).get("data") or {}
+    total = data.get("total")
+    done = next((data[k] for k in DONE_KEYS if isinstance(data.get(k), int | float)), None)
+    if isinstance(total, int | float) and total > 0 and done is not None:
+        return max(0, min(100, round(100 * done / total)))
+    percent = data.get("percent")
+    if isinstance(percent, int | float):
+        return max(0, min(100, round(percent)))
+    return None

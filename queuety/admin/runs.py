@@ -376,6 +376,7 @@ class WorkflowRunAdmin(admin.ModelAdmin):
             status_lines="\n".join(format_status(replace(status, state={}))),
             error=run.error,
             budget_bars=self._budget_bars(spec, status),
+            progress_percent=display.progress_percent(status.progress),
             wait_details=pretty_json(status.wait_details)[0] if status.wait_details else None,
             schema=pretty_json(wait.schema, masked=False)[0]
             if wait is not None and wait.schema else None,

@@ -21,6 +21,8 @@ def translate(error: Exception) -> QueuetyAPIError:
     """Return the API error for a domain error raised by the service layer."""
     if isinstance(error, exceptions.RunNotFound):
         return QueuetyAPIError(str(error), "run_not_found", status.HTTP_404_NOT_FOUND)
+    if isinstance(error, exceptions.WaitExpired):
+        return QueuetyAPIError(str(error), "wait_expired", status.HTTP_409_CONFLICT)
     if isinstance(error, exceptions.AlreadyAnswered):
         return QueuetyAPIError(str(error), "already_answered", status.HTTP_409_CONFLICT)
     if isinstance(error, exceptions.RunNotWaiting):

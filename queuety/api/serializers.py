@@ -5,6 +5,33 @@ from __future__ import annotations
 from rest_framework import serializers
 
 
+class WaitDetailsSerializer(serializers.Serializer):
+    """What the current wait is waiting for (keys without a value are left out)."""
+
+    step_name = serializers.CharField()
+    matched = serializers.ListField(child=serializers.CharField(), required=False)
+    remaining = serializers.ListField(child=serializers.CharField(), required=False)
+    wait_mode = serializers.CharField(required=False)
+    human_wait = serializers.CharField(required=False)
+    result_key = serializers.CharField(required=False)
+    schema = serializers.DictField(required=False)
+    expires_at = serializers.DateTimeField(
+        required=False, help_text="When the wait's timeout settles it (waits with a timeout).")
+    timeout_seconds = serializers.FloatField(required=False)
+    on_timeout = serializers.CharField(
+        required=False, help_text="'fail', 'continue' or the name of the step to jump to.")
+
+
+class ProgressSerializer(serializers.Serializer):
+    """What the running step last reported with ``context.heartbeat(progress=...)``."""
+
+    step_name = serializers.CharField()
+    branch = serializers.IntegerField(help_text="The branch or item, for a fan-out step.")
+    data = serializers.DictField(help_text="The progress as the handler reported it.")
+    text = serializers.CharField(help_text="In a few words, such as '450/1000 (45%)'.")
+    reported_at = serializers.DateTimeField(allow_null=True)
+
+
 class WorkflowStatusSerializer(serializers.Serializer):
     """The fields of ``queuety.workflow_status()``."""
 
@@ -24,7 +51,8 @@ class WorkflowStatusSerializer(serializers.Serializer):
     wait_type = serializers.CharField(allow_null=True)
     waiting_for = serializers.ListField(child=serializers.CharField(), allow_null=True)
     wait_mode = serializers.CharField(allow_null=True)
-    wait_details = serializers.DictField(allow_null=True)
+    wait_details = WaitDetailsSerializer(allow_null=True)
+    progress = ProgressSerializer(allow_null=True)
     created_at = serializers.DateTimeField()
     updated_at = serializers.DateTimeField()
     finished_at = serializers.DateTimeField(allow_null=True)

@@ -400,6 +400,8 @@ class WorkflowBuilder:
                 f"Wait step names must be non-blank strings (got {name!r})."
             )
         signals = options.pop("signals")
+        options.update(waits.wait_timeout(step_name, options.pop("timeout", None),
+                                    options.pop("on_timeout", None)))
         if isinstance(signals, str) or not all(isinstance(s, str) for s in signals):
             raise exceptions.WorkflowDefinitionError(
                 f"Signal names must be a list of strings (got {signals!r})."
@@ -409,10 +411,22 @@ class WorkflowBuilder:
         _check_name(self._name, self._steps, spec)
         return self._copy(steps=self._steps + (spec,))
 
+    def prune_state_after(self, steps: int = 2) -> WorkflowBuilder:
+        """Drop each state key ``steps`` steps after the step that last wrote it.
+
+        Keeps long runs under ``max_state_bytes``: a key a step wrote leaves the public state
+        when ``steps`` more transitions have completed, unless a later step wrote it again
+        (that restarts its count). Keys of the dispatch payload are never dropped. The timeline
+        keeps every output, and which keys each transition dropped, so ``state_at()`` shows
+        the state as it was. The original's default of 2 is kept.
+        """
+        return self._with(prune_state_after=steps)
+
     def wait_for_signal(self, signal: str, result_key: str | None = None, *,
                         match_payload: dict[str, Any] | None = None,
                         correlation_key: str | None = None,
-                        name: str | None = None) -> WorkflowBuilder:
+                        name: str | None = None, timeout: waits.Timeout = None,
+                        on_timeout: str | None = None) -> WorkflowBuilder:
         """Park the run until the signal ``signal`` arrives (or was already sent).
 
         Args:
@@ -420,31 +434,41 @@ class WorkflowBuilder:
             match_payload: only signals whose data contains this count.
             correlation_key: only signals whose data has the run state's value for this key.
             name: the step name (default ``wait_for_<signal>``).
+            timeout: a ``timedelta`` (or seconds) after which the sweeper settles the wait
+                if no signal did; every ``wait_for_*`` method takes it.
+            on_timeout: what the timeout does: ``"fail"`` the run (the default),
+                ``"continue"`` to the next step, or the name of a step to jump to. A
+                signal or reply after the timeout is refused with ``WaitExpired``.
         """
         return self._wait(f"wait_for_{signal}", name, signals=[signal], result_key=result_key,
-                          match_payload=match_payload, correlation_key=correlation_key)
+                          match_payload=match_payload, correlation_key=correlation_key, timeout=timeout,
+                          on_timeout=on_timeout)
 
     def wait_for_signals(self, signals: list[str], mode: str = "all",
                          result_key: str | None = None, *,
                          match_payload: dict[str, Any] | None = None,
                          correlation_key: str | None = None,
-                         name: str | None = None) -> WorkflowBuilder:
+                         name: str | None = None, timeout: waits.Timeout = None,
+                         on_timeout: str | None = None) -> WorkflowBuilder:
         """Park the run until ``all`` (or ``any``) of ``signals`` arrived."""
         return self._wait(f"wait_for_signals_{len(self._steps)}", name, signals=list(signals),
                           mode=mode, result_key=result_key, match_payload=match_payload,
-                          correlation_key=correlation_key)
+                          correlation_key=correlation_key, timeout=timeout,
+                          on_timeout=on_timeout)
 
     def wait_for_approval(self, signal: str = waits.DEFAULT_APPROVE_SIGNAL,
                           result_key: str | None = "approval", *,
-                          name: str | None = None) -> WorkflowBuilder:
+                          name: str | None = None, timeout: waits.Timeout = None,
+                          on_timeout: str | None = None) -> WorkflowBuilder:
         """Park the run until a person approves it (``queuety.approve()`` or the API)."""
         return self._wait("wait_for_approval", name, signals=[signal], result_key=result_key,
-                          human=waits.APPROVAL)
+                          human=waits.APPROVAL, timeout=timeout, on_timeout=on_timeout)
 
     def wait_for_decision(self, approve_signal: str = waits.DEFAULT_APPROVE_SIGNAL,
                           reject_signal: str = waits.DEFAULT_REJECT_SIGNAL,
                           result_key: str | None = "decision", *,
-                          name: str | None = None) -> WorkflowBuilder:
+                          name: str | None = None, timeout: waits.Timeout = None,
+                          on_timeout: str | None = None) -> WorkflowBuilder:
         """Park the run until a person approves or rejects it.
 
         Merges ``{result_key: {"outcome": "approved"|"rejected", "signal": ..., "data": ...}}``.
@@ -452,12 +476,14 @@ class WorkflowBuilder:
         """
         return self._wait("wait_for_decision", name, signals=[approve_signal, reject_signal],
                           mode=waits.ANY, result_key=result_key, human=waits.DECISION,
-                          decision={approve_signal: "approved", reject_signal: "rejected"})
+                          decision={approve_signal: "approved", reject_signal: "rejected"},
+                          timeout=timeout, on_timeout=on_timeout)
 
     def wait_for_input(self, schema: dict[str, Any] | None = None,
                        signal: str = waits.DEFAULT_INPUT_SIGNAL,
                        result_key: str | None = "input", *,
-                       name: str | None = None) -> WorkflowBuilder:
+                       name: str | None = None, timeout: waits.Timeout = None,
+                       on_timeout: str | None = None) -> WorkflowBuilder:
         """Park the run until a person submits input (``queuety.submit_input()``).
 
         Args:
@@ -465,7 +491,8 @@ class WorkflowBuilder:
                 checked when the workflow is built.
         """
         return self._wait("wait_for_input", name, signals=[signal], result_key=result_key,
-                          human=waits.INPUT, schema=schema)
+                          human=waits.INPUT, schema=schema, timeout=timeout,
+                          on_timeout=on_timeout)
 
     def retry(self, policy: RetryPolicy | None = None, **options: Any) -> WorkflowBuilder:
         """Set the default retry policy of this workflow's steps.

@@ -134,6 +134,8 @@ class WorkflowSpec:
     """The run fails if it has not completed this many seconds after dispatch."""
     on_deadline: str | None = None
     """Dotted path of a handler called (durably) when the deadline fails the run."""
+    prune_state_after: int | None = None
+    """Drop a state key this many transitions after the one that last wrote it (None: keep)."""
     _index: dict[str, int] = field(default_factory=dict, init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -151,10 +153,23 @@ class WorkflowSpec:
                     "step names must be unique: pass name='...' to tell them apart."
                 )
             self._index[step.name] = position
+        if self.prune_state_after is not None and (
+                isinstance(self.prune_state_after, bool)
+                or not isinstance(self.prune_state_after, int) or self.prune_state_after < 1):
+            raise exceptions.WorkflowDefinitionError(
+                f"prune_state_after of workflow {self.name!r} must be a whole number of steps, "
+                f"at least 1 (got {self.prune_state_after!r}).")
         self._check_routes()
 
     def _check_routes(self) -> None:
         """Refuse route targets that name no step, and steps no path can reach."""
+        for step in self.steps:
+            target = step.wait.timeout_target if step.wait is not None else None
+            if target is not None and target not in self._index:
+                raise exceptions.WorkflowDefinitionError(
+                    f"Wait {step.name!r} of workflow {self.name!r} has on_timeout={target!r}, "
+                    "which is neither 'fail', 'continue' nor the name of a step; its steps are "
+                    f"{', '.join(repr(s.name) for s in self.steps)}.")
         for position, step in enumerate(self.steps):
             if step.repeat and self._index.get(step.repeat["target"], position) >= position:
                 raise exceptions.WorkflowDefinitionError(
@@ -181,6 +196,8 @@ class WorkflowSpec:
                 continue
             reached.add(position)
             step = self.steps[position]
+            if step.wait is not None and step.wait.timeout_target is not None:
+                todo.append(self._index[step.wait.timeout_target])
             if step.routes is not None:
                 todo += [self._index[t] for t in step.routes.values()]
                 if step.default_route:
@@ -237,6 +254,9 @@ class WorkflowSpec:
             "on_deadline": self.on_deadline,
             "retry": None if self.retry is None else self.retry.to_dict(),
             "steps": [step.to_dict() for step in self.steps],
+            # Only when set, so the definitions stored before this option keep their hash.
+            **({} if self.prune_state_after is None
+               else {"prune_state_after": self.prune_state_after}),
         }
 
     @classmethod
@@ -259,6 +279,7 @@ class WorkflowSpec:
             on_cancel=data.get("on_cancel"),
             deadline_seconds=data.get("deadline_seconds"),
             on_deadline=data.get("on_deadline"),
+            prune_state_after=data.get("prune_state_after"),
         )
 
     def canonical_json(self) -> str:

@@ -146,7 +146,15 @@ def format_status(status: WorkflowStatus) -> list[str]:
     if status.wait_mode is not None:
         lines.append(f"WaitMode: {status.wait_mode}")
     if status.wait_details is not None:
+        if status.wait_details.get("expires_at"):
+            lines.append(f"Expires:  {status.wait_details['expires_at']} (on timeout: "
+                         f"{status.wait_details.get('on_timeout')})")
         lines.append(f"WaitInfo: {json.dumps(status.wait_details, separators=(',', ':'))}")
+    if status.progress is not None:
+        branch = f" [item {status.progress['branch']}]" if status.progress.get("branch") else ""
+        lines.append(f"Progress: {status.progress['text'] or '-'}{branch} "
+                     f"(step {status.progress['step_name']!r}, "
+                     f"at {status.progress['reported_at']})")
     if status.budget is not None:
         lines.append(f"Budget:   {json.dumps(status.budget, separators=(',', ':'))}")
     if status.retry_policy is not None and status.status not in ("completed", "cancelled"):

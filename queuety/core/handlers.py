@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from queuety import exceptions
 from queuety.core.budget import BudgetView
 from queuety.core.imports import dotted_path, import_path
+from queuety.core.progress import check_progress
 from queuety.core.retry import RetryPolicy
 
 
@@ -29,6 +31,29 @@ class StepContext:
     """1 for the first attempt."""
     budget: BudgetView
     """Limits and usage before this step: ``context.budget.remaining("max_cost_units")``."""
+    beat: Callable[[dict[str, Any] | None], None] | None = field(
+        default=None, repr=False, compare=False)
+    """Set by the worker: hands a report to its heartbeat thread (see :meth:`heartbeat`)."""
+
+    def heartbeat(self, progress: dict[str, Any] | None = None) -> None:
+        """Say the step is alive and, with ``progress``, how far it got.
+
+        ``progress`` (a small JSON dict, such as ``{"done": 450, "total": 1000}``) rides on
+        the heartbeat write: the worker's heartbeat thread writes the latest report soon
+        after (at most one write every ``QUEUETY["PROGRESS_INTERVAL"]`` seconds per worker
+        process), so calling this in a tight loop is cheap. ``workflow_status()``, the API,
+        the CLI and the admin show it while the step runs. Outside a worker (a handler
+        called directly, in a test) it only checks ``progress``.
+
+        Raises:
+            InvalidProgress: ``progress`` is not a dict of JSON, or is over
+                ``QUEUETY["MAX_PROGRESS_BYTES"]``; nothing is recorded.
+        """
+        if self.beat is None:
+            if progress is not None:
+                check_progress(self.run_id, self.step_name, progress, 1 << 20)
+            return
+        self.beat(progress)
 
 
 class Step:

@@ -98,7 +98,11 @@ class WorkflowStatus:
     wait_mode: str | None = None
     """``all`` or ``any``."""
     wait_details: dict[str, Any] | None = None
-    """``step_name``, ``matched`` and ``remaining`` names, ``human_wait``, ``schema``, ..."""
+    """``step_name``, ``matched`` and ``remaining`` names, ``human_wait``, ``schema``, ...;
+    for a wait with a timeout, ``expires_at`` (ISO 8601), ``timeout_seconds``, ``on_timeout``."""
+    progress: dict[str, Any] | None = None
+    """While a step runs and has reported progress: ``step_name``, ``branch``, ``data`` (what
+    the handler reported), ``text`` (``"450/1000 (45%)"``) and ``reported_at`` (ISO 8601)."""
     created_at: datetime
     updated_at: datetime
     finished_at: datetime | None

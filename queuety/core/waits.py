@@ -12,6 +12,7 @@ import json
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 import jsonschema
@@ -28,6 +29,11 @@ APPROVAL, DECISION, INPUT = "approval", "decision", "input"
 DEFAULT_APPROVE_SIGNAL = "approval"
 DEFAULT_REJECT_SIGNAL = "rejection"
 DEFAULT_INPUT_SIGNAL = "input"
+
+#: What a wait's timeout may do besides jumping to a named step.
+ON_TIMEOUT_FAIL, ON_TIMEOUT_CONTINUE = "fail", "continue"
+#: The outcome a timed-out decision records (beside ``approved`` and ``rejected``).
+TIMED_OUT = "timed_out"
 
 #: The draft every input schema is checked against when the workflow is built.
 SCHEMA_VALIDATOR = jsonschema.Draft202012Validator
@@ -50,6 +56,11 @@ class WaitSpec:
     """For decisions: signal name -> outcome (``approved`` / ``rejected``)."""
     schema: dict[str, Any] | None = None
     """For input: the JSON Schema a reply must satisfy, exactly as sent."""
+    timeout: float | None = None
+    """Seconds the run waits before the sweeper settles the wait by timeout (None: forever)."""
+    on_timeout: str = ON_TIMEOUT_FAIL
+    """What a timeout does: ``fail`` the run, ``continue`` to the next step, or a step name
+    to jump to."""
 
     def __post_init__(self) -> None:
         if not self.signals or not all(isinstance(s, str) and s.strip() for s in self.signals):
@@ -70,17 +81,63 @@ class WaitSpec:
             )
         if self.schema is not None:
             check_schema(self.schema)
+        if self.timeout is not None and (isinstance(self.timeout, bool) or not isinstance(
+                self.timeout, int | float) or not 0 < self.timeout < math.inf):
+            raise exceptions.WorkflowDefinitionError(
+                f"A wait's timeout must be a positive number of seconds or a timedelta "
+                f"(got {self.timeout!r}).")
+        if not isinstance(self.on_timeout, str) or not self.on_timeout.strip():
+            raise exceptions.WorkflowDefinitionError(
+                f"on_timeout must be 'fail', 'continue' or the name of a step (got "
+                f"{self.on_timeout!r}).")
+        if self.timeout is None and self.on_timeout != ON_TIMEOUT_FAIL:
+            raise exceptions.WorkflowDefinitionError(
+                f"on_timeout={self.on_timeout!r} is given without a timeout; add "
+                "timeout=timedelta(...) to the wait, or drop on_timeout.")
+
+    @property
+    def timeout_target(self) -> str | None:
+        """The step a timeout jumps to, when ``on_timeout`` names one."""
+        return None if self.on_timeout in (ON_TIMEOUT_FAIL, ON_TIMEOUT_CONTINUE) \
+            else self.on_timeout
 
     def to_dict(self) -> dict[str, Any]:
         """Return the JSON form stored in the definition."""
-        return {"signals": list(self.signals), "mode": self.mode, "result_key": self.result_key,
+        data = {"signals": list(self.signals), "mode": self.mode, "result_key": self.result_key,
                 "match_payload": self.match_payload, "correlation_key": self.correlation_key,
                 "human": self.human, "decision": dict(self.decision), "schema": self.schema}
+        if self.timeout is not None:  # absent otherwise: older definitions keep their hash
+            data.update(timeout=self.timeout, on_timeout=self.on_timeout)
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> WaitSpec:
         """Rebuild from :meth:`to_dict` output."""
         return cls(**{**data, "signals": tuple(data["signals"])})
+
+
+#: What ``timeout=`` takes: a timedelta, seconds, or None for no timeout.
+Timeout = timedelta | float | int | None
+
+
+def wait_timeout(step_name: str, timeout: Timeout, on_timeout: str | None) -> dict[str, Any]:
+    """The ``timeout`` (in seconds) and ``on_timeout`` options of a wait, from the builder's
+    arguments; empty when neither is given.
+
+    Raises:
+        WorkflowDefinitionError: the timeout is not a positive timedelta or number.
+    """
+    if timeout is None and on_timeout is None:
+        return {}
+    if isinstance(timeout, timedelta):
+        timeout = timeout.total_seconds()
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(
+            timeout, int | float) or not 0 < timeout < math.inf):
+        raise exceptions.WorkflowDefinitionError(
+            f"timeout of wait {step_name!r} must be a positive timedelta or number of "
+            f"seconds (got {timeout!r}).")
+    return {"timeout": None if timeout is None else float(timeout),
+            "on_timeout": ON_TIMEOUT_FAIL if on_timeout is None else on_timeout}
 
 
 def check_schema(schema: Any) -> None:
@@ -239,6 +296,21 @@ def output(wait: WaitSpec, chosen: list[tuple[str, Any]]) -> dict[str, Any]:
         else:
             merged[name] = payload
     return merged
+
+
+def timeout_output(wait: WaitSpec) -> dict[str, Any]:
+    """Return what a wait settled by its timeout merges into the state (for ``continue`` and
+    a jump): a decision records the outcome ``timed_out``; a wait with a ``result_key``
+    sets it to ``None``, so the next step can tell that no reply came; a wait without one
+    merges nothing."""
+    if wait.decision:
+        record = {"outcome": TIMED_OUT, "signal": None, "data": None}
+        if wait.result_key:
+            return {wait.result_key: record}
+        return {"decision_outcome": TIMED_OUT, "decision_signal": None}
+    if wait.result_key:
+        return {wait.result_key: None}
+    return {}
 
 
 def check_signal_data(run_id: int, name: Any, data: Any, limit: int) -> Any:

@@ -31,7 +31,7 @@ from queuety.runtime.claim import Claim, claim, owned
 from queuety.runtime.finish import fail_unloadable
 from queuety.runtime.outcome import record_failure, record_success_retrying
 from queuety.runtime.settle import branch_done
-from queuety.runtime.watchdog import Heartbeats, deadline, heartbeat
+from queuety.runtime.watchdog import Heartbeats, deadline, heartbeat, progress_reporter
 from queuety.store import rows
 from queuety.store.definitions import load_spec
 
@@ -202,7 +202,8 @@ def _context(spec: WorkflowSpec, held: Claim) -> StepContext:
     usage = budgets.Usage(held.usage.transitions, held.usage.cost_units,
                           held.usage.started_workflows, size)
     return StepContext(held.run_id, spec.name, step.name, held.attempt,
-                       budgets.BudgetView(spec.budget, usage))
+                       budgets.BudgetView(spec.budget, usage),
+                       progress_reporter(held.step_run_id, held.run_id, step.name))
 
 
 def _report(threads_before: set[threading.Thread], timed_out: bool) -> AttemptReport:
@@ -216,6 +217,8 @@ def _report(threads_before: set[threading.Thread], timed_out: bool) -> AttemptRe
 
 def _check_budget(spec: WorkflowSpec, held: Claim, outcome: engine.Advance) -> None:
     """Raise BudgetExceeded if completing this step would breach the run's budget."""
+    if spec.prune_state_after is not None:
+        return  # the state it keeps is known only after pruning, under the run's lock
     base = held.usage
     flow.check_budget(spec, held.run_id, outcome.state, budgets.Usage(
         base.transitions + 1, base.cost_units + spec.steps[held.step_index].cost_units,

@@ -19,7 +19,7 @@ from django.db.models import F
 from queuety import exceptions, publish
 from queuety.conf import settings
 from queuety.core import budget as budgets
-from queuety.core import dependencies, engine, fanout, flow, waits
+from queuety.core import dependencies, engine, fanout, flow, pruning, waits
 from queuety.core.definition import WorkflowSpec
 from queuety.models import (
     Event,
@@ -138,7 +138,8 @@ def workflow_wait(spec: WorkflowSpec, run_id: int, index: int, state: dict[str, 
 
 def land(spec: WorkflowSpec, run_id: int, index: int | None, state: dict[str, Any],
          usage: budgets.Usage, now: datetime, events: list[Event], *,
-         fail_on_breach: bool = True, paused: bool = False) -> str:
+         fail_on_breach: bool = True, paused: bool = False,
+         writes: dict[str, int] | None = None) -> str:
     """Move a run (whose row this transaction has locked or created) onto step ``index``
     (``None``: past the last step, so the run completes). Writes the run row and ``events``;
     returns the run's status.
@@ -148,11 +149,20 @@ def land(spec: WorkflowSpec, run_id: int, index: int | None, state: dict[str, An
     keeping the state from before the wait; or raises. A paused run moves but stays paused:
     its next task row is created unpublished and a wait is not evaluated, until ``resume()``.
 
+    For a workflow with ``prune_state_after``, ``writes`` is the run's ``state_writes`` as the
+    caller left it (its transition already pruned; ``None``: read from the row), and each
+    transition made here prunes too. A run parked at a wait with a timeout gets its
+    ``wait_expires_at`` (kept when it was already parked at that wait, say after a signal
+    that did not settle it, or paused there).
+
     Raises:
         BudgetExceeded: with ``fail_on_breach=False`` (a caller of ``signal()``), whose
             transaction then rolls back, so nothing is consumed or recorded.
     """
     status = RunStatus.PAUSED if paused else RunStatus.RUNNING
+    expires_at: datetime | None = None
+    if spec.prune_state_after is not None and writes is None:
+        writes = dict(WorkflowRun.objects.values_list("state_writes", flat=True).get(pk=run_id))
     items: list[Any] | None = None
     loops: dict[str, int] | None = None
     groups: dict[str, list[int]] | None = None
@@ -163,12 +173,16 @@ def land(spec: WorkflowSpec, run_id: int, index: int | None, state: dict[str, An
         if step.kind == "start":
             assert step.start is not None and groups is not None
             state, usage, ids = _start_runs(spec, run_id, index, state, usage, now)
+            state, writes, pruned = pruning.apply(spec.prune_state_after, state, writes,
+                                                  {step.start.result_key: ids},
+                                                  usage.transitions)
             flow.check_budget(spec, run_id, state, usage)
             if step.start.group:  # a start step entered again replaces its group
                 groups[step.start.group] = ids
             events.append(Event(run_id=run_id, kind="workflows_started", step_index=index,
                                 step_name=step.name, data={"runs": ids,
-                                                           "group": step.start.group}))
+                                                           "group": step.start.group,
+                                                           **pruning.event_data(pruned)}))
             index = spec.next_index(index)
             continue
         if step.kind == "repeat":
@@ -177,10 +191,13 @@ def land(spec: WorkflowSpec, run_id: int, index: int | None, state: dict[str, An
                 loops = dict(WorkflowRun.objects.values_list("loops", flat=True).get(pk=run_id))
             again, loops = flow.repeat_decision(spec, run_id, index, state, loops)
             usage = replace(usage, transitions=usage.transitions + 1)
+            state, writes, pruned = pruning.apply(spec.prune_state_after, state, writes, {},
+                                                  usage.transitions)
             flow.check_budget(spec, run_id, state, usage)
             events.append(Event(run_id=run_id, kind="repeat_evaluated", step_index=index,
                                 step_name=step.name, data={
-                                    "again": again, "iterations": loops.get(str(index), 0)}))
+                                    "again": again, "iterations": loops.get(str(index), 0),
+                                    **pruning.event_data(pruned)}))
             index = spec.index_of(step.repeat["target"]) if again else spec.next_index(index)
             continue
         if step.kind == "for_each":
@@ -189,11 +206,14 @@ def land(spec: WorkflowSpec, run_id: int, index: int | None, state: dict[str, An
                 break
             # Nothing to fan out to: the join settles at once, as a transition.
             output = flow.join_output(step, state, [], run_id=run_id)
-            state = {**state, **engine.public(output)}
             usage = replace(usage, transitions=usage.transitions + 1)
+            state, writes, pruned = pruning.apply(
+                spec.prune_state_after, {**state, **engine.public(output)}, writes, output,
+                usage.transitions)
             flow.check_budget(spec, run_id, state, usage)
             events.append(Event(run_id=run_id, kind="for_each_settled", step_index=index,
-                                step_name=step.name, data={"output": output}))
+                                step_name=step.name, data={"output": output,
+                                                           **pruning.event_data(pruned)}))
             index = spec.next_index(index)
             continue
         if step.kind == "wait_workflows":
@@ -236,16 +256,20 @@ def land(spec: WorkflowSpec, run_id: int, index: int | None, state: dict[str, An
             result = waits.evaluate(step.wait, stored, state)
             if not result.settled:
                 status = RunStatus.WAITING_FOR_SIGNAL
+                expires_at = _wait_expiry(spec, run_id, index, now)
                 events.append(Event(run_id=run_id, kind="workflow_waiting", step_index=index,
                                     step_name=step.name, data={
                                         "waiting_for": list(step.wait.signals),
-                                        "matched": result.matched}))
+                                        "matched": result.matched, **({} if expires_at is None
+                                        else {"expires_at": expires_at.isoformat()})}))
                 break
             output = result.output
             used = {"signals": [name for name, _ in result.chosen],
                     "signal_ids": result.consumed}
-        settled_state = {**state, **engine.public(output)}
         settled_usage = replace(usage, transitions=usage.transitions + 1)
+        settled_state, settled_writes, pruned = pruning.apply(
+            spec.prune_state_after, {**state, **engine.public(output)}, writes, output,
+            settled_usage.transitions)
         try:
             flow.check_budget(spec, run_id, settled_state, settled_usage)
         except exceptions.BudgetExceeded as breach:
@@ -254,14 +278,15 @@ def land(spec: WorkflowSpec, run_id: int, index: int | None, state: dict[str, An
             return fail_at_wait(spec, run_id, index, state, usage, now, events,
                                 flow.failure_record(breach, step=step.name, step_index=index,
                                                     attempt=None, max_attempts=None))
-        state, usage = settled_state, settled_usage
+        state, usage, writes = settled_state, settled_usage, settled_writes
         if step.kind == "wait_workflows":
             WorkflowDependency.objects.filter(run_id=run_id).delete()
         else:
             Signal.objects.filter(pk__in=used["signal_ids"]).update(
                 consumed_at=now, consumed_by_step=step.name)
         events.append(Event(run_id=run_id, kind="wait_settled", step_index=index,
-                            step_name=step.name, data={**used, "output": output}))
+                            step_name=step.name, data={**used, "output": output,
+                                                       **pruning.event_data(pruned)}))
         index = spec.next_index(index)
     if status == RunStatus.RUNNING and index is not None and spec.steps[index].kind == "child":
         status = RunStatus.WAITING_FOR_WORKFLOWS
@@ -271,6 +296,9 @@ def land(spec: WorkflowSpec, run_id: int, index: int | None, state: dict[str, An
         "revision": F("revision") + 1, "updated_at": now, "status": status,
         **({} if loops is None else {"loops": loops}),
         **({} if groups is None else {"groups": groups}),
+        **({} if writes is None else {"state_writes": writes}),
+        "wait_expires_at": expires_at if status == RunStatus.WAITING_FOR_SIGNAL
+        else _paused_expiry(spec, run_id, index, status),
     }
     if index is None:
         fields.update(status=RunStatus.COMPLETED, current_step=len(spec.steps), finished_at=now)
@@ -284,6 +312,38 @@ def land(spec: WorkflowSpec, run_id: int, index: int | None, state: dict[str, An
     _enter(spec, run_id, index, status, state, usage, now, events, items)
     Event.objects.bulk_create(events)
     return status
+
+
+def _timed_wait(spec: WorkflowSpec, index: int | None) -> float | None:
+    """The timeout of the wait at ``index``, if it is one with a timeout."""
+    if index is None or index >= len(spec.steps):
+        return None
+    wait = spec.steps[index].wait
+    return None if wait is None or spec.steps[index].kind != "wait" else wait.timeout
+
+
+def _wait_expiry(spec: WorkflowSpec, run_id: int, index: int, now: datetime
+                 ) -> datetime | None:
+    """When the wait at ``index`` the run parks at expires: ``now`` plus its timeout, or the
+    expiry it already had when it was parked (or paused) at that very wait."""
+    timeout = _timed_wait(spec, index)
+    if timeout is None:
+        return None
+    status, current, expires_at = WorkflowRun.objects.values_list(
+        "status", "current_step", "wait_expires_at").get(pk=run_id)
+    if expires_at is not None and current == index and status in (
+            RunStatus.WAITING_FOR_SIGNAL, RunStatus.PAUSED):
+        return expires_at
+    return now + timedelta(seconds=timeout)
+
+
+def _paused_expiry(spec: WorkflowSpec, run_id: int, index: int | None,
+                   status: str) -> datetime | None:
+    """A paused run keeps the expiry of the timed wait it is paused at (resume parks it
+    there again, and a timeout that passed meanwhile then fires); any other run has none."""
+    if status != RunStatus.PAUSED or _timed_wait(spec, index) is None:
+        return None
+    return WorkflowRun.objects.values_list("wait_expires_at", flat=True).get(pk=run_id)
 
 
 def _enter(spec: WorkflowSpec, run_id: int, index: int, status: str, state: dict[str, Any],

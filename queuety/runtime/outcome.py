@@ -23,7 +23,7 @@ from django.utils import timezone
 from queuety import cleanup, exceptions, publish
 from queuety.conf import settings
 from queuety.core import budget as budgets
-from queuety.core import engine, fanout, flow
+from queuety.core import engine, fanout, flow, pruning
 from queuety.core.definition import WorkflowSpec
 from queuety.core.status import LIVE_OR_HELD
 from queuety.models import Event, RunStatus, StepRun, StepStatus
@@ -110,7 +110,9 @@ def record_success(held: Claim, spec: WorkflowSpec, outcome: engine.Advance,
             {"route": outcome.route} if outcome.route else {})},
     )
     lands_on_task = outcome.next_index is None or spec.steps[outcome.next_index].kind == "task"
-    if connection.vendor == "postgresql" and lands_on_task:
+    # A pruned run's transition needs its state_writes, which the one statement does not
+    # carry: it takes the locked path (only workflows that use prune_state_after pay for it).
+    if connection.vendor == "postgresql" and lands_on_task and spec.prune_state_after is None:
         # One statement that commits by itself (no BEGIN/COMMIT round trips): it writes
         # everything or, when the run moved since the claim, nothing at all.
         owns, advanced, following = _complete_postgres(held, spec, outcome, completed, now,
@@ -177,7 +179,9 @@ def _transition_locked(held: Claim, spec: WorkflowSpec, output: dict[str, Any],
     Raises:
         BudgetExceeded: rolls back the caller's transaction, completed step row included.
     """
-    run = rows.lock_run(held.run_id, fields=rows.BOUNDARY_FIELDS)
+    pruned_run = spec.prune_state_after is not None
+    run = rows.lock_run(held.run_id, fields=(*rows.BOUNDARY_FIELDS, "state_writes")
+                        if pruned_run else rows.BOUNDARY_FIELDS)
     if run.status not in (RunStatus.RUNNING, RunStatus.PAUSED) or \
             run.current_step != held.step_index:
         return False
@@ -185,9 +189,13 @@ def _transition_locked(held: Claim, spec: WorkflowSpec, output: dict[str, Any],
     usage = budgets.Usage(run.transitions + 1,
                           run.cost_units + spec.steps[held.step_index].cost_units,
                           run.started_workflows)
-    flow.check_budget(spec, run.pk, outcome.state, usage)
-    land(spec, run.pk, outcome.next_index, outcome.state, usage, now, [completed],
-         paused=run.status == RunStatus.PAUSED)
+    state, writes, pruned = pruning.apply(spec.prune_state_after, outcome.state,
+                                          run.state_writes if pruned_run else None,
+                                          outcome.output, usage.transitions)
+    completed.data.update(pruning.event_data(pruned))
+    flow.check_budget(spec, run.pk, state, usage)
+    land(spec, run.pk, outcome.next_index, state, usage, now, [completed],
+         paused=run.status == RunStatus.PAUSED, writes=writes if pruned_run else None)
     return True
 
 

@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from queuety import exceptions
 from queuety.core import budget as budgets
-from queuety.core import engine, fanout, flow
+from queuety.core import engine, fanout, flow, pruning
 from queuety.core.definition import WorkflowSpec
 from queuety.core.status import FINISHED, LIVE_OR_HELD
 from queuety.models import Event, RunStatus, StepRun, StepStatus, WorkflowRun
@@ -72,15 +72,20 @@ def settle(spec: WorkflowSpec, run: WorkflowRun, index: int, seq: int,
         run_id=run.pk, kind="step", seq=seq, step_index=index, status__in=LIVE_OR_HELD,
     ).update(status=StepStatus.CANCELLED, finished_at=now)
     output = flow.join_output(step, run.state, branches, run_id=run.pk)
-    state = {**run.state, **engine.public(output)}
     succeeded = sum(r["status"] == StepStatus.COMPLETED for r in branches)
     cost = step.cost_units if step.kind == "parallel" else step.cost_units * succeeded
     usage = budgets.Usage(run.transitions + 1, run.cost_units + cost, run.started_workflows)
+    writes = None if spec.prune_state_after is None else run.state_writes
+    state, writes, pruned = pruning.apply(spec.prune_state_after,
+                                          {**run.state, **engine.public(output)}, writes,
+                                          output, usage.transitions)
     flow.check_budget(spec, run.pk, state, usage)
     events.append(Event(run_id=run.pk, kind="step_completed", step_index=index,
-                        step_name=step.name, data={"output": output, "cancelled": cancelled}))
+                        step_name=step.name, data={"output": output, "cancelled": cancelled,
+                                                   **pruning.event_data(pruned)}))
     land(spec, run.pk, spec.next_index(index), state, usage, now, events,
-         paused=run.status == RunStatus.PAUSED)
+         paused=run.status == RunStatus.PAUSED,
+         writes=None if spec.prune_state_after is None else writes)
 
 
 def resume_waiting(run_id: int) -> str | None:

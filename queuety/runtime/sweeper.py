@@ -22,6 +22,7 @@ from queuety.core import flow
 from queuety.core.status import FINISHED
 from queuety.models import Event, RunStatus, StepRun, StepStatus, WorkflowRun
 from queuety.runtime.claim import claim_of
+from queuety.runtime.expiry import expire_due
 from queuety.runtime.finish import fail_run, fail_unloadable
 from queuety.runtime.outcome import record_failure
 from queuety.runtime.recovery import interruption
@@ -38,7 +39,8 @@ KILL_MARGIN = 0.5
 
 def sweep(now: datetime | None = None) -> dict[str, int]:
     """Recover lost attempts and re-publish due steps whose message may be lost; also wake
-    runs whose wake-up was lost, fail runs past their deadline and purge old finished runs.
+    runs whose wake-up was lost, settle waits whose timeout passed, fail runs past their
+    deadline and purge old finished runs.
 
     Returns counts of what each phase did (-1 for a phase that failed; the others still run).
     """
@@ -47,7 +49,8 @@ def sweep(now: datetime | None = None) -> dict[str, int]:
     phases: tuple[tuple[str, Callable[[datetime], int]], ...] = (
         ("workers", recover_lost_workers), ("recovered", recover_lost),
         ("republished", republish_due),
-        ("parents", wake_parents), ("overdue", fail_overdue), ("purged", purge_finished))
+        ("parents", wake_parents), ("expired", expire_due), ("overdue", fail_overdue),
+        ("purged", purge_finished))
     for name, phase in phases:
         try:
             report[name] = phase(now)

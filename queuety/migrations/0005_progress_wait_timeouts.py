@@ -1,0 +1,40 @@
+"""Progress reported with heartbeats, prune_state_after's bookkeeping, and wait timeouts.
+
+Three nullable (or defaulted) columns, so adding them rewrites no table; the partial index
+holds only the runs parked at a wait with a timeout, which keeps the sweeper's expiry scan
+cheap however many runs the table has.
+"""
+
+from django.db import migrations, models
+
+
+class Migration(migrations.Migration):
+
+    dependencies = [
+        ("queuety", "0004_workers"),
+    ]
+
+    operations = [
+        migrations.AddField(
+            model_name="steprun",
+            name="progress",
+            field=models.JSONField(blank=True, null=True),
+        ),
+        migrations.AddField(
+            model_name="workflowrun",
+            name="state_writes",
+            field=models.JSONField(blank=True, db_default={}, default=dict),
+        ),
+        migrations.AddField(
+            model_name="workflowrun",
+            name="wait_expires_at",
+            field=models.DateTimeField(blank=True, null=True),
+        ),
+        migrations.AddIndex(
+            model_name="workflowrun",
+            index=models.Index(
+                condition=models.Q(("status", "waiting_for_signal"),
+                                   ("wait_expires_at__isnull", False)),
+                fields=["wait_expires_at"], name="queuety_run_wait_expiry"),
+        ),
+    ]

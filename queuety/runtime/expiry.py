@@ -1,0 +1,114 @@
+"""Waits that time out: settling a parked wait by its timeout, exactly once.
+
+A wait declared with ``timeout=`` parks its run with ``wait_expires_at`` set (by
+:func:`queuety.runtime.landing.land`). The sweeper's ``expired`` phase finds runs past it in
+the database (so the timeout survives restarts: nothing is held in a broker or a process) and
+calls :func:`expire_wait` for each. Replies and signals (``queuety.inbox``) and this module
+both decide under the run's row lock (``store.rows.lock_run``) and re-check the run's status,
+step and expiry there, so a reply racing a timeout settles the wait once: whichever takes the
+lock first wins, and a reply that finds the wait expired settles it by timeout itself and is
+refused with :class:`~queuety.exceptions.WaitExpired`.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from datetime import datetime
+
+from django.db import transaction
+
+from queuety import exceptions
+from queuety.core import engine, flow, pruning, waits
+from queuety.core.definition import WorkflowSpec
+from queuety.models import Event, RunStatus, WorkflowRun
+from queuety.runtime.finish import fail_at_wait
+from queuety.runtime.landing import land
+from queuety.store import rows
+from queuety.store.definitions import load_spec
+
+logger = logging.getLogger("queuety")
+
+#: The run columns a timeout reads under the lock.
+EXPIRY_FIELDS = (*rows.BOUNDARY_FIELDS, "wait_expires_at", "state_writes")
+
+
+def is_expired(run: WorkflowRun, now: datetime) -> bool:
+    """True if ``run`` (read with :data:`EXPIRY_FIELDS`) is parked at a wait whose timeout
+    has passed."""
+    return (run.status == RunStatus.WAITING_FOR_SIGNAL and run.wait_expires_at is not None
+            and run.wait_expires_at <= now)
+
+
+def expire_wait(run_id: int, now: datetime) -> bool:
+    """Settle run ``run_id``'s wait by its timeout if it is still parked there and expired;
+    return whether it did. Its own transaction, with the run's row locked."""
+    with transaction.atomic():
+        run = rows.lock_run(run_id, fields=EXPIRY_FIELDS)
+        if not is_expired(run, now):
+            return False  # answered, cancelled or moved meanwhile: the reply won
+        settle_by_timeout(load_spec(run.definition_id), run, now)
+        return True
+
+
+def settle_by_timeout(spec: WorkflowSpec, run: WorkflowRun, now: datetime) -> str:
+    """Apply the ``on_timeout`` of the wait ``run`` is parked at (its row locked by this
+    transaction, read with :data:`EXPIRY_FIELDS`); return the run's status afterwards.
+
+    ``fail`` fails the run with :class:`WaitExpired`; ``continue`` and a step name settle the
+    wait as a transition that merges :func:`queuety.core.waits.timeout_output` (and consumes
+    no signal), then move to the next step or the named one. A ``wait_timed_out`` event
+    records it either way.
+    """
+    index = run.current_step
+    step = spec.steps[index]
+    wait = step.wait
+    assert wait is not None and wait.timeout is not None, f"step {step.name!r} has no timeout"
+    expired_at = run.wait_expires_at
+    details = {"expires_at": None if expired_at is None else expired_at.isoformat(),
+               "timeout_seconds": wait.timeout, "on_timeout": wait.on_timeout}
+    usage = rows.usage_of(run)
+    if wait.on_timeout == waits.ON_TIMEOUT_FAIL:
+        error = exceptions.WaitExpired(
+            run.pk, f"Wait {step.name!r} of run {run.pk} timed out: no reply came within "
+                    f"{wait.timeout:g}s (it expired at {details['expires_at']}), and its "
+                    "on_timeout is 'fail'.")
+        event = Event(run_id=run.pk, kind="wait_timed_out", step_index=index,
+                      step_name=step.name, data={**details, "output": {}})
+        logger.info("Wait %r of run id=%s timed out; the run fails", step.name, run.pk)
+        return fail_at_wait(spec, run.pk, index, run.state, usage, now, [event],
+                            flow.failure_record(error, step=step.name, step_index=index,
+                                                attempt=None, max_attempts=None, **details))
+    output = waits.timeout_output(wait)
+    target = spec.next_index(index) if wait.timeout_target is None \
+        else spec.index_of(wait.timeout_target)
+    settled_usage = replace(usage, transitions=usage.transitions + 1)
+    state, writes, pruned = pruning.apply(spec.prune_state_after, {**run.state, **output},
+                                          run.state_writes, output, settled_usage.transitions)
+    event = Event(run_id=run.pk, kind="wait_timed_out", step_index=index, step_name=step.name,
+                  data={**details, "output": output, **pruning.event_data(pruned)})
+    try:
+        flow.check_budget(spec, run.pk, state, settled_usage)
+    except exceptions.BudgetExceeded as breach:
+        return fail_at_wait(spec, run.pk, index, run.state, usage, now, [event],
+                            flow.failure_record(breach, step=step.name, step_index=index,
+                                                attempt=None, max_attempts=None))
+    logger.info("Wait %r of run id=%s timed out; on_timeout=%r", step.name, run.pk,
+                wait.on_timeout)
+    return land(spec, run.pk, target, engine.public(state), settled_usage, now, [event],
+                writes=writes)
+
+
+def expire_due(now: datetime, limit: int = 100) -> int:
+    """The sweeper's phase: settle up to ``limit`` expired waits, oldest first; return how
+    many. One bad run never stops the others (it is logged and tried again next sweep)."""
+    due = list(WorkflowRun.objects.filter(
+        status=RunStatus.WAITING_FOR_SIGNAL, wait_expires_at__lte=now,
+    ).order_by("wait_expires_at").values_list("pk", flat=True)[:limit])
+    settled = 0
+    for run_id in due:
+        try:
+            settled += expire_wait(run_id, now)
+        except Exception:  # noqa: BLE001 - the next sweep tries it again
+            logger.exception("Settling the expired wait of run id=%s failed", run_id)
+    return settled
