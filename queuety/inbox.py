@@ -132,8 +132,8 @@ def _deliver(run: WorkflowRun, spec: WorkflowSpec, name: str, data: Any, *, sent
                     f"{', '.join(map(repr, known)) or 'nothing'}.")
     parked_here = (run.status == RunStatus.WAITING_FOR_SIGNAL
                    and run.current_step in listeners)
-    if not parked_here and not any(i >= run.current_step for i in listeners) and any(
-            spec.steps[i].wait.timeout is not None for i in listeners if spec.steps[i].wait):
+    timed = [i for i in listeners if (w := spec.steps[i].wait) is not None and w.timeout]
+    if not parked_here and timed and not any(i >= run.current_step for i in listeners):
         late = _expired_instead(run, spec, listeners)
         if late is not None:
             raise late

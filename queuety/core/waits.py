@@ -103,9 +103,10 @@ class WaitSpec:
 
     def to_dict(self) -> dict[str, Any]:
         """Return the JSON form stored in the definition."""
-        data = {"signals": list(self.signals), "mode": self.mode, "result_key": self.result_key,
-                "match_payload": self.match_payload, "correlation_key": self.correlation_key,
-                "human": self.human, "decision": dict(self.decision), "schema": self.schema}
+        data: dict[str, Any] = {
+            "signals": list(self.signals), "mode": self.mode, "result_key": self.result_key,
+            "match_payload": self.match_payload, "correlation_key": self.correlation_key,
+            "human": self.human, "decision": dict(self.decision), "schema": self.schema}
         if self.timeout is not None:  # absent otherwise: older definitions keep their hash
             data.update(timeout=self.timeout, on_timeout=self.on_timeout)
         return data
