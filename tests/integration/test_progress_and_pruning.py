@@ -118,3 +118,26 @@ def test_prune_state_after__prunes_at_a_wait_settled_by_a_signal(worker, token):
     assert status.state == {"token": token, "go": {"ok": True}, "two": 2}
     assert Event.objects.get(run_id=run_id, kind="step_completed",
                              step_name="p_two").data["pruned"] == ["one"]
+
+
+def test_prune_state_after__transition_cost_is_pinned(token):
+    """Measured in this process: a pruned workflow's step takes the locked path (its
+    transition needs state_writes); a plain one keeps the one-statement transition."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from queuety import publish
+    from queuety.runtime import attempt
+
+    def statements(builder):
+        with publish.captured() as sent:
+            builder.dispatch({"token": token})
+            with CaptureQueriesContext(connection) as step:
+                attempt.execute_step(sent[0].step_run_id, inline=False)
+        return [q["sql"].split()[0] for q in step.captured_queries]
+
+    plain = queuety.workflow("cost_plain").then(long_steps.p_one).then(long_steps.p_two)
+    pruned = plain.prune_state_after(1)
+    assert statements(plain) == ["UPDATE", "WITH"]
+    assert statements(pruned) == ["UPDATE", "BEGIN", "UPDATE", "SELECT", "UPDATE", "INSERT",
+                                  "INSERT", "COMMIT"]
