@@ -256,7 +256,7 @@ def fork(run_id: int, *, actor: str = "") -> int:
             total_steps=source.total_steps, current_step=source.current_step,
             status=RunStatus.PAUSED, transitions=source.transitions,
             cost_units=source.cost_units, started_workflows=source.started_workflows,
-            groups=source.groups,
+            groups=source.groups, state_writes=source.state_writes,
             deadline_at=source.deadline_at)
         Event.objects.create(run_id=run.pk, kind="workflow_forked",
                              data={"by": actor, "from_run": source.pk, "state": source.state})

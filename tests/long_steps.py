@@ -10,12 +10,14 @@ from tests import workflows
 def report_progress(state, context):
     """Report ``total`` progress beats in a tight loop, then hold until the test releases it."""
     total = state["total"]
+    started = time.perf_counter()
     for done in range(1, total + 1):
         context.heartbeat(progress={"done": done, "total": total, "stage": "embedding"})
+    per_call_us = (time.perf_counter() - started) / total * 1e6
     deadline = time.monotonic() + 60
     while not workflows.marks(f"{state['token']}-release") and time.monotonic() < deadline:
         time.sleep(0.05)
-    return {"reported": total}
+    return {"reported": total, "per_call_us": round(per_call_us, 2)}
 
 
 def bad_progress(state, context):

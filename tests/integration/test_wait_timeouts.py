@@ -132,6 +132,21 @@ def test_expiry__lives_in_the_database_and_the_sweeper_phase_fires_it(worker, to
     assert kinds(run_id).count("wait_timed_out") == 1
 
 
+def test_timeout__fires_when_the_sweeper_comes_back_after_the_expiry(worker, token):
+    run_id = (queuety.workflow("timed_restart").wait_for_approval(timeout=1)
+              .then(workflows.step_a).dispatch({"token": token}))
+    worker.stop()  # no worker, no beat, no sweeper: nothing can fire the timeout
+    try:
+        time.sleep(2.5)
+        assert queuety.workflow_status(run_id).status == "waiting_for_signal"
+        assert "wait_timed_out" not in kinds(run_id)
+    finally:
+        worker.start()
+    status = wait_for(run_id, ("failed",), timeout=30, worker=worker)
+    assert status.error["type"] == "queuety.exceptions.WaitExpired"
+    assert kinds(run_id).count("wait_timed_out") == 1
+
+
 def test_expiry_scan__uses_the_partial_index():
     with connection.cursor() as cursor:
         cursor.execute("SET enable_seqscan = off")
