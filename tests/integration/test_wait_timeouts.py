@@ -177,15 +177,16 @@ def test_admin_and_cli__show_the_expiry(worker, token):
 
 
 def test_reply_racing_the_timeout__exactly_one_outcome_per_run(worker, token, semantics):
-    runs = [queuety.workflow("timed_race").wait_for_approval(timeout=1.0)
+    runs = [queuety.workflow("timed_race").wait_for_approval(timeout=2.0)
             .then(workflows.step_a).dispatch({"token": f"{token}-{i}"}) for i in range(30)]
     expires = {pk: at for pk, at in WorkflowRun.objects.filter(pk__in=runs)
                .values_list("pk", "wait_expires_at")}
     outcomes: dict[int, str] = {}
 
     def answer(run_id: int) -> None:
-        # Aim at the expiry: some replies land just before it, some just after.
-        delay = (expires[run_id] - timezone.now()).total_seconds() + (run_id % 5 - 2) * 0.03
+        # Aim around the expiry, from 0.5 s before it to 0.1 s after: the early replies
+        # should win, the late ones lose, and those near it race the sweepers.
+        delay = (expires[run_id] - timezone.now()).total_seconds() + (run_id % 7 - 5) * 0.1
         time.sleep(max(0.0, delay))
         try:
             queuety.approve(run_id, {"by": "racer"})
@@ -224,3 +225,4 @@ def test_reply_racing_the_timeout__exactly_one_outcome_per_run(worker, token, se
                      f"replies won {counts['reply']}, timeouts won {counts['expired']}; "
                      "no run had both")
     assert sum(counts.values()) == 30
+    assert counts["reply"] >= 1 and counts["expired"] >= 1  # both sides of the race were run
