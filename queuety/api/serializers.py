@@ -87,4 +87,6 @@ class WaitingRunSerializer(serializers.Serializer):
     step_name = serializers.CharField()
     human_wait = serializers.CharField()
     waiting_since = serializers.DateTimeField()
+    expires_at = serializers.DateTimeField(
+        allow_null=True, help_text="When the wait's timeout settles it; null: no timeout.")
     schema = serializers.DictField(allow_null=True)

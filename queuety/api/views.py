@@ -265,7 +265,7 @@ class WaitsView(RunAPIView):
                 continue
             found.append({"id": run.pk, "name": run.name, "step_name": step.name,
                           "human_wait": step.wait.human, "waiting_since": run.updated_at,
-                          "schema": step.wait.schema})
+                          "expires_at": run.wait_expires_at, "schema": step.wait.schema})
             if len(found) == 200:
                 break
         return Response(serializers.WaitingRunSerializer(found, many=True).data)

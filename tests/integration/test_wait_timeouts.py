@@ -173,6 +173,14 @@ def test_admin_and_cli__show_the_expiry(worker, token):
     out = StringIO()
     call_command("queuety", "workflow", "status", str(run_id), stdout=out)
     assert "Expires:  " in out.getvalue() and "(on timeout: fail)" in out.getvalue()
+    expires = WorkflowRun.objects.get(pk=run_id).wait_expires_at
+    api = api_client()
+    listed = [w for w in api.get("/queuety/api/waits/").json() if w["id"] == run_id]
+    assert [timezone.datetime.fromisoformat(w["expires_at"].replace("Z", "+00:00"))
+            for w in listed] == [expires]
+    details = api.get(f"/queuety/api/runs/{run_id}/").json()["wait_details"]
+    assert timezone.datetime.fromisoformat(details["expires_at"]) == expires
+    assert details["on_timeout"] == "fail" and details["timeout_seconds"] == 600.0
     queuety.cancel(run_id)
 
 
