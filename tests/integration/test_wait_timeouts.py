@@ -234,3 +234,17 @@ def test_reply_racing_the_timeout__exactly_one_outcome_per_run(worker, token, se
                      "no run had both")
     assert sum(counts.values()) == 30
     assert counts["reply"] >= 1 and counts["expired"] >= 1  # both sides of the race were run
+
+
+def test_pause__holds_the_timeout_and_resume_keeps_the_deadline(worker, token):
+    run_id = (queuety.workflow("timed_paused").wait_for_approval(timeout=1.5)
+              .then(workflows.step_a).dispatch({"token": token}))
+    expires = WorkflowRun.objects.get(pk=run_id).wait_expires_at
+    queuety.pause(run_id)
+    time.sleep(3)  # past the expiry: sweeps skip a paused run
+    assert queuety.workflow_status(run_id).status == "paused"
+    assert "wait_timed_out" not in kinds(run_id)
+    queuety.resume(run_id)
+    assert WorkflowRun.objects.get(pk=run_id).wait_expires_at == expires
+    status = wait_for(run_id, ("failed",), timeout=20, worker=worker)
+    assert status.error["type"] == "queuety.exceptions.WaitExpired"
