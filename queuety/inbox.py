@@ -57,7 +57,18 @@ def send_signal(run_id: int, name: str, data: Any = None, *, sent_by: str = "",
     data = waits.check_signal_data(run_id, name, data, settings.MAX_SIGNAL_BYTES)
     with transaction.atomic():
         run, spec = _lock_for_signal(run_id)
+        current = spec.steps[run.current_step].wait if run.current_step < len(spec.steps) \
+            else None
         late = _settle_if_expired(run, spec)
+        if late is not None and current is not None and name not in current.signals:
+            # The run was past due at a wait this signal is not for: that wait timed out
+            # first, and the signal is delivered to what the run does now (unless the
+            # timeout failed it: then it is refused, and the timeout still commits).
+            try:
+                run, spec = _lock_for_signal(run_id)
+                late = None
+            except exceptions.RunNotWaiting as refused:
+                late = refused if isinstance(refused, exceptions.WaitExpired) else late
         if late is None:
             return _deliver(run, spec, name, data, sent_by=sent_by, dedupe_key=dedupe_key)
     raise late  # after the commit: the timeout this signal found is settled

@@ -248,3 +248,17 @@ def test_pause__holds_the_timeout_and_resume_keeps_the_deadline(worker, token):
     assert WorkflowRun.objects.get(pk=run_id).wait_expires_at == expires
     status = wait_for(run_id, ("failed",), timeout=20, worker=worker)
     assert status.error["type"] == "queuety.exceptions.WaitExpired"
+
+
+def test_signal_for_the_next_wait__past_due_wait_times_out_first_and_it_is_delivered(worker,
+                                                                                     token):
+    run_id = (queuety.workflow("timed_then_next")
+              .wait_for_signal("first", timeout=3600, on_timeout="continue")
+              .wait_for_signal("second", result_key="second").then(workflows.step_a)
+              .dispatch({"token": token}))
+    WorkflowRun.objects.filter(pk=run_id).update(
+        wait_expires_at=timezone.now() - timedelta(seconds=1))
+    queuety.signal(run_id, "second", {"n": 2})  # whether the sweeper got there first or not
+    status = wait_for(run_id, worker=worker)
+    assert status.status == "completed" and status.state["second"] == {"n": 2}
+    assert kinds(run_id).count("wait_timed_out") == 1
