@@ -112,7 +112,7 @@ def resume_waiting(run_id: int) -> str | None:
 
 def _move_on(spec: WorkflowSpec, run: WorkflowRun, target: int | None,
              state: dict[str, Any], usage: budgets.Usage, now: datetime,
-             events: list[Event]) -> str:
+             events: list[Event], writes: dict[str, int] | None = None) -> str:
     """Land a run woken at its wait on ``target``; a step there that cannot be done (a budget
     breach, items that are not a list, ...) fails the run at the wait, state kept as it was.
 
@@ -120,7 +120,7 @@ def _move_on(spec: WorkflowSpec, run: WorkflowRun, target: int | None,
     """
     try:
         with transaction.atomic():
-            return land(spec, run.pk, target, state, usage, now, list(events))
+            return land(spec, run.pk, target, state, usage, now, list(events), writes=writes)
     except (exceptions.BudgetExceeded, exceptions.WorkflowDefinitionError) as error:
         index = run.current_step
         return fail_at_wait(spec, run.pk, index, run.state, rows.usage_of(run), now, events,
@@ -143,16 +143,24 @@ def _child_finished(spec: WorkflowSpec, parent: WorkflowRun, index: int,
     if child.status != RunStatus.COMPLETED:
         return _child_failed(spec, parent, index, child, usage, now, events)
     output = engine.public(child.state)
-    state = {**parent.state, **output}
     settled = replace(usage, transitions=usage.transitions + 1)
-    events[0].data["output"] = output
+    pruned_run = spec.prune_state_after is not None
+    # The child started with this run's state: only the keys it added or changed count as
+    # written here, or merging it back would make the dispatch payload's keys prunable.
+    changed = {k: v for k, v in output.items()
+               if k not in parent.state or parent.state[k] != v}
+    state, writes, pruned = pruning.apply(spec.prune_state_after, {**parent.state, **output},
+                                          parent.state_writes if pruned_run else None,
+                                          changed, settled.transitions)
+    events[0].data.update(output=output, **pruning.event_data(pruned))
     try:
         flow.check_budget(spec, parent.pk, state, settled)
     except exceptions.BudgetExceeded as breach:
         return fail_at_wait(spec, parent.pk, index, parent.state, settled, now, events,
                             flow.failure_record(breach, step=step.name, step_index=index,
                                                 attempt=None, max_attempts=None))
-    return _move_on(spec, parent, spec.next_index(index), state, settled, now, events)
+    return _move_on(spec, parent, spec.next_index(index), state, settled, now, events,
+                    writes if pruned_run else None)
 
 
 def _child_failed(spec: WorkflowSpec, parent: WorkflowRun, index: int, child: WorkflowRun,

@@ -146,3 +146,16 @@ def test_prune_state_after__transition_cost_is_pinned(token):
     assert statements(plain) == ["UPDATE", "WITH"]
     assert statements(pruned) == ["UPDATE", "BEGIN", "UPDATE", "SELECT", "UPDATE", "INSERT",
                                   "INSERT", "COMMIT"]
+
+
+def test_prune_state_after__counts_a_child_runs_merged_keys(worker, token):
+    child = queuety.workflow("pruned_child_inner").then(long_steps.p_two)
+    run_id = (queuety.workflow("pruned_child").run_workflow("inner", child)
+              .then(long_steps.p_four).then(long_steps.p_five)
+              .prune_state_after(2).dispatch({"token": token}))
+    status = wait_for(run_id, worker=worker)
+    # "two" came with the child's state at transition 1 and left two transitions later.
+    assert status.status == "completed"
+    assert status.state == {"token": token, "four": 4, "five": 5}
+    assert Event.objects.get(run_id=run_id, kind="step_completed",
+                             step_name="p_five").data["pruned"] == ["two"]
