@@ -11,7 +11,7 @@ from typing import Any
 from django.db import connection, transaction
 from django.utils import timezone
 
-from queuety import exceptions, publish
+from queuety import exceptions, publish, signals
 from queuety.core import budget as budgets
 from queuety.core.definition import WorkflowSpec, canonical_json, check_payload
 from queuety.models import DispatchKey, Event, RunStatus, WorkflowRun
@@ -101,6 +101,7 @@ def _dispatch_postgres(spec: WorkflowSpec, definition_pk: int, state: dict[str, 
     }
     run_pk, step_run_pk = rows.execute_hot(sql.DISPATCH_POSTGRES, params)
     publish.publish_on_commit([publish.message_for(spec, step_run_pk, 0)])
+    signals.emit("run_started", run_id=int(run_pk), workflow=spec.name, version=spec.version)
     return int(run_pk)
 
 

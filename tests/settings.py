@@ -36,3 +36,7 @@ LOGGING["loggers"]["queuety"]["level"] = "INFO"  # noqa: F405
 # The API fuzzer authenticates every request with HTTP Basic: a fast hasher keeps a request at
 # milliseconds instead of a PBKDF2 derivation each (tests only).
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+# A worker started with QUEUETY_TEST_OBSERVERS=1 records every Queuety signal it sends
+# (tests/observers, tests/integration/test_lifecycle_signals.py).
+if os.environ.get("QUEUETY_TEST_OBSERVERS"):
+    INSTALLED_APPS = [*INSTALLED_APPS, "tests.observers"]  # noqa: F405

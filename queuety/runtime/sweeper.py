@@ -28,6 +28,7 @@ from queuety.runtime.recovery import interruption
 from queuety.runtime.settle import resume_waiting
 from queuety.store import rows
 from queuety.store.definitions import load_spec
+from queuety.webhooks import delivery as webhooks
 
 logger = logging.getLogger("queuety")
 
@@ -47,7 +48,8 @@ def sweep(now: datetime | None = None) -> dict[str, int]:
     phases: tuple[tuple[str, Callable[[datetime], int]], ...] = (
         ("workers", recover_lost_workers), ("recovered", recover_lost),
         ("republished", republish_due),
-        ("parents", wake_parents), ("overdue", fail_overdue), ("purged", purge_finished))
+        ("parents", wake_parents), ("overdue", fail_overdue), ("purged", purge_finished),
+        ("webhooks", webhooks.recover))
     for name, phase in phases:
         try:
             report[name] = phase(now)
