@@ -26,6 +26,8 @@ QUEUETY = {
     "REDELIVER_AFTER": 3.0,
     "MAX_ETA": 5.0,
     "WORKER_LOST_AFTER": 1.5,
+    "WEBHOOK_RETRY_DELAYS": [0.2, 0.5],
+    "WEBHOOK_TIMEOUT": 2.0,
 }
 # A worker started with QUEUETY_TEST_TIMINGS=shipped runs on the shipped defaults (sweeps every
 # 5 s, heartbeats every 10 s, a lost worker after 25 s, a stale step after 60 s), so a test can

@@ -25,6 +25,8 @@ from queuety.webhooks import delivery
 class EndpointForm(forms.ModelForm):
     """The endpoint's form: events as checkboxes, the secret write-only."""
 
+    url = forms.URLField(max_length=2000, assume_scheme="https",
+                         help_text="Where deliveries are POSTed (http or https).")
     events = forms.MultipleChoiceField(
         choices=[(name, name) for name in BY_WEBHOOK], widget=forms.CheckboxSelectMultiple,
         help_text="The events this endpoint receives (docs/guide/observability.md).")

@@ -7,7 +7,7 @@ from django.apps import AppConfig
 
 
 def record(name: str):
-    def receiver(sender, **arguments):
+    def receiver(sender, signal, **arguments):
         from tests.workflows import marks_dir
 
         line = json.dumps({"signal": name, "sender": sender.__name__, "pid": os.getpid(),
