@@ -77,6 +77,8 @@ DEFAULTS: dict[str, Any] = {
     # A token that lets a scraper read the metrics endpoint with "Authorization: Bearer
     # <token>"; None: only a signed-in user with the view permission on runs can.
     "METRICS_TOKEN": None,
+    # Count steps and sweeps in the worker with prometheus-client (queuety-django[metrics]).
+    "METRICS": False,
     # Trace runs and step attempts with OpenTelemetry (needs queuety-django[otel] and a
     # tracer provider configured by the site).
     "TRACING": False,

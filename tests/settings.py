@@ -42,3 +42,7 @@ PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 # (tests/observers, tests/integration/test_lifecycle_signals.py).
 if os.environ.get("QUEUETY_TEST_OBSERVERS"):
     INSTALLED_APPS = [*INSTALLED_APPS, "tests.observers"]  # noqa: F405
+# A worker started with PROMETHEUS_MULTIPROC_DIR counts steps and sweeps there
+# (tests/integration/test_metrics.py).
+if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+    QUEUETY = {**QUEUETY, "METRICS": True}

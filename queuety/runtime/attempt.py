@@ -20,7 +20,7 @@ from typing import Any
 from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
-from queuety import cleanup, exceptions, publish
+from queuety import cleanup, exceptions, instruments, publish
 from queuety.conf import settings
 from queuety.core import budget as budgets
 from queuety.core import engine, flow
@@ -113,9 +113,12 @@ def _execute_task_step(held: Claim, spec: WorkflowSpec, *, inline_until: float |
                 # A timed step's message carries a hard limit: no try may outlive it.
                 give_up_at = None if step.timeout is None else (
                     started + step.timeout + settings.HARD_TIMEOUT_GRACE)
-                following = record_success_retrying(held, spec, outcome, _ms_since(started),
+                took = _ms_since(started)
+                following = record_success_retrying(held, spec, outcome, took,
                                                     inline_until=inline_until,
                                                     give_up_at=give_up_at)
+                if settings.METRICS:
+                    instruments.step_finished(spec.name, step.name, "completed", took)
             except (exceptions.BudgetExceeded, exceptions.WorkflowDefinitionError) as error:
                 # Found while landing on the next step (the run had moved on, or a for_each's
                 # items are not a list or too many): this step's outcome cannot stand.
@@ -167,7 +170,10 @@ def _execute_branch(held: Claim, spec: WorkflowSpec, step: StepSpec,
                     output = watch.settle(call_item_handler(
                         row.handler, dict(held.state), item["item"], item["index"], context))
                     engine.check_output(step.name, held.run_id, {"item": output})
-            branch_done(held, spec, output, _ms_since(started))
+            took = _ms_since(started)
+            branch_done(held, spec, output, took)
+            if settings.METRICS:
+                instruments.step_finished(spec.name, step.name, "completed", took)
         except Exception as error:  # noqa: BLE001 - recorded like any step failure
             record_failure(held, spec, error, _ms_since(started))
             timed_out = isinstance(error, exceptions.StepTimeout)

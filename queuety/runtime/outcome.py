@@ -20,7 +20,7 @@ from typing import Any
 from django.db import DatabaseError, InterfaceError, OperationalError, connection, transaction
 from django.utils import timezone
 
-from queuety import cleanup, exceptions, publish, signals
+from queuety import cleanup, exceptions, instruments, publish, signals
 from queuety.conf import settings
 from queuety.core import budget as budgets
 from queuety.core import engine, fanout, flow
@@ -338,6 +338,11 @@ def _emit_step_failed(held: Claim, spec: WorkflowSpec, name: str, record: dict[s
     signals.emit("step_failed", run_id=held.run_id, workflow=spec.name, step=name,
                  step_run_id=held.step_run_id, attempt=held.attempt, max_attempts=max_attempts,
                  error=record, will_retry=retry_in is not None, retry_in=retry_in)
+    if settings.METRICS:
+        outcome = "retried" if retry_in is not None else "failed"
+        instruments.step_finished(spec.name, name, outcome, None)
+        if record["type"] == "queuety.exceptions.StepTimeout":
+            instruments.step_finished(spec.name, name, "timed_out", None)
 
 
 def _record_item_failure(held: Claim, spec: WorkflowSpec, event: Event, now: datetime) -> bool:

@@ -16,7 +16,7 @@ from django.db.models import F, Q, Value
 from django.db.models.functions import Greatest
 from django.utils import timezone
 
-from queuety import exceptions, publish
+from queuety import exceptions, instruments, publish
 from queuety.conf import settings
 from queuety.core import flow
 from queuety.core.status import FINISHED
@@ -58,6 +58,7 @@ def sweep(now: datetime | None = None) -> dict[str, int]:
             report[name] = -1
     if any(report.values()):
         logger.info("Sweep %s", " ".join(f"{k}={v}" for k, v in report.items()))
+    instruments.swept(report)
     return report
 
 
