@@ -70,6 +70,9 @@ class WorkflowRun(models.Model):
     groups = models.JSONField(default=dict, blank=True, db_default={})
     # Iterations of each repeat step's current loop ({step index: n}); reset when it exits.
     loops = models.JSONField(default=dict, blank=True)
+    # The W3C trace context (traceparent) of the span that dispatched the run, when tracing
+    # is on: each step attempt's span joins that trace, whichever process runs it and when.
+    trace_context = models.CharField(max_length=512, blank=True, default="", db_default="")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
     finished_at = models.DateTimeField(null=True, blank=True)

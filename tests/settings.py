@@ -46,3 +46,6 @@ if os.environ.get("QUEUETY_TEST_OBSERVERS"):
 # (tests/integration/test_metrics.py).
 if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
     QUEUETY = {**QUEUETY, "METRICS": True}
+# ... and with QUEUETY_TEST_TRACING=1 it traces runs and steps (tests/observers exports them).
+if os.environ.get("QUEUETY_TEST_TRACING"):
+    QUEUETY = {**QUEUETY, "TRACING": True}

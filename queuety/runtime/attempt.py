@@ -14,13 +14,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
 from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
-from queuety import cleanup, exceptions, instruments, publish
+from queuety import cleanup, exceptions, instruments, publish, tracing
 from queuety.conf import settings
 from queuety.core import budget as budgets
 from queuety.core import engine, flow
@@ -98,7 +99,7 @@ def _execute_task_step(held: Claim, spec: WorkflowSpec, *, inline_until: float |
     following = None
     # The heartbeat covers recording the outcome too: under contention for the run row, the
     # transition can wait for a lock, and the sweeper must not take this attempt for lost.
-    with heartbeat(held.step_run_id):
+    with _span(held, spec, step.name) as span, heartbeat(held.step_run_id):
         try:
             with deadline(step.name, held.timeout, held) as watch:
                 output = None if step.kind == "delay" else watch.settle(call_handler(
@@ -106,9 +107,11 @@ def _execute_task_step(held: Claim, spec: WorkflowSpec, *, inline_until: float |
             outcome = engine.advance(spec, held.run_id, held.state, held.step_index, output)
             _check_budget(spec, held, outcome)
         except Exception as error:  # noqa: BLE001 - every step failure is recorded
+            span.fail(error, "failed")
             record_failure(held, spec, error, _ms_since(started))
             timed_out = isinstance(error, exceptions.StepTimeout)
         else:
+            span.set(status="completed")
             try:
                 # A timed step's message carries a hard limit: no try may outlive it.
                 give_up_at = None if step.timeout is None else (
@@ -159,7 +162,7 @@ def _execute_branch(held: Claim, spec: WorkflowSpec, step: StepSpec,
     threads_before = set(threading.enumerate())
     started = time.monotonic()
     timed_out = False
-    with heartbeat(held.step_run_id):
+    with _span(held, spec, step.name) as span, heartbeat(held.step_run_id):
         try:
             with deadline(step.name, held.timeout, held) as watch:
                 if step.kind == "parallel":
@@ -175,9 +178,20 @@ def _execute_branch(held: Claim, spec: WorkflowSpec, step: StepSpec,
             if settings.METRICS:
                 instruments.step_finished(spec.name, step.name, "completed", took)
         except Exception as error:  # noqa: BLE001 - recorded like any step failure
+            span.fail(error, "failed")
             record_failure(held, spec, error, _ms_since(started))
             timed_out = isinstance(error, exceptions.StepTimeout)
+        else:
+            span.set(status="completed")
     return _report(threads_before, timed_out)
+
+
+def _span(held: Claim, spec: WorkflowSpec, step_name: str
+          ) -> AbstractContextManager[tracing.Span]:
+    """The attempt's span (a no-op unless tracing is on), joined to the run's trace."""
+    return tracing.step_span(held.trace_context, spec.name, spec.version, step_name,
+                             run_id=held.run_id, step_run_id=held.step_run_id,
+                             attempt=held.attempt, branch=held.branch or None)
 
 
 def _execute_cleanup(held: Claim, spec: WorkflowSpec) -> None:

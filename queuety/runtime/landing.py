@@ -16,7 +16,7 @@ from typing import Any
 
 from django.db.models import F
 
-from queuety import exceptions, publish, signals
+from queuety import exceptions, publish, signals, tracing
 from queuety.conf import settings
 from queuety.core import budget as budgets
 from queuety.core import dependencies, engine, fanout, flow, waits
@@ -70,6 +70,7 @@ def create_run(spec: WorkflowSpec, state: dict[str, Any], now: datetime, extra: 
     run = WorkflowRun.objects.create(
         definition_id=definition_id(spec), name=spec.name, state=state,
         total_steps=len(spec.steps), status=RunStatus.RUNNING,
+        trace_context=tracing.current_context(),
         deadline_at=None if spec.deadline_seconds is None
         else now + timedelta(seconds=spec.deadline_seconds), **links)
     begin(spec, run, state, now, extra, delay)

@@ -249,7 +249,8 @@ def _complete_postgres(held: Claim, spec: WorkflowSpec, outcome: engine.Advance,
         next_id, held.run_id, next_index, usage.transitions + 1, 1,
         held.definition_id, json.loads(state), held.revision + 1, now,
         budgets.Usage(usage.transitions + 1, usage.cost_units + cost_units,
-                      usage.started_workflows), "step", held.claimed_by, 0, None)
+                      usage.started_workflows), "step", held.claimed_by, 0, None,
+        held.trace_context)
 
 
 # -- failure ----------------------------------------------------------------------------------

@@ -34,3 +34,34 @@ class ObserversConfig(AppConfig):
             kind.signal.connect(broken, weak=False, dispatch_uid=f"broken-{name}")
             receiver = record(name)
             kind.signal.connect(receiver, weak=False, dispatch_uid=f"record-{name}")
+        if os.environ.get("QUEUETY_TEST_TRACING"):
+            trace_to_file()
+
+
+def trace_to_file() -> None:
+    """Export this process's finished spans to ``$QUEUETY_TEST_DIR/spans`` (one JSON line
+    each) through the SDK's in-memory exporter."""
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    class FileExporter(InMemorySpanExporter):
+        def export(self, spans):
+            from tests.workflows import marks_dir
+
+            result = super().export(spans)
+            with open(marks_dir() / "spans", "a") as handle:
+                for span in self.get_finished_spans():
+                    handle.write(json.dumps({
+                        "name": span.name, "trace_id": f"{span.context.trace_id:032x}",
+                        "span_id": f"{span.context.span_id:016x}",
+                        "parent_id": f"{span.parent.span_id:016x}" if span.parent else None,
+                        "status": span.status.status_code.name, "pid": os.getpid(),
+                        "attributes": dict(span.attributes or {})}) + "\n")
+            self.clear()
+            return result
+
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(FileExporter()))
+    trace.set_tracer_provider(provider)
