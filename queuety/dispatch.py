@@ -65,8 +65,10 @@ def dispatch(spec: WorkflowSpec, payload: dict[str, Any] | None = None, *,
 def _write(spec: WorkflowSpec, definition_pk: int, state: dict[str, Any], payload_hash: str,
            idempotency_key: str | None, on_conflict: str, trace_context: str) -> int:
     now = timezone.now()
+    # The one-statement fast path commits by itself: a webhook endpoint subscribed to
+    # run.started needs its delivery row in the run's transaction, so it takes the other path.
     if idempotency_key is None and spec.steps[0].kind == "task" and \
-            connection.vendor == "postgresql":
+            connection.vendor == "postgresql" and not signals.sinks_want("run_started"):
         run_pk = _dispatch_postgres(spec, definition_pk, state, now, trace_context)
         logger.info("Run id=%s workflow=%s version=%s dispatched", run_pk, spec.name,
                     spec.version)

@@ -95,6 +95,12 @@ def wanted(name: str) -> bool:
     return any(wants(name) for wants, _ in _sinks)
 
 
+def sinks_want(name: str) -> bool:
+    """Whether a sink (the webhook outbox) wants event ``name``: its rows must then be written
+    in the event's transaction, so a one-statement fast path takes a transaction instead."""
+    return any(wants(name) for wants, _ in _sinks)
+
+
 def emit(name: str, **arguments: Any) -> None:
     """Record event ``name``: sinks write now, in the current transaction; receivers get the
     signal once it commits (at once outside a transaction, which has then committed).

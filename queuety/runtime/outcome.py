@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from contextlib import suppress
+from contextlib import nullcontext, suppress
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -230,8 +230,11 @@ def _complete_postgres(held: Claim, spec: WorkflowSpec, outcome: engine.Advance,
         "events": json.dumps(events),
         "cost_units": cost_units,
     }
-    owns, advanced, next_id = rows.execute_hot(sql.COMPLETE_POSTGRES, params)
-    if next_id is None or next_index is None:
+    # A webhook endpoint subscribed to run.completed needs its delivery row in the transition's
+    # transaction: the run's last step then takes one (BEGIN and COMMIT) around the statement.
+    durable = following is None and signals.sinks_want("run_completed")
+    with transaction.atomic() if durable else nullcontext():
+        owns, advanced, next_id = rows.execute_hot(sql.COMPLETE_POSTGRES, params)
         if advanced and following is None:
             # The run completed. Its waiters are read by a statement of their own: a waiter
             # that held this run's row FOR SHARE committed its dependency rows before the CTE
@@ -239,6 +242,7 @@ def _complete_postgres(held: Claim, spec: WorkflowSpec, outcome: engine.Advance,
             notify_finished(held.run_id)
             signals.emit("run_completed", run_id=held.run_id, workflow=spec.name,
                          version=spec.version)
+    if next_id is None or next_index is None:
         return owns, advanced, None
     if not inline:
         publish.publish_on_commit([publish.message_for(spec, next_id, next_index)])
