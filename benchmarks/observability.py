@@ -16,6 +16,11 @@ worker at it and stops the clock at the last run's ``finished_at`` (as benchmark
 the modes take turns within each round, so a noisy neighbour hits them alike. The round trips
 of one step are counted in this process (``CaptureQueriesContext``) with the same switches.
 Prints a Markdown table.
+
+``--cpu`` measures in this process instead, with publishing captured (no broker): the modes
+take turns in blocks of ``--n`` three-step runs, each block's CPU time (``process_time``, which
+leaves out the time spent waiting for PostgreSQL) per step, median of ``--rounds`` blocks. On a
+shared, loaded machine the wall-clock throughput is noise; the CPU a step adds is the cost.
 """
 
 from __future__ import annotations
@@ -70,7 +75,11 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=400, help="runs per mode and round")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--concurrency", type=int, default=2)
+    parser.add_argument("--cpu", action="store_true", help="measure CPU per step in-process")
     args = parser.parse_args()
+    if args.cpu:
+        cpu(args.n, args.rounds)
+        return
 
     import django
 
@@ -126,6 +135,75 @@ def main() -> None:
                 proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 proc.kill()
+
+
+def cpu(n: int, rounds: int) -> None:
+    """CPU time per step in this process for each mode, the modes taking turns."""
+    folder = tempfile.mkdtemp(prefix="qbench-obs-cpu-")
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = folder  # before prometheus-client is imported
+    import django
+
+    django.setup()
+    from django.conf import settings
+    from django.core.management import call_command
+    from django.test import override_settings
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    import queuety
+    from queuety import publish, signals
+    from queuety.runtime import attempt
+
+    call_command("migrate", verbosity=0)
+    provider = TracerProvider()
+    exporter = InMemorySpanExporter()
+    provider.add_span_processor(BatchSpanProcessor(exporter))
+    trace.set_tracer_provider(provider)
+    builder = queuety.workflow("qbench_obs_cpu")
+    for step in STEPS:
+        builder = builder.then(step)
+    received = []
+
+    def receiver(sender, signal, **arguments):
+        received.append(1)
+
+    def block(mode: str) -> tuple[float, float]:
+        on = mode != "off"
+        for kind in signals.EVENTS.values():
+            if on:
+                kind.signal.connect(receiver, weak=False, dispatch_uid="qbench-cpu")
+            else:
+                kind.signal.disconnect(dispatch_uid="qbench-cpu")
+        with override_settings(QUEUETY={**getattr(settings, "QUEUETY", {}), "METRICS": on,
+                                        "TRACING": mode == "all"}):
+            cpu_start, wall_start = time.process_time(), time.perf_counter()
+            with publish.captured() as sent:
+                for i in range(n):
+                    builder.dispatch({"i": i})
+                for message in list(sent):
+                    attempt.execute_step(message.step_run_id)
+            steps = 3 * n
+            return ((time.process_time() - cpu_start) / steps * 1e6,
+                    (time.perf_counter() - wall_start) / steps * 1e6)
+
+    for mode in MODES:  # warm up
+        block(mode)
+    results: dict[str, list[tuple[float, float]]] = {mode: [] for mode in MODES}
+    for _ in range(rounds):
+        for mode in MODES:
+            results[mode].append(block(mode))
+            exporter.clear()
+    off = statistics.median(c for c, _ in results["off"])
+    print("| mode | CPU per step, µs (median) | wall per step, µs (median) | CPU vs off |")
+    print("|---|---|---|---|")
+    for mode, values in results.items():
+        median = statistics.median(c for c, _ in values)
+        wall = statistics.median(w for _, w in values)
+        print(f"| {mode} | {median:.0f} | {wall:.0f} | {median - off:+.0f} µs "
+              f"({median / off - 1:+.1%}) |")
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -18,23 +18,40 @@ Attributes: ``queuety.workflow``, ``queuety.version``, ``queuety.run_id``, ``que
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 from queuety.conf import settings
 
 _TRACER_NAME = "queuety"
+_tracer: Any = None
+_installed: bool | None = None
 
 
 def enabled() -> bool:
     """Whether spans are recorded: ``TRACING`` on and the OpenTelemetry API importable."""
+    global _installed
     if not settings.TRACING:
         return False
-    try:
-        import opentelemetry.trace  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    if _installed is None:
+        try:
+            import opentelemetry.trace  # noqa: F401
+        except ImportError:
+            _installed = False
+        else:
+            _installed = True
+    return _installed
+
+
+def _get_tracer() -> Any:
+    """The API's tracer, got once: a proxy that follows the provider the site sets, even one
+    set after the first span."""
+    global _tracer
+    if _tracer is None:
+        from opentelemetry import trace
+
+        _tracer = trace.get_tracer(_TRACER_NAME)
+    return _tracer
 
 
 class Span:
@@ -78,8 +95,7 @@ def run_span(workflow: str, version: str | None) -> Iterator[tuple[Span, str]]:
         return
     from opentelemetry import propagate, trace
 
-    tracer = trace.get_tracer(_TRACER_NAME)
-    with tracer.start_as_current_span(f"queuety.run {workflow}",
+    with _get_tracer().start_as_current_span(f"queuety.run {workflow}",
                                       kind=trace.SpanKind.PRODUCER) as span:
         carrier: dict[str, str] = {}
         propagate.inject(carrier)
@@ -88,21 +104,39 @@ def run_span(workflow: str, version: str | None) -> Iterator[tuple[Span, str]]:
         yield handle, carrier.get("traceparent", "")
 
 
-@contextmanager
+class _Off:
+    """The context of an attempt when tracing is off: enters to the no-op span, nothing
+    created per attempt."""
+
+    def __enter__(self) -> Span:
+        return _OFF
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+_OFF_CONTEXT = _Off()
+
+
 def step_span(trace_context: str, workflow: str, version: str | None, step: str,
-              **attributes: Any) -> Iterator[Span]:
-    """Run a step attempt in a span parented to the run's stored ``trace_context``."""
+              **attributes: Any) -> AbstractContextManager[Span]:
+    """A context that runs a step attempt in a span parented to the run's stored
+    ``trace_context`` (a shared no-op when tracing is off)."""
     if not enabled():
-        yield _OFF
-        return
+        return _OFF_CONTEXT
+    return _step_span(trace_context, workflow, version, step, attributes)
+
+
+@contextmanager
+def _step_span(trace_context: str, workflow: str, version: str | None, step: str,
+               attributes: dict[str, Any]) -> Iterator[Span]:
     from opentelemetry import propagate, trace
 
     parent = propagate.extract({"traceparent": trace_context}) if trace_context else None
-    tracer = trace.get_tracer(_TRACER_NAME)
-    with tracer.start_as_current_span(f"queuety.step {workflow}.{step}", context=parent,
-                                      kind=trace.SpanKind.CONSUMER,
-                                      record_exception=False, set_status_on_exception=False
-                                      ) as span:
+    with _get_tracer().start_as_current_span(f"queuety.step {workflow}.{step}", context=parent,
+                                             kind=trace.SpanKind.CONSUMER,
+                                             record_exception=False,
+                                             set_status_on_exception=False) as span:
         handle = Span(span)
         handle.set(workflow=workflow, version=version, step=step, **attributes)
         yield handle

@@ -9,6 +9,9 @@ import os
 import re
 import uuid
 
+# Imported before PROMETHEUS_MULTIPROC_DIR is set below: this process's own values stay
+# in-memory ones, while the endpoint reads the worker's files from the directory.
+import prometheus_client  # noqa: F401
 import pytest
 from django.conf import settings
 from django.contrib.auth.models import Permission, User
