@@ -87,9 +87,8 @@ def main() -> None:
     from django.core.management import call_command
 
     call_command("migrate", verbosity=0)
-    from project.celery import app
-
     import queuety
+    from project.celery import app
     from queuety.models import WorkflowRun
 
     folder = Path(tempfile.mkdtemp(prefix="qbench-obs-"))
