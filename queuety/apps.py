@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from django.apps import AppConfig
-from django.db.models.signals import post_migrate
+from django.db.models.signals import post_delete, post_migrate, post_save
 
 
 class QueuetyConfig(AppConfig):
@@ -18,6 +18,14 @@ class QueuetyConfig(AppConfig):
         from queuety import checks  # noqa: F401
 
         post_migrate.connect(_schedule_sweeper, sender=self)
+        # Webhook endpoints receive events through the outbox, a sink of queuety.signals.
+        from queuety import signals
+        from queuety.models import WebhookEndpoint
+        from queuety.webhooks import outbox
+
+        signals.add_sink(outbox.wants, outbox.write)
+        post_save.connect(outbox.forget, sender=WebhookEndpoint)
+        post_delete.connect(outbox.forget, sender=WebhookEndpoint)
 
 
 def _schedule_sweeper(using: str = "default", **kwargs) -> None:

@@ -74,6 +74,19 @@ DEFAULTS: dict[str, Any] = {
     # Keys (case-insensitive, at any depth) whose values the admin and the approval-link page
     # show as "********": in states, timelines, signal payloads and admin exports.
     "SECRET_KEYS": [],
+    # Seconds a webhook endpoint has to answer a delivery (connect and read).
+    "WEBHOOK_TIMEOUT": 10.0,
+    # Pauses before each further attempt of a webhook delivery that failed (no 2xx answer);
+    # after the last one the delivery is failed (the admin can redeliver it).
+    "WEBHOOK_RETRY_DELAYS": [10, 60, 300, 1800, 7200, 21600],
+    # A token that lets a scraper read the metrics endpoint with "Authorization: Bearer
+    # <token>"; None: only a signed-in user with the view permission on runs can.
+    "METRICS_TOKEN": None,
+    # Count steps and sweeps in the worker with prometheus-client (queuety-django[metrics]).
+    "METRICS": False,
+    # Trace runs and step attempts with OpenTelemetry (needs queuety-django[otel] and a
+    # tracer provider configured by the site).
+    "TRACING": False,
 }
 
 
@@ -109,6 +122,18 @@ class QueuetySettings:
                     "WORKER_LOST_AFTER", "MAX_PROGRESS_BYTES", "PROGRESS_INTERVAL"):
             if not values[key] > 0:
                 raise ImproperlyConfigured(f"QUEUETY[{key!r}] must be a positive number.")
+        delays = values["WEBHOOK_RETRY_DELAYS"]
+        if isinstance(delays, str | bytes) or not all(
+                isinstance(d, int | float) and d >= 0 for d in delays):
+            raise ImproperlyConfigured("QUEUETY['WEBHOOK_RETRY_DELAYS'] must be a list of "
+                                       "non-negative numbers of seconds, such as [10, 60, 300].")
+        if not values["WEBHOOK_TIMEOUT"] > 0:
+            raise ImproperlyConfigured("QUEUETY['WEBHOOK_TIMEOUT'] must be a positive number.")
+        token = values["METRICS_TOKEN"]
+        if token is not None and (not isinstance(token, str) or len(token) < 16):
+            raise ImproperlyConfigured("QUEUETY['METRICS_TOKEN'] must be None or a string of at "
+                                       "least 16 characters (a scraper sends it as a Bearer "
+                                       "token).")
         keys = values["SECRET_KEYS"]
         if isinstance(keys, str) or not all(isinstance(key, str) for key in keys):
             raise ImproperlyConfigured("QUEUETY['SECRET_KEYS'] must be a list of key names "

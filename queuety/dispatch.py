@@ -11,7 +11,7 @@ from typing import Any
 from django.db import connection, transaction
 from django.utils import timezone
 
-from queuety import exceptions, publish
+from queuety import exceptions, publish, signals, tracing
 from queuety.core import budget as budgets
 from queuety.core.definition import WorkflowSpec, canonical_json, check_payload
 from queuety.models import DispatchKey, Event, RunStatus, WorkflowRun
@@ -55,10 +55,21 @@ def dispatch(spec: WorkflowSpec, payload: dict[str, Any] | None = None, *,
         used = DispatchKey.objects.filter(key=idempotency_key).first()
         if used is not None:
             return _reused_key(used, spec, payload_hash, on_conflict)
+    with tracing.run_span(spec.name, spec.version) as (span, context):
+        run_pk = _write(spec, definition_pk, state, payload_hash, idempotency_key,
+                        on_conflict, context)
+        span.set(run_id=run_pk)
+    return run_pk
+
+
+def _write(spec: WorkflowSpec, definition_pk: int, state: dict[str, Any], payload_hash: str,
+           idempotency_key: str | None, on_conflict: str, trace_context: str) -> int:
     now = timezone.now()
+    # The one-statement fast path commits by itself: a webhook endpoint subscribed to
+    # run.started needs its delivery row in the run's transaction, so it takes the other path.
     if idempotency_key is None and spec.steps[0].kind == "task" and \
-            connection.vendor == "postgresql":
-        run_pk = _dispatch_postgres(spec, definition_pk, state, now)
+            connection.vendor == "postgresql" and not signals.sinks_want("run_started"):
+        run_pk = _dispatch_postgres(spec, definition_pk, state, now, trace_context)
         logger.info("Run id=%s workflow=%s version=%s dispatched", run_pk, spec.name,
                     spec.version)
         return run_pk
@@ -67,7 +78,7 @@ def dispatch(spec: WorkflowSpec, payload: dict[str, Any] | None = None, *,
             run = WorkflowRun.objects.create(
                 definition_id=definition_pk, name=spec.name, state=state,
                 total_steps=len(spec.steps), status=RunStatus.RUNNING,
-                idempotency_key=idempotency_key,
+                idempotency_key=idempotency_key, trace_context=trace_context,
                 deadline_at=None if spec.deadline_seconds is None
                 else now + timedelta(seconds=spec.deadline_seconds),
             )
@@ -87,7 +98,7 @@ def dispatch(spec: WorkflowSpec, payload: dict[str, Any] | None = None, *,
 
 
 def _dispatch_postgres(spec: WorkflowSpec, definition_pk: int, state: dict[str, Any],
-                       now: datetime) -> int:
+                       now: datetime, trace_context: str) -> int:
     first = spec.steps[0]
     params: dict[str, Any] = {
         "definition_id": definition_pk, "name": spec.name, "state": json.dumps(state),
@@ -95,12 +106,13 @@ def _dispatch_postgres(spec: WorkflowSpec, definition_pk: int, state: dict[str, 
         "deadline_at": None if spec.deadline_seconds is None
         else now + timedelta(seconds=spec.deadline_seconds),
         "step_name": first.name, "max_attempts": effective_policy(spec, 0).max_attempts,
-        "timeout": first.timeout,
+        "timeout": first.timeout, "trace_context": trace_context,
         "event": json.dumps({"definition_hash": spec.definition_hash, "version": spec.version,
                              "state": state, "idempotency_key": None}),
     }
     run_pk, step_run_pk = rows.execute_hot(sql.DISPATCH_POSTGRES, params)
     publish.publish_on_commit([publish.message_for(spec, step_run_pk, 0)])
+    signals.emit("run_started", run_id=int(run_pk), workflow=spec.name, version=spec.version)
     return int(run_pk)
 
 

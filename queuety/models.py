@@ -75,6 +75,9 @@ class WorkflowRun(models.Model):
     state_writes = models.JSONField(default=dict, blank=True, db_default={})
     # While the run is parked at a wait with a timeout: when the sweeper settles it by timeout.
     wait_expires_at = models.DateTimeField(null=True, blank=True)
+    # The W3C trace context (traceparent) of the span that dispatched the run, when tracing
+    # is on: each step attempt's span joins that trace, whichever process runs it and when.
+    trace_context = models.CharField(max_length=512, blank=True, default="", db_default="")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -282,3 +285,54 @@ class Worker(models.Model):
 
     def __str__(self) -> str:
         return f"worker {self.name} (beat {self.beat_at:%H:%M:%S})"
+
+
+class WebhookEndpoint(models.Model):
+    """An address that receives the events it subscribes to, signed with its secret.
+
+    The secret signs each delivery (HMAC-SHA256); the admin never shows it back and nothing
+    logs it.
+    """
+
+    url = models.URLField(max_length=2000, help_text="Where deliveries are POSTed (http or https).")
+    events = models.JSONField(default=list, help_text="The event names it receives, such as "
+                              "['run.failed', 'run.completed'].")
+    secret = models.CharField(max_length=255, help_text="Signs each delivery (HMAC-SHA256).")
+    active = models.BooleanField(default=True)
+    description = models.CharField(max_length=255, blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"webhook {self.pk} -> {self.url}"
+
+
+class WebhookDelivery(models.Model):
+    """One event for one endpoint: written in the event's transaction, sent by a Celery task
+    (``queuety.deliver_webhook``) with retries and back-off, so it survives a worker crash."""
+
+    PENDING, SENDING, DELIVERED, FAILED = "pending", "sending", "delivered", "failed"
+    STATUSES = [(s, s) for s in (PENDING, SENDING, DELIVERED, FAILED)]
+
+    endpoint = models.ForeignKey(WebhookEndpoint, on_delete=models.CASCADE,
+                                 related_name="deliveries")
+    event = models.CharField(max_length=64)
+    event_id = models.UUIDField(help_text="The same for every attempt and redelivery: a "
+                                "receiver dedupes on it.")
+    run_id = models.BigIntegerField(null=True, blank=True, db_index=True)
+    payload = models.JSONField()
+    status = models.CharField(max_length=16, choices=STATUSES, default=PENDING)
+    attempts = models.PositiveIntegerField(default=0)
+    next_attempt_at = models.DateTimeField()
+    last_attempt_at = models.DateTimeField(null=True, blank=True)
+    last_status_code = models.PositiveSmallIntegerField(null=True, blank=True)
+    last_error = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+    delivered_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        verbose_name_plural = "webhook deliveries"
+        indexes = [models.Index(fields=["next_attempt_at"], name="queuety_webhook_due",
+                                condition=Q(status__in=["pending", "sending"]))]
+
+    def __str__(self) -> str:
+        return f"{self.event} -> endpoint {self.endpoint_id} ({self.status})"

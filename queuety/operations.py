@@ -18,7 +18,7 @@ from django.db import OperationalError, connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from queuety import exceptions, publish, timeline
+from queuety import exceptions, publish, signals, timeline
 from queuety.cleanup import start_cleanup
 from queuety.core.definition import WorkflowSpec
 from queuety.core.status import FINISHED, LIVE_OR_HELD
@@ -83,6 +83,8 @@ def cancel(run_id: int, *, actor: str = "") -> None:
             status=RunStatus.CANCELLED, finished_at=now, updated_at=now,
             revision=F("revision") + 1)
         _event(run, "workflow_cancelled", actor, previous_status=previous)
+        signals.emit("run_cancelled", run_id=run.pk, workflow=run.name, actor=actor,
+                     previous_status=previous)
         if not (run.cleanup and run.cleanup.get("cause") == "failure"):
             start_cleanup(run, spec, "cancel", now)
         # Children, and runs it started, go with their parent (parent row locked before the

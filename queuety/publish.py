@@ -24,6 +24,8 @@ logger = logging.getLogger("queuety")
 EXECUTE_STEP = "queuety.execute_step"
 #: The task that moves on a run waiting for other runs.
 RESUME_PARENT = "queuety.resume_parent"
+#: The task that sends one webhook delivery row.
+DELIVER_WEBHOOK = "queuety.deliver_webhook"
 
 
 class Message(NamedTuple):
@@ -105,6 +107,25 @@ def _send_wake_ups(run_ids: list[int]) -> None:
         except Exception:  # noqa: BLE001 - the sweeper wakes waiting parents anyway
             logger.exception("Could not publish %s(%r); the sweeper will do it.", RESUME_PARENT,
                              run_id)
+
+
+def deliver_webhooks(delivery_ids: list[int], countdown: float | None = None) -> None:
+    """Once this transaction commits, ask a worker to send each webhook delivery row. A broker
+    error is logged: the sweeper sends due deliveries whose message was lost."""
+    if delivery_ids:
+        transaction.on_commit(partial(_send_deliveries, list(delivery_ids), countdown))
+
+
+def _send_deliveries(delivery_ids: list[int], countdown: float | None) -> None:
+    options: dict[str, Any] = {"queue": settings.QUEUE} if settings.QUEUE else {}
+    if countdown:
+        options["countdown"] = countdown
+    for delivery_id in delivery_ids:
+        try:
+            _send(DELIVER_WEBHOOK, (delivery_id,), options)
+        except Exception:  # noqa: BLE001 - the sweeper sends due deliveries anyway
+            logger.exception("Could not publish %s(%r); the sweeper will do it.",
+                             DELIVER_WEBHOOK, delivery_id)
 
 
 @contextmanager

@@ -16,6 +16,7 @@ from django.db import close_old_connections
 from queuety.runtime import attempt, recovery, settle, sweeper
 from queuety.runtime.claim import worker_id
 from queuety.runtime.workers import MainProcessBeat
+from queuety.webhooks import delivery
 
 logger = logging.getLogger("queuety")
 
@@ -25,6 +26,25 @@ signals.task_prerun.connect(lambda **kwargs: close_old_connections(), weak=False
 signals.task_postrun.connect(lambda **kwargs: close_old_connections(), weak=False)
 
 _beat: MainProcessBeat | None = None
+
+#: The periodic task whose routine lines (received, succeeded, sent by beat) are dropped: the
+#: sweeper logs a line of its own when it did something, so an idle site logs nothing.
+_QUIET_TASK = "queuety.sweep"
+
+
+class _QuietSweeps(logging.Filter):
+    """Drops Celery's INFO lines about ``queuety.sweep`` (every SWEEP_INTERVAL seconds)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno > logging.INFO:
+            return True
+        args = record.args
+        values = args.values() if isinstance(args, dict) else args or ()
+        return _QUIET_TASK not in values
+
+
+for _logger in ("celery.app.trace", "celery.worker.strategy", "celery.beat"):
+    logging.getLogger(_logger).addFilter(_QuietSweeps())
 
 
 @signals.worker_ready.connect(weak=False)
@@ -122,3 +142,10 @@ def resume_parent(run_id: int) -> None:
     """Move a run on once a run it waits for (its child, or one it awaits) finished; the
     sweeper is the backstop."""
     settle.resume_waiting(run_id)
+
+
+@shared_task(name="queuety.deliver_webhook", ignore_result=True)
+def deliver_webhook(delivery_id: int) -> None:
+    """Send one webhook delivery row (retries are scheduled by the row; the sweeper is the
+    backstop for a lost message)."""
+    delivery.deliver(delivery_id)

@@ -26,6 +26,8 @@ QUEUETY = {
     "REDELIVER_AFTER": 3.0,
     "MAX_ETA": 5.0,
     "WORKER_LOST_AFTER": 1.5,
+    "WEBHOOK_RETRY_DELAYS": [0.2, 0.5],
+    "WEBHOOK_TIMEOUT": 2.0,
 }
 # A worker started with QUEUETY_TEST_TIMINGS=shipped runs on the shipped defaults (sweeps every
 # 5 s, heartbeats every 10 s, a lost worker after 25 s, a stale step after 60 s), so a test can
@@ -36,3 +38,14 @@ LOGGING["loggers"]["queuety"]["level"] = "INFO"  # noqa: F405
 # The API fuzzer authenticates every request with HTTP Basic: a fast hasher keeps a request at
 # milliseconds instead of a PBKDF2 derivation each (tests only).
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+# A worker started with QUEUETY_TEST_OBSERVERS=1 records every Queuety signal it sends
+# (tests/observers, tests/integration/test_lifecycle_signals.py).
+if os.environ.get("QUEUETY_TEST_OBSERVERS"):
+    INSTALLED_APPS = [*INSTALLED_APPS, "tests.observers"]  # noqa: F405
+# A worker started with PROMETHEUS_MULTIPROC_DIR counts steps and sweeps there
+# (tests/integration/test_metrics.py).
+if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+    QUEUETY = {**QUEUETY, "METRICS": True}
+# ... and with QUEUETY_TEST_TRACING=1 it traces runs and steps (tests/observers exports them).
+if os.environ.get("QUEUETY_TEST_TRACING"):
+    QUEUETY = {**QUEUETY, "TRACING": True}

@@ -14,9 +14,10 @@ Pages:
   and the actions valid in the run's status);
 - ``approvals/``: every run waiting on a person, oldest first, answerable inline;
 - ``<id>/export/``: the run's JSON export (``export.export()``);
-- the definitions changelist with run counts per status.
+- the definitions changelist with run counts per status;
+- webhook endpoints (the secret write-only) and the delivery log, with a redeliver action.
 """
 
-from queuety.admin import definitions, runs
+from queuety.admin import definitions, runs, webhooks
 
-__all__ = ["definitions", "runs"]
+__all__ = ["definitions", "runs", "webhooks"]

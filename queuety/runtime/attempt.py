@@ -14,13 +14,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
 from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
-from queuety import cleanup, exceptions, publish
+from queuety import cleanup, exceptions, instruments, publish, tracing
 from queuety.conf import settings
 from queuety.core import budget as budgets
 from queuety.core import engine, flow
@@ -98,7 +99,7 @@ def _execute_task_step(held: Claim, spec: WorkflowSpec, *, inline_until: float |
     following = None
     # The heartbeat covers recording the outcome too: under contention for the run row, the
     # transition can wait for a lock, and the sweeper must not take this attempt for lost.
-    with heartbeat(held.step_run_id):
+    with _span(held, spec, step.name) as span, heartbeat(held.step_run_id):
         try:
             with deadline(step.name, held.timeout, held) as watch:
                 output = None if step.kind == "delay" else watch.settle(call_handler(
@@ -106,16 +107,21 @@ def _execute_task_step(held: Claim, spec: WorkflowSpec, *, inline_until: float |
             outcome = engine.advance(spec, held.run_id, held.state, held.step_index, output)
             _check_budget(spec, held, outcome)
         except Exception as error:  # noqa: BLE001 - every step failure is recorded
+            span.fail(error, "failed")
             record_failure(held, spec, error, _ms_since(started))
             timed_out = isinstance(error, exceptions.StepTimeout)
         else:
+            span.set(status="completed")
             try:
                 # A timed step's message carries a hard limit: no try may outlive it.
                 give_up_at = None if step.timeout is None else (
                     started + step.timeout + settings.HARD_TIMEOUT_GRACE)
-                following = record_success_retrying(held, spec, outcome, _ms_since(started),
+                took = _ms_since(started)
+                following = record_success_retrying(held, spec, outcome, took,
                                                     inline_until=inline_until,
                                                     give_up_at=give_up_at)
+                if settings.METRICS:
+                    instruments.step_finished(spec.name, step.name, "completed", took)
             except (exceptions.BudgetExceeded, exceptions.WorkflowDefinitionError) as error:
                 # Found while landing on the next step (the run had moved on, or a for_each's
                 # items are not a list or too many): this step's outcome cannot stand.
@@ -156,7 +162,7 @@ def _execute_branch(held: Claim, spec: WorkflowSpec, step: StepSpec,
     threads_before = set(threading.enumerate())
     started = time.monotonic()
     timed_out = False
-    with heartbeat(held.step_run_id):
+    with _span(held, spec, step.name) as span, heartbeat(held.step_run_id):
         try:
             with deadline(step.name, held.timeout, held) as watch:
                 if step.kind == "parallel":
@@ -167,11 +173,25 @@ def _execute_branch(held: Claim, spec: WorkflowSpec, step: StepSpec,
                     output = watch.settle(call_item_handler(
                         row.handler, dict(held.state), item["item"], item["index"], context))
                     engine.check_output(step.name, held.run_id, {"item": output})
-            branch_done(held, spec, output, _ms_since(started))
+            took = _ms_since(started)
+            branch_done(held, spec, output, took)
+            if settings.METRICS:
+                instruments.step_finished(spec.name, step.name, "completed", took)
         except Exception as error:  # noqa: BLE001 - recorded like any step failure
+            span.fail(error, "failed")
             record_failure(held, spec, error, _ms_since(started))
             timed_out = isinstance(error, exceptions.StepTimeout)
+        else:
+            span.set(status="completed")
     return _report(threads_before, timed_out)
+
+
+def _span(held: Claim, spec: WorkflowSpec, step_name: str
+          ) -> AbstractContextManager[tracing.Span]:
+    """The attempt's span (a no-op unless tracing is on), joined to the run's trace."""
+    return tracing.step_span(held.trace_context, spec.name, spec.version, step_name,
+                             run_id=held.run_id, step_run_id=held.step_run_id,
+                             attempt=held.attempt, branch=held.branch or None)
 
 
 def _execute_cleanup(held: Claim, spec: WorkflowSpec) -> None:

@@ -46,6 +46,8 @@ class Claim:
     """The row's position in a fan-out (0 for other steps)."""
     timeout: float | None = None
     """The row's timeout: seconds the attempt may run (its step's, or its branch's)."""
+    trace_context: str = ""
+    """The run's W3C trace context ('' when it was dispatched without tracing)."""
 
 
 def worker_id(pid: int | None = None) -> str:
@@ -63,7 +65,7 @@ def claim(step_run_id: int, now: datetime | None = None) -> Claim | None:
         if row is None:
             return None
         (run_id, step_index, seq, attempt, definition_pk, state, revision,
-         *counters, kind, branch, timeout) = row
+         *counters, kind, branch, timeout, trace_context) = row
     else:
         with rows.hot_cursor() as cursor:
             cursor.execute(sql.CLAIM_SQLITE, [stamp, stamp, me, step_run_id, stamp])
@@ -72,10 +74,10 @@ def claim(step_run_id: int, now: datetime | None = None) -> Claim | None:
                 return None
             run_id, step_index, seq, attempt, kind, branch, timeout = row
             cursor.execute(sql.CLAIMED_RUN_SQLITE, [run_id])
-            definition_pk, state, revision, *counters = cursor.fetchone()
+            definition_pk, state, revision, *counters, trace_context = cursor.fetchone()
     return Claim(step_run_id, run_id, step_index, seq, attempt, definition_pk,
                  rows.json_value(state), revision, now, budgets.Usage(*counters), kind, me,
-                 branch, timeout)
+                 branch, timeout, trace_context or "")
 
 
 def claim_of(row: StepRun) -> Claim:
@@ -84,7 +86,7 @@ def claim_of(row: StepRun) -> Claim:
     run = row.run
     return Claim(row.pk, row.run_id, row.step_index, row.seq, row.attempt, run.definition_id,
                  run.state, run.revision, row.claimed_at, rows.usage_of(run), row.kind,
-                 row.claimed_by, row.branch, row.timeout)
+                 row.claimed_by, row.branch, row.timeout, run.trace_context)
 
 
 def owned(held: Claim) -> QuerySet[StepRun]:

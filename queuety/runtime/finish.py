@@ -17,7 +17,7 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from queuety import cleanup, exceptions, publish
+from queuety import cleanup, exceptions, publish, signals
 from queuety.core import budget as budgets
 from queuety.core import engine, flow
 from queuety.core.definition import WorkflowSpec
@@ -65,11 +65,27 @@ def fail_run(spec: WorkflowSpec | None, run_id: int, error: dict[str, Any], now:
         announce = Event(run_id=run_id, kind="workflow_failed", data={"error": error})
     Event.objects.bulk_create([*events, announce])
     notify_finished(run_id)
+    _emit_failed(spec, run_id, error)
     logger.warning("Run id=%s failed at step %r: %s", run_id, error.get("step"),
                    error.get("message"))
     if spec is not None and (cause != "failure" or spec.compensate_on_failure):
         cleanup.start_cleanup(WorkflowRun.objects.get(pk=run_id), spec, cause, now)
     return True
+
+
+def _emit_failed(spec: WorkflowSpec | None, run_id: int, error: dict[str, Any]) -> None:
+    """Send ``run_failed`` (and ``budget_exceeded`` for a budget breach) for run ``run_id``."""
+    breach = "budget" in error
+    if not (signals.wanted("run_failed") or (breach and signals.wanted("budget_exceeded"))):
+        return
+    # A definition that no longer loads leaves only the row to name the workflow.
+    workflow = spec.name if spec is not None else WorkflowRun.objects.values_list(
+        "name", flat=True).get(pk=run_id)
+    signals.emit("run_failed", run_id=run_id, workflow=workflow, error=error)
+    if breach:
+        signals.emit("budget_exceeded", run_id=run_id, workflow=workflow,
+                     budget=error.get("budget"), limit=error.get("limit"),
+                     used=error.get("used"), step=error.get("step"))
 
 
 def fail_at_wait(spec: WorkflowSpec, run_id: int, index: int, state: dict[str, Any],

@@ -16,7 +16,7 @@ from typing import Any
 
 from django.db.models import F
 
-from queuety import exceptions, publish
+from queuety import exceptions, publish, signals, tracing
 from queuety.conf import settings
 from queuety.core import budget as budgets
 from queuety.core import dependencies, engine, fanout, flow, pruning, waits
@@ -47,6 +47,7 @@ def begin(spec: WorkflowSpec, run: WorkflowRun, state: dict[str, Any], now: date
     started = Event(run=run, kind="workflow_started", data={
         "definition_hash": spec.definition_hash, "version": spec.version, "state": state,
         **extra})
+    signals.emit("run_started", run_id=run.pk, workflow=spec.name, version=spec.version)
     if spec.steps[0].kind == "task":
         if delay:
             due = now + timedelta(seconds=delay)
@@ -69,6 +70,7 @@ def create_run(spec: WorkflowSpec, state: dict[str, Any], now: datetime, extra: 
     run = WorkflowRun.objects.create(
         definition_id=definition_id(spec), name=spec.name, state=state,
         total_steps=len(spec.steps), status=RunStatus.RUNNING,
+        trace_context=tracing.current_context(),
         deadline_at=None if spec.deadline_seconds is None
         else now + timedelta(seconds=spec.deadline_seconds), **links)
     begin(spec, run, state, now, extra, delay)
@@ -234,6 +236,8 @@ def land(spec: WorkflowSpec, run_id: int, index: int | None, state: dict[str, An
                                     step_name=step.name, data={
                                         "waiting_for": [str(i) for i in ids],
                                         **found.details}))
+                signals.emit("run_waiting", run_id=run_id, workflow=spec.name, step=step.name,
+                             waiting_for=list(ids), kind="workflows")
                 break
             if found.verdict == fanout.IMPOSSIBLE:
                 failure = exceptions.WorkflowWaitFailed(
@@ -262,6 +266,9 @@ def land(spec: WorkflowSpec, run_id: int, index: int | None, state: dict[str, An
                                         "waiting_for": list(step.wait.signals),
                                         "matched": result.matched, **({} if expires_at is None
                                         else {"expires_at": expires_at.isoformat()})}))
+                signals.emit("run_waiting", run_id=run_id, workflow=spec.name, step=step.name,
+                             waiting_for=list(step.wait.signals),
+                             kind=step.wait.human or "signal")
                 break
             output = result.output
             used = {"signals": [name for name, _ in result.chosen],
@@ -304,6 +311,7 @@ def land(spec: WorkflowSpec, run_id: int, index: int | None, state: dict[str, An
         fields.update(status=RunStatus.COMPLETED, current_step=len(spec.steps), finished_at=now)
         events.append(Event(run_id=run_id, kind="workflow_completed"))
         notify_finished(run_id)
+        signals.emit("run_completed", run_id=run_id, workflow=spec.name, version=spec.version)
         WorkflowRun.objects.filter(pk=run_id).update(**fields)
         Event.objects.bulk_create(events)
         return RunStatus.COMPLETED
@@ -356,6 +364,8 @@ def _enter(spec: WorkflowSpec, run_id: int, index: int, status: str, state: dict
         child_id = start_child(spec, run_id, index, state, now)
         events.append(Event(run_id=run_id, kind="child_started", step_index=index,
                             step_name=step.name, data={"child_run": child_id}))
+        signals.emit("run_waiting", run_id=run_id, workflow=spec.name, step=step.name,
+                     waiting_for=[child_id], kind="child")
     if status == RunStatus.RUNNING and step.kind in ("parallel", "for_each"):
         fan_out(spec, run_id, index, state, usage.transitions, now, items)
     elif status == RunStatus.RUNNING and step.kind == "delay":

@@ -13,14 +13,14 @@ from __future__ import annotations
 import json
 import logging
 import time
-from contextlib import suppress
+from contextlib import nullcontext, suppress
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import DatabaseError, InterfaceError, OperationalError, connection, transaction
 from django.utils import timezone
 
-from queuety import cleanup, exceptions, publish
+from queuety import cleanup, exceptions, instruments, publish, signals
 from queuety.conf import settings
 from queuety.core import budget as budgets
 from queuety.core import engine, fanout, flow, pruning
@@ -157,6 +157,8 @@ def _after_lost_answer(held: Claim, spec: WorkflowSpec, next_index: int | None) 
     broker a row that try had claimed for this process to run inline (nobody runs it now)."""
     if next_index is None:
         notify_finished(held.run_id)
+        signals.emit("run_completed", run_id=held.run_id, workflow=spec.name,
+                     version=spec.version)
         return
     now = timezone.now()
     following = StepRun.objects.filter(run_id=held.run_id, kind="step",
@@ -236,13 +238,19 @@ def _complete_postgres(held: Claim, spec: WorkflowSpec, outcome: engine.Advance,
         "events": json.dumps(events),
         "cost_units": cost_units,
     }
-    owns, advanced, next_id = rows.execute_hot(sql.COMPLETE_POSTGRES, params)
-    if next_id is None or next_index is None:
+    # A webhook endpoint subscribed to run.completed needs its delivery row in the transition's
+    # transaction: the run's last step then takes one (BEGIN and COMMIT) around the statement.
+    durable = following is None and signals.sinks_want("run_completed")
+    with transaction.atomic() if durable else nullcontext():
+        owns, advanced, next_id = rows.execute_hot(sql.COMPLETE_POSTGRES, params)
         if advanced and following is None:
             # The run completed. Its waiters are read by a statement of their own: a waiter
             # that held this run's row FOR SHARE committed its dependency rows before the CTE
             # could update the row, but the CTE's snapshot, taken before that, cannot see them.
             notify_finished(held.run_id)
+            signals.emit("run_completed", run_id=held.run_id, workflow=spec.name,
+                         version=spec.version)
+    if next_id is None or next_index is None:
         return owns, advanced, None
     if not inline:
         publish.publish_on_commit([publish.message_for(spec, next_id, next_index)])
@@ -253,7 +261,8 @@ def _complete_postgres(held: Claim, spec: WorkflowSpec, outcome: engine.Advance,
         next_id, held.run_id, next_index, usage.transitions + 1, 1,
         held.definition_id, json.loads(state), held.revision + 1, now,
         budgets.Usage(usage.transitions + 1, usage.cost_units + cost_units,
-                      usage.started_workflows), "step", held.claimed_by, 0, None)
+                      usage.started_workflows), "step", held.claimed_by, 0, None,
+        held.trace_context)
 
 
 # -- failure ----------------------------------------------------------------------------------
@@ -293,6 +302,7 @@ def record_failure(held: Claim, spec: WorkflowSpec, error: BaseException,
         if not owned(held).update(status=StepStatus.FAILED, finished_at=now, error=record):
             return
         event.data = {"error": record, "max_attempts": policy.max_attempts, **discarded}
+        _emit_step_failed(held, spec, name, record, policy.max_attempts, None)
         if is_cleanup:  # a failed compensation is recorded and skipped; the next one runs
             event.kind = f"{held.kind}_failed"
             event.save()
@@ -328,11 +338,24 @@ def _schedule_retry(held: Claim, spec: WorkflowSpec, event: Event, record: dict[
     event.data = {"error": record, "retry_in": round(delay, 6),
                   "retry_at": due.isoformat(), "max_attempts": max_attempts, **discarded}
     event.save()
+    _emit_step_failed(held, spec, event.step_name, record, max_attempts, round(delay, 6))
     if on_broker:
         publish.publish_on_commit([publish.Message(held.step_run_id, delay, held.timeout,
                                                    spec.queue)])
     logger.info("Step run id=%s attempt=%s failed (%s); retry in %.3fs",
                 held.step_run_id, held.attempt, record["type"], delay)
+
+
+def _emit_step_failed(held: Claim, spec: WorkflowSpec, name: str, record: dict[str, Any],
+                      max_attempts: int, retry_in: float | None) -> None:
+    signals.emit("step_failed", run_id=held.run_id, workflow=spec.name, step=name,
+                 step_run_id=held.step_run_id, attempt=held.attempt, max_attempts=max_attempts,
+                 error=record, will_retry=retry_in is not None, retry_in=retry_in)
+    if settings.METRICS:
+        outcome = "retried" if retry_in is not None else "failed"
+        instruments.step_finished(spec.name, name, outcome, None)
+        if record["type"] == "queuety.exceptions.StepTimeout":
+            instruments.step_finished(spec.name, name, "timed_out", None)
 
 
 def _record_item_failure(held: Claim, spec: WorkflowSpec, event: Event, now: datetime) -> bool:

@@ -16,7 +16,7 @@ from django.db.models import F, Q, Value
 from django.db.models.functions import Greatest
 from django.utils import timezone
 
-from queuety import exceptions, publish
+from queuety import exceptions, instruments, publish
 from queuety.conf import settings
 from queuety.core import flow
 from queuety.core.status import FINISHED
@@ -29,6 +29,7 @@ from queuety.runtime.recovery import interruption
 from queuety.runtime.settle import resume_waiting
 from queuety.store import rows
 from queuety.store.definitions import load_spec
+from queuety.webhooks import delivery as webhooks
 
 logger = logging.getLogger("queuety")
 
@@ -50,7 +51,7 @@ def sweep(now: datetime | None = None) -> dict[str, int]:
         ("workers", recover_lost_workers), ("recovered", recover_lost),
         ("republished", republish_due),
         ("parents", wake_parents), ("expired", expire_due), ("overdue", fail_overdue),
-        ("purged", purge_finished))
+        ("purged", purge_finished), ("webhooks", webhooks.recover))
     for name, phase in phases:
         try:
             report[name] = phase(now)
@@ -59,6 +60,7 @@ def sweep(now: datetime | None = None) -> dict[str, int]:
             report[name] = -1
     if any(report.values()):
         logger.info("Sweep %s", " ".join(f"{k}={v}" for k, v in report.items()))
+    instruments.swept(report)
     return report
 
 

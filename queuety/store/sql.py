@@ -26,9 +26,10 @@ WITH run AS (
     INSERT INTO queuety_workflowrun (definition_id, name, status, state, current_step,
                                      total_steps, revision, transitions, cost_units,
                                      started_workflows, deadline_at, loops, created_at,
-                                     updated_at)
+                                     updated_at, trace_context)
     VALUES (%(definition_id)s, %(name)s, 'running', %(state)s::jsonb, 0, %(total_steps)s, 0,
-            0, 0, 0, %(deadline_at)s::timestamptz, '{}'::jsonb, %(now)s, %(now)s)
+            0, 0, 0, %(deadline_at)s::timestamptz, '{}'::jsonb, %(now)s, %(now)s,
+            %(trace_context)s)
     RETURNING id
 ), step AS (
     INSERT INTO queuety_steprun (run_id, kind, seq, branch, step_index, step_name, status,
@@ -104,7 +105,8 @@ UPDATE queuety_steprun AS s SET {_CLAIM_SET}
  WHERE s.id = %s AND s.status = 'pending' AND s.available_at <= %s
    AND r.id = s.run_id AND (r.status = 'running' OR s.kind <> 'step')
 RETURNING s.run_id, s.step_index, s.seq, s.attempt, r.definition_id, r.state, r.revision,
-          r.transitions, r.cost_units, r.started_workflows, s.kind, s.branch, s.timeout
+          r.transitions, r.cost_units, r.started_workflows, s.kind, s.branch, s.timeout,
+          r.trace_context
 """
 
 #: SQLite cannot return columns of a joined table, so it reads the run in a second query.
@@ -118,7 +120,8 @@ RETURNING run_id, step_index, seq, attempt, kind, branch, timeout
 
 #: What the SQLite claim reads of the run after claiming its row.
 CLAIMED_RUN_SQLITE = """
-SELECT definition_id, state, revision, transitions, cost_units, started_workflows
+SELECT definition_id, state, revision, transitions, cost_units, started_workflows,
+       trace_context
   FROM queuety_workflowrun WHERE id = %s
 """
 

@@ -15,6 +15,12 @@ from queuety.conf import settings
     ({"WORKER_LOST_AFTER": 0}, r"QUEUETY\['WORKER_LOST_AFTER'\] must be a positive number"),
     ({"HEARTBEAT_INTERVAL": 60}, r"must be shorter than QUEUETY\['STALE_AFTER'\]"),
     ({"WORKER_LOST_AFTR": 30}, r"Did you mean 'WORKER_LOST_AFTER'"),
+    ({"WEBHOOK_RETRY_DELAYS": [10, -1]}, r"QUEUETY\['WEBHOOK_RETRY_DELAYS'\] must be a list of "
+                                         r"non-negative numbers"),
+    ({"WEBHOOK_RETRY_DELAYS": "10,60"}, r"WEBHOOK_RETRY_DELAYS"),
+    ({"WEBHOOK_TIMEOUT": 0}, r"QUEUETY\['WEBHOOK_TIMEOUT'\] must be a positive number"),
+    ({"METRICS_TOKEN": "short"}, r"QUEUETY\['METRICS_TOKEN'\] must be None or a string of at "
+                                 r"least 16 characters"),
 ])
 def test_settings__unworkable_values_are_refused(values, message):
     with override_settings(QUEUETY=values), pytest.raises(ImproperlyConfigured, match=message):

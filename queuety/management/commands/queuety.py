@@ -8,7 +8,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from queuety import exceptions, inbox, operations, queries
+from queuety import exceptions, inbox, metrics, operations, queries
 from queuety import export as exports  # "export" and "timeline" name sub-parsers below
 from queuety import timeline as timelines
 from queuety.core.describe import format_status
@@ -49,6 +49,18 @@ def _json_option(text: str | None, object_only: bool = False) -> Any:
         raise Error(f"--data is not valid JSON: {error}.") from None
     if object_only and not isinstance(value, dict):
         raise Error("--data must be a JSON object.")
+    return value
+
+
+def _positive(text: str) -> int:
+    """An argparse type: a whole number of at least 1, else a clear error."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of minutes, at "
+                                         "least 1 (such as --minutes 15).")
     return value
 
 
@@ -122,6 +134,12 @@ class Command(BaseCommand):
         groups.add_parser("sweep", help="Run the sweeper once (recover lost steps, re-publish "
                                         "due ones) and print what it did.")
 
+        stats = groups.add_parser("metrics", help="Per workflow step: attempts completed and "
+                                                  "failed, average and p95 duration, error rate.")
+        stats.add_argument("--minutes", type=_positive, default=60,
+                           help="The window, in minutes back from now (default 60).")
+        stats.add_argument("--format", choices=["table", "json"], default="table")
+
     def handle(self, *args: Any, **options: Any) -> None:
         if options["group"] == "sweep":
             self.stdout.write(_json(sweeper.sweep()))
@@ -129,10 +147,28 @@ class Command(BaseCommand):
         if options["group"] == "status":
             self._overview(**options)
             return
+        if options["group"] == "metrics":
+            self._metrics(options["minutes"], options["format"])
+            return
         if options["action"] in self._LIFECYCLE:
             self._lifecycle(options["action"], options["run_id"])
             return
         getattr(self, f"_{options['action'].replace('-', '_')}")(**options)
+
+    def _metrics(self, minutes: int, format: str) -> None:
+        stats = metrics.handler_stats(minutes)
+        if format == "json":
+            self.stdout.write(_json(metrics.stats_as_json(stats)))
+            return
+        if not stats:
+            self.stdout.write(f"No step attempts finished in the last {minutes} minutes.")
+            return
+        header = ["Workflow", "Step", "Completed", "Failed", "Avg_ms", "P95_ms", "Error_rate"]
+        rows = [[row.workflow, row.step, str(row.completed), str(row.failed),
+                 "-" if row.avg_ms is None else f"{row.avg_ms:g}",
+                 "-" if row.p95_ms is None else f"{row.p95_ms:g}",
+                 f"{row.error_rate:.1%}"] for row in stats]
+        self._table(header, rows)
 
     def _overview(self, format: str, **options: Any) -> None:
         data = queries.overview()
