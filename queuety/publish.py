@@ -45,6 +45,7 @@ def message_for(spec: WorkflowSpec, step_run_id: int, index: int,
 
 
 _override: Callable[[list[Message]], None] | None = None
+_wake_override: Callable[[list[int]], None] | None = None
 
 
 def _send(name: str, args: tuple[Any, ...], options: dict[str, Any]) -> None:
@@ -98,6 +99,9 @@ def wake(run_ids: list[int]) -> None:
 
 
 def _send_wake_ups(run_ids: list[int]) -> None:
+    if _wake_override is not None:
+        _wake_override(run_ids)
+        return
     options: dict[str, Any] = {"queue": settings.QUEUE} if settings.QUEUE else {}
     for run_id in run_ids:
         try:
@@ -117,6 +121,18 @@ def redirected(send: Callable[[list[Message]], None]) -> Iterator[None]:
         yield
     finally:
         _override = previous
+
+
+@contextmanager
+def wake_ups_redirected(send: Callable[[list[int]], None]) -> Iterator[None]:
+    """Hand the ids of runs to wake (see :func:`wake`) to ``send`` instead of Celery inside
+    the block (``queuety.testing`` moves them on in-process)."""
+    global _wake_override
+    previous, _wake_override = _wake_override, send
+    try:
+        yield
+    finally:
+        _wake_override = previous
 
 
 @contextmanager
