@@ -79,10 +79,11 @@ class Fire:
 
 def parse_cron(expression: str, tz: str | None = None) -> crontab:
     """Return the Celery ``crontab`` of a five-field cron expression
-    (``minute hour day-of-month month day-of-week``).
+    (``minute hour day-of-month month day-of-week``), checking the time zone ``tz`` it is
+    read in, if given.
 
     Raises:
-        InvalidSchedule: not five fields, or a field Celery cannot read.
+        InvalidSchedule: not five fields, a field Celery cannot read, or an unknown zone.
     """
     fields = expression.split() if isinstance(expression, str) else []
     if len(fields) != 5:
@@ -90,10 +91,11 @@ def parse_cron(expression: str, tz: str | None = None) -> crontab:
             f"The cron expression {expression!r} must have five fields (minute hour "
             "day-of-month month day-of-week), e.g. '0 3 * * *' for 03:00 every day.")
     minute, hour, day_of_month, month_of_year, day_of_week = fields
+    if tz:
+        _zone(tz)
     try:
         return crontab(minute=minute, hour=hour, day_of_month=day_of_month,
-                       month_of_year=month_of_year, day_of_week=day_of_week,
-                       **({"tz": _zone(tz)} if tz else {}))
+                       month_of_year=month_of_year, day_of_week=day_of_week)
     except (ValueError, TypeError) as error:
         raise exceptions.InvalidSchedule(
             f"The cron expression {expression!r} is not valid: "
