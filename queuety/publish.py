@@ -111,6 +111,17 @@ def _send_wake_ups(run_ids: list[int]) -> None:
                              run_id)
 
 
+def send_later(name: str, kwargs: dict[str, Any], countdown: float) -> None:
+    """Send task ``name`` with ``kwargs`` in ``countdown`` seconds, on ``QUEUETY["QUEUE"]``
+    (a schedule's buffered fire looking again). A broker error is logged, not raised."""
+    options: dict[str, Any] = {"queue": settings.QUEUE} if settings.QUEUE else {}
+    try:
+        current_app.send_task(name, kwargs=kwargs, ignore_result=True, countdown=countdown,
+                              **options)
+    except Exception:  # noqa: BLE001 - the caller's next periodic run is the backstop
+        logger.exception("Could not publish %s(%r).", name, kwargs)
+
+
 @contextmanager
 def redirected(send: Callable[[list[Message]], None]) -> Iterator[None]:
     """Hand published step messages to ``send`` instead of Celery inside the block (a test's

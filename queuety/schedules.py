@@ -19,12 +19,11 @@ from datetime import timezone as dt_timezone
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from celery import current_app
 from celery.schedules import crontab
 from django.db import transaction
 from django.utils import timezone as django_timezone
 
-from queuety import exceptions, registry
+from queuety import exceptions, publish, registry
 from queuety.conf import settings
 from queuety.core import budget as budgets
 from queuety.core.definition import check_payload
@@ -358,14 +357,9 @@ def fire_and_follow(name: str, *, after: int | None = None, manual: bool = False
     ``SWEEP_INTERVAL`` seconds to look once more (what the task and ``schedule run`` do)."""
     fired = fire(name, after=after, manual=manual)
     if fired.outcome == "buffered":
-        options: dict[str, Any] = {"queue": settings.QUEUE} if settings.QUEUE else {}
-        kwargs = {"schedule": name, "after": fired.waiting_for}
-        try:
-            current_app.send_task(FIRE_TASK, kwargs=kwargs, ignore_result=True,
-                                  countdown=settings.SWEEP_INTERVAL, **options)
-        except Exception:  # noqa: BLE001 - the next tick fires the schedule again anyway
-            logger.exception("Could not send the buffered fire of schedule %r; its next tick "
-                             "will start a run instead.", name)
+        # Lost with the broker, it is replaced by the schedule's next tick.
+        publish.send_later(FIRE_TASK, {"schedule": name, "after": fired.waiting_for},
+                           settings.SWEEP_INTERVAL)
     return fired
 
 
