@@ -184,6 +184,10 @@ def runs_matching(*, status: str | None = None, workflow: str | None = None,
     Raises:
         ValueError: an unknown status or kind of wait, saying which values are allowed.
     """
+    for what, value in (("status", status), ("workflow", workflow), ("version", version),
+                        ("waiting", waiting)):
+        if value is not None and "\x00" in value:  # PostgreSQL text holds no NUL character
+            raise ValueError(f"The {what} filter contains a NUL character; no run has one.")
     runs = WorkflowRun.objects.order_by("-pk")
     if status is not None:
         if status not in tuple(RunStatus):

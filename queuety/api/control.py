@@ -38,11 +38,14 @@ LIST_FILTERS = [
     OpenApiParameter("waiting", str, description="true / false (waiting for anything or "
                                                  "not), or a kind of wait: approval, "
                                                  "decision, input, signal, workflows."),
+    OpenApiParameter("cursor", str, description="The page: from a previous answer's next or "
+                                                "previous link."),
+    OpenApiParameter("page_size", int, description="Runs per page (default 50, at most 500)."),
 ]
 
 
 @extend_schema(methods=["GET"], parameters=LIST_FILTERS,
-               responses={200: serializers.RunSummarySerializer(many=True), **ERRORS})
+               responses={200: serializers.RunPageSerializer, **ERRORS})
 @extend_schema(methods=["POST"], request=serializers.StartRunSerializer,
                parameters=[IDEMPOTENCY_KEY],
                responses={201: serializers.StartedRunSerializer,

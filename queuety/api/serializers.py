@@ -49,6 +49,8 @@ class ErrorSerializer(serializers.Serializer):
     budget = serializers.CharField(required=False)
     limit = serializers.IntegerField(required=False)
     used = serializers.IntegerField(required=False)
+    known = serializers.ListField(child=serializers.CharField(), required=False,
+                                  help_text="unknown_workflow: the registered names.")
 
 
 class WaitingRunSerializer(serializers.Serializer):
@@ -78,6 +80,14 @@ class RunSummarySerializer(serializers.Serializer):
     created_at = serializers.DateTimeField()
     updated_at = serializers.DateTimeField()
     finished_at = serializers.DateTimeField(allow_null=True)
+
+
+class RunPageSerializer(serializers.Serializer):
+    """A page of ``GET runs/``: follow ``next`` (a URL with a cursor) for older runs."""
+
+    next = serializers.URLField(allow_null=True)
+    previous = serializers.URLField(allow_null=True)
+    results = RunSummarySerializer(many=True)
 
 
 class StartRunSerializer(serializers.Serializer):
