@@ -15,7 +15,14 @@ from rest_framework.response import Response
 from queuety import exceptions, operations, queries, registry
 from queuety.api import exceptions as api_errors
 from queuety.api import serializers
-from queuety.api.views import ERRORS, IDEMPOTENCY_KEY, RUN_ID, RunAPIView, replayable
+from queuety.api.views import (
+    ERRORS,
+    IDEMPOTENCY_KEY,
+    RUN_ID,
+    RunAPIView,
+    read_json_body,
+    replayable,
+)
 from queuety.core.status import RunStatus
 
 
@@ -81,7 +88,7 @@ class RunListView(RunAPIView):
         return replayable(request, lambda: self._start(request))
 
     def _start(self, request: Request) -> Response:
-        body = request.data
+        body = read_json_body(request)
         if not isinstance(body, dict):
             raise ParseError("The request body must be a JSON object: "
                              '{"workflow": "...", "payload": {...}, "idempotency_key": "..."}.')

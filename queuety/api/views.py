@@ -92,24 +92,34 @@ class RunDetailView(RunAPIView):
         return Response(queries.workflow_status(pk).to_dict())
 
 
+def read_json_body(request: Request) -> Any:
+    """The request's JSON body (None when empty), at most ``MAX_SIGNAL_BYTES``; NaN and
+    Infinity are refused (they are not JSON).
+
+    Raises:
+        InvalidSignalData: the body is over the limit (a 413). ParseError: not valid JSON.
+    """
+    limit = settings.MAX_SIGNAL_BYTES
+    if len(request.body) > limit:
+        raise exceptions.InvalidSignalData(
+            f"The request body is {len(request.body)} bytes; the limit is {limit} "
+            "(QUEUETY['MAX_SIGNAL_BYTES']).", too_large=True)
+    if not request.body.strip():
+        return None
+    try:
+        return json.loads(request.body, parse_constant=replyforms.refuse_constant)
+    except ValueError as error:
+        raise ParseError(f"The request body is not valid JSON: {error}.") from None
+    except RecursionError:
+        raise ParseError("The request body is not valid JSON here: it is nested too "
+                         "deeply.") from None
+
+
 class PostReplyView(RunAPIView):
     """A POST that delivers something to a run, replayable with ``Idempotency-Key``."""
 
     def body(self, request: Request) -> Any:
-        limit = settings.MAX_SIGNAL_BYTES
-        if len(request.body) > limit:
-            raise exceptions.InvalidSignalData(
-                f"The request body is {len(request.body)} bytes; the limit is {limit} "
-                "(QUEUETY['MAX_SIGNAL_BYTES']).", too_large=True)
-        if not request.body.strip():
-            return None
-        try:
-            return json.loads(request.body, parse_constant=replyforms.refuse_constant)
-        except ValueError as error:
-            raise ParseError(f"The request body is not valid JSON: {error}.") from None
-        except RecursionError:
-            raise ParseError("The request body is not valid JSON here: it is nested too "
-                             "deeply.") from None
+        return read_json_body(request)
 
     def deliver(self, request: Request, pk: int, **kwargs: Any) -> inbox.SignalReceipt:
         raise NotImplementedError

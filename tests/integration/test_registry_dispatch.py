@@ -136,6 +136,14 @@ def test_post_runs__bad_input_is_400_naming_what_is_wrong_and_writes_nothing(sta
         assert "reg_letters" in response.json()["known"]
 
 
+def test_post_runs__a_body_over_max_signal_bytes_is_413_and_writes_nothing(starter):
+    before = count_runs()
+    response = post(starter, "/runs/", {"workflow": "reg_letters",
+                                        "payload": {"blob": "x" * 70_000}})
+    assert response.status_code == 413 and response.json()["code"] == "payload_too_large"
+    assert count_runs() == before
+
+
 def test_post_runs__needs_the_add_permission(token):
     reader = client_with("view_workflowrun", "signal_workflowrun")
     before = count_runs()
