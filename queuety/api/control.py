@@ -51,9 +51,10 @@ LIST_FILTERS = [
 ]
 
 
-@extend_schema(methods=["GET"], parameters=LIST_FILTERS,
+@extend_schema(methods=["GET"], parameters=LIST_FILTERS, operation_id="runs_list",
                responses={200: serializers.RunPageSerializer, **ERRORS})
 @extend_schema(methods=["POST"], request=serializers.StartRunSerializer,
+               operation_id="runs_start",
                parameters=[IDEMPOTENCY_KEY],
                responses={201: serializers.StartedRunSerializer,
                           200: serializers.StartedRunSerializer, **ERRORS})
