@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import status
 from rest_framework.exceptions import ParseError
@@ -51,10 +52,18 @@ LIST_FILTERS = [
 ]
 
 
-@extend_schema(methods=["GET"], parameters=LIST_FILTERS, operation_id="runs_list",
+class RunListSchema(AutoSchema):
+    """``runs_list`` and ``runs_start``: drf-spectacular would name ``GET runs/`` like
+    ``GET runs/<id>/`` (``runs_retrieve``), and an operation id in a class's @extend_schema
+    is refused."""
+
+    def get_operation_id(self) -> str:
+        return "runs_list" if self.method == "GET" else "runs_start"
+
+
+@extend_schema(methods=["GET"], parameters=LIST_FILTERS,
                responses={200: serializers.RunPageSerializer, **ERRORS})
 @extend_schema(methods=["POST"], request=serializers.StartRunSerializer,
-               operation_id="runs_start",
                parameters=[IDEMPOTENCY_KEY],
                responses={201: serializers.StartedRunSerializer,
                           200: serializers.StartedRunSerializer, **ERRORS})
@@ -63,6 +72,7 @@ class RunListView(RunAPIView):
     ``POST runs/``: start a run of a registered workflow (201; 200 with ``"created": false``
     when ``idempotency_key`` had already started it)."""
 
+    schema = RunListSchema()
     required_permissions = {"GET": "queuety.view_workflowrun",
                             "POST": "queuety.add_workflowrun"}
 

@@ -66,7 +66,7 @@ def test_check_deploy__drf_spectacular_generates_the_sites_schema_without_error(
 @override_settings(REST_FRAMEWORK=PLAIN_DRF)
 def test_check_deploy__queuetys_operation_ids_do_not_collide():
     warnings = [str(message.msg) for message in schema_check(None)
-                if message.id == "drf_spectacular.W001" and "/queuety/api/" in str(message.msg)]
+                if message.id.startswith("drf_spectacular.")]
     assert warnings == []
     operations = [operation["operationId"] for path in schema()["paths"].values()
                   for operation in path.values() if isinstance(operation, dict)
