@@ -38,6 +38,7 @@ def send_receipt(state):
     return {"receipt_sent_to": state["email"]}
 
 
+@queuety.register("order_fulfilment")
 def order_fulfilment():
     """Return the builder of the demo's order workflow."""
     return (

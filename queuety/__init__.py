@@ -27,7 +27,9 @@ from queuety.exceptions import (
     BudgetExceeded,
     ChildRunFailed,
     IdempotencyConflict,
+    InvalidPayload,
     InvalidProgress,
+    InvalidSchedule,
     InvalidSignalData,
     InvalidStepOutput,
     InvalidTransition,
@@ -37,12 +39,14 @@ from queuety.exceptions import (
     RunNotWaiting,
     StepTimeout,
     UnknownStep,
+    UnknownWorkflow,
     UnmatchedRoute,
     WaitExpired,
     WorkerLost,
     WorkflowDefinitionError,
     WorkflowWaitFailed,
 )
+from queuety.registry import RegisteredWorkflow, register, registered
 
 __all__ = [
     "DEFAULT",
@@ -52,12 +56,15 @@ __all__ = [
     "BudgetView",
     "ChildRunFailed",
     "IdempotencyConflict",
+    "InvalidPayload",
+    "InvalidSchedule",
     "InvalidProgress",
     "InvalidSignalData",
     "InvalidStepOutput",
     "InvalidTransition",
     "PermanentError",
     "QueuetyError",
+    "RegisteredWorkflow",
     "RetryPolicy",
     "Route",
     "RunNotFound",
@@ -66,6 +73,7 @@ __all__ = [
     "StepContext",
     "StepTimeout",
     "UnknownStep",
+    "UnknownWorkflow",
     "UnmatchedRoute",
     "WaitExpired",
     "WorkerLost",
@@ -79,12 +87,16 @@ __all__ = [
     "fork",
     "list_workflows",
     "pause",
+    "register",
+    "registered",
     "reject",
     "replay_workflow",
     "resume",
     "retry",
     "rewind",
+    "schedule",
     "signal",
+    "start",
     "submit_input",
     "workflow",
     "workflow_state_at",
@@ -93,7 +105,10 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:  # for annotations only: importing it would import Django
+    from datetime import timedelta
+
     from queuety.inbox import SignalReceipt
+    from queuety.schedules import Schedule
 
 __version__ = "0.1.0"
 
@@ -107,6 +122,41 @@ def workflow_status(run_id: int) -> WorkflowStatus:
     from queuety import queries
 
     return queries.workflow_status(run_id)
+
+
+def start(name: str, payload: dict[str, Any] | None = None, *,
+          idempotency_key: str | None = None) -> int:
+    """Start a run of the workflow registered as ``name`` (see :func:`register`); return its
+    id. With an ``idempotency_key`` already used, return the original run's id instead.
+
+    Raises:
+        UnknownWorkflow: nothing is registered as ``name`` (the error lists what is).
+        InvalidPayload: the payload is not a JSON object. BudgetExceeded: it is over the
+            workflow's ``max_state_bytes``. Nothing is written.
+    """
+    from queuety import registry
+
+    return registry.start_run(name, payload, idempotency_key=idempotency_key)[0]
+
+
+def schedule(name: str, *, workflow: str, cron: str | None = None,
+             every: timedelta | int | None = None, payload: dict[str, Any] | None = None,
+             overlap: str = "allow", timezone: str | None = None,
+             enabled: bool = True) -> Schedule:
+    """Create or update schedule ``name``, a django-celery-beat ``PeriodicTask`` that starts
+    the registered ``workflow`` on ``cron`` (``"0 3 * * *"``) or ``every`` (a timedelta).
+
+    ``overlap`` is ``"allow"``, ``"skip"`` (start nothing while the schedule's previous run is
+    live) or ``"buffer"`` (start one once it finishes). See ``queuety.schedules.schedule``.
+
+    Raises:
+        InvalidSchedule, UnknownWorkflow, InvalidPayload, BudgetExceeded: nothing is saved.
+    """
+    from queuety import schedules
+
+    return schedules.schedule(name, workflow=workflow, cron=cron, every=every,
+                              payload=payload, overlap=overlap, timezone=timezone,
+                              enabled=enabled)
 
 
 def list_workflows(status: str | None = None, limit: int = 50) -> list[WorkflowStatus]:

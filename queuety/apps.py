@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from django.apps import AppConfig
 from django.db.models.signals import post_delete, post_migrate, post_save
+from django.utils.module_loading import autodiscover_modules
 
 
 class QueuetyConfig(AppConfig):
@@ -16,6 +17,10 @@ class QueuetyConfig(AppConfig):
     def ready(self) -> None:
         # Registers the system checks (queuety.E001 ...) as it is imported.
         from queuety import checks  # noqa: F401
+
+        # Each installed app's workflows.py registers its workflows (queuety.register), as
+        # Django's admin imports every admin.py.
+        autodiscover_modules("workflows")
 
         post_migrate.connect(_schedule_sweeper, sender=self)
         # Webhook endpoints receive events through the outbox, a sink of queuety.signals.
@@ -30,8 +35,8 @@ class QueuetyConfig(AppConfig):
 
 def _schedule_sweeper(using: str = "default", **kwargs) -> None:
     """Create or update the django-celery-beat entry that runs the sweeper."""
-    # Imported when called: queuety.schedule imports django-celery-beat's models, which cannot
+    # Imported when called: queuety.sweeper_beat imports django-celery-beat's models, which cannot
     # be imported while the app registry is still loading this module.
-    from queuety.schedule import ensure_sweeper_schedule
+    from queuety.sweeper_beat import ensure_sweeper_schedule
 
     ensure_sweeper_schedule(using=using)

@@ -166,7 +166,7 @@ def check_sweeper_schedule(app_configs: Any = None, databases: Any = None,
     from django_celery_beat.models import IntervalSchedule, PeriodicTask
 
     from queuety.models import WorkflowRun
-    from queuety.schedule import SWEEPER_TASK_NAME
+    from queuety.sweeper_beat import SWEEPER_TASK_NAME
 
     connection = connections["default"]
     try:

@@ -6,7 +6,7 @@ import hashlib
 import json
 import logging
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.db import connection, transaction
 from django.utils import timezone
@@ -26,9 +26,28 @@ class _KeyTaken(Exception):
     """Another dispatch committed this idempotency key first."""
 
 
+class Dispatched(NamedTuple):
+    """What :func:`dispatch_run` did: the run, and whether the key was already used."""
+
+    run_id: int
+    reused: bool
+    """True when ``idempotency_key`` had been used: ``run_id`` is the original run's."""
+
+
 def dispatch(spec: WorkflowSpec, payload: dict[str, Any] | None = None, *,
              idempotency_key: str | None = None, on_conflict: str = "report") -> int:
     """Start a run of ``spec`` with ``payload`` as its state and return the run id.
+
+    :func:`dispatch_run` with only the id; see there.
+    """
+    return dispatch_run(spec, payload, idempotency_key=idempotency_key,
+                        on_conflict=on_conflict).run_id
+
+
+def dispatch_run(spec: WorkflowSpec, payload: dict[str, Any] | None = None, *,
+                 idempotency_key: str | None = None, on_conflict: str = "report") -> Dispatched:
+    """Start a run of ``spec`` with ``payload`` as its state; return its id and whether an
+    earlier dispatch with the same ``idempotency_key`` had started it.
 
     Writes the run, its first step, its dispatch key and a ``workflow_started`` event in one
     transaction and publishes the first step's message when it commits. With an
@@ -54,16 +73,16 @@ def dispatch(spec: WorkflowSpec, payload: dict[str, Any] | None = None, *,
     if idempotency_key is not None:
         used = DispatchKey.objects.filter(key=idempotency_key).first()
         if used is not None:
-            return _reused_key(used, spec, payload_hash, on_conflict)
+            return Dispatched(_reused_key(used, spec, payload_hash, on_conflict), True)
     with tracing.run_span(spec.name, spec.version) as (span, context):
-        run_pk = _write(spec, definition_pk, state, payload_hash, idempotency_key,
-                        on_conflict, context)
-        span.set(run_id=run_pk)
-    return run_pk
+        dispatched = _write(spec, definition_pk, state, payload_hash, idempotency_key,
+                            on_conflict, context)
+        span.set(run_id=dispatched.run_id)
+    return dispatched
 
 
 def _write(spec: WorkflowSpec, definition_pk: int, state: dict[str, Any], payload_hash: str,
-           idempotency_key: str | None, on_conflict: str, trace_context: str) -> int:
+           idempotency_key: str | None, on_conflict: str, trace_context: str) -> Dispatched:
     now = timezone.now()
     # The one-statement fast path commits by itself: a webhook endpoint subscribed to
     # run.started needs its delivery row in the run's transaction, so it takes the other path.
@@ -72,7 +91,7 @@ def _write(spec: WorkflowSpec, definition_pk: int, state: dict[str, Any], payloa
         run_pk = _dispatch_postgres(spec, definition_pk, state, now, trace_context)
         logger.info("Run id=%s workflow=%s version=%s dispatched", run_pk, spec.name,
                     spec.version)
-        return run_pk
+        return Dispatched(run_pk, False)
     try:
         with transaction.atomic():
             run = WorkflowRun.objects.create(
@@ -91,10 +110,10 @@ def _write(spec: WorkflowSpec, definition_pk: int, state: dict[str, Any], payloa
                         raise _KeyTaken
             begin(spec, run, state, now, {"idempotency_key": idempotency_key})
     except _KeyTaken:
-        return _reused_key(DispatchKey.objects.get(key=idempotency_key), spec, payload_hash,
-                           on_conflict)
+        return Dispatched(_reused_key(DispatchKey.objects.get(key=idempotency_key), spec,
+                                      payload_hash, on_conflict), True)
     logger.info("Run id=%s workflow=%s version=%s dispatched", run.pk, spec.name, spec.version)
-    return run.pk
+    return Dispatched(run.pk, False)
 
 
 def _dispatch_postgres(spec: WorkflowSpec, definition_pk: int, state: dict[str, Any],

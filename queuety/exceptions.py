@@ -206,6 +206,30 @@ class RunNotFound(QueuetyError, LookupError):
         return (type(self), (self.run_id,))
 
 
+class InvalidPayload(WorkflowDefinitionError, ValueError):
+    """A payload given to dispatch is not a JSON object Queuety can store; nothing was
+    written. (A :class:`WorkflowDefinitionError` too, which is what dispatch raised before.)"""
+
+
+class UnknownWorkflow(QueuetyError, LookupError):
+    """No workflow is registered under ``name``; ``known`` lists the registered names."""
+
+    def __init__(self, name: str, known: tuple[str, ...] = ()) -> None:
+        listed = ", ".join(repr(each) for each in known) if known else "none"
+        super().__init__(
+            f"No workflow is registered as {name!r}; the registered workflows are {listed}. "
+            "Register it with queuety.register() in an installed app's workflows.py.")
+        self.name, self.known = name, tuple(known)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.name, self.known))
+
+
+class InvalidSchedule(QueuetyError, ValueError):
+    """A schedule was refused (bad cron expression, interval, overlap policy, workflow or
+    payload); nothing was written."""
+
+
 #: Errors that mean the definition or the step's contract is wrong. Retrying cannot help.
 NEVER_RETRIED: tuple[type[BaseException], ...] = (
     WorkflowDefinitionError, PermanentError, BudgetExceeded,

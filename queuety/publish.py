@@ -47,6 +47,7 @@ def message_for(spec: WorkflowSpec, step_run_id: int, index: int,
 
 
 _override: Callable[[list[Message]], None] | None = None
+_wake_override: Callable[[list[int]], None] | None = None
 
 
 def _send(name: str, args: tuple[Any, ...], options: dict[str, Any]) -> None:
@@ -100,6 +101,9 @@ def wake(run_ids: list[int]) -> None:
 
 
 def _send_wake_ups(run_ids: list[int]) -> None:
+    if _wake_override is not None:
+        _wake_override(run_ids)
+        return
     options: dict[str, Any] = {"queue": settings.QUEUE} if settings.QUEUE else {}
     for run_id in run_ids:
         try:
@@ -128,6 +132,17 @@ def _send_deliveries(delivery_ids: list[int], countdown: float | None) -> None:
                              DELIVER_WEBHOOK, delivery_id)
 
 
+def send_later(name: str, kwargs: dict[str, Any], countdown: float) -> None:
+    """Send task ``name`` with ``kwargs`` in ``countdown`` seconds, on ``QUEUETY["QUEUE"]``
+    (a schedule's buffered fire looking again). A broker error is logged, not raised."""
+    options: dict[str, Any] = {"queue": settings.QUEUE} if settings.QUEUE else {}
+    try:
+        current_app.send_task(name, kwargs=kwargs, ignore_result=True, countdown=countdown,
+                              **options)
+    except Exception:  # noqa: BLE001 - the caller's next periodic run is the backstop
+        logger.exception("Could not publish %s(%r).", name, kwargs)
+
+
 @contextmanager
 def redirected(send: Callable[[list[Message]], None]) -> Iterator[None]:
     """Hand published step messages to ``send`` instead of Celery inside the block (a test's
@@ -138,6 +153,18 @@ def redirected(send: Callable[[list[Message]], None]) -> Iterator[None]:
         yield
     finally:
         _override = previous
+
+
+@contextmanager
+def wake_ups_redirected(send: Callable[[list[int]], None]) -> Iterator[None]:
+    """Hand the ids of runs to wake (see :func:`wake`) to ``send`` instead of Celery inside
+    the block (``queuety.testing`` moves them on in-process)."""
+    global _wake_override
+    previous, _wake_override = _wake_override, send
+    try:
+        yield
+    finally:
+        _wake_override = previous
 
 
 @contextmanager

@@ -3,9 +3,10 @@ counts ``manage.py queuety status`` shows."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
-from django.db.models import Count, Min
+from django.db.models import Count, Min, Q, QuerySet
 from django.utils import timezone
 
 from queuety import exceptions
@@ -17,7 +18,7 @@ from queuety.core.status import FINISHED, WorkflowStatus
 from queuety.models import RunStatus, Signal, StepRun, StepStatus, WorkflowDefinition, WorkflowRun
 from queuety.runtime.landing import workflow_wait
 from queuety.store import rows
-from queuety.store.definitions import effective_policy, load_spec
+from queuety.store.definitions import definition_hash, effective_policy, load_spec, wait_kinds
 
 
 def wait_info(run: WorkflowRun, spec: WorkflowSpec) -> dict[str, Any]:
@@ -170,3 +171,92 @@ def overview() -> dict[str, Any]:
     age = None if oldest is None else round((timezone.now() - oldest).total_seconds(), 3)
     return {"runs": {status.value: counts.get(status, 0) for status in RunStatus},
             "oldest_pending_step_age_seconds": age}
+
+
+def waiting_on(kinds: Iterable[str]) -> Q:
+    """Return a filter for runs parked at a wait of one of ``kinds`` (``approval``,
+    ``decision``, ``input``, ``signal``).
+
+    It is expressed on the run row alone (status, definition, current step), so it uses the
+    ``(status, -id)`` index and needs no join.
+    """
+    kinds = set(kinds)
+    where = Q(pk__in=[])  # matches nothing; OR-ed away as soon as one definition matches
+    for definition_pk, steps in sorted(wait_kinds().items()):
+        indices = sorted(index for index, kind in steps.items() if kind in kinds)
+        if indices:
+            where |= Q(definition_id=definition_pk, current_step__in=indices)
+    return Q(status=RunStatus.WAITING_FOR_SIGNAL) & where
+
+
+#: What ``runs_matching(waiting=...)`` accepts, besides true and false.
+WAIT_KINDS = ("approval", "decision", "input", "signal", "workflows")
+WAITING = (RunStatus.WAITING_FOR_SIGNAL, RunStatus.WAITING_FOR_WORKFLOWS)
+
+
+def runs_matching(*, status: str | None = None, workflow: str | None = None,
+                  version: str | None = None, waiting: str | None = None
+                  ) -> QuerySet[WorkflowRun]:
+    """Runs newest first, filtered on the run row only, so the ``(status, -id)``, name and
+    definition indexes serve them (``GET runs/``).
+
+    ``version`` is a definition's ``.version()`` label (of ``workflow`` if given);
+    ``waiting`` is ``true``/``false`` (waiting for anything, or not) or a kind of wait:
+    ``approval``, ``decision``, ``input``, ``signal`` (any signal wait) or ``workflows``.
+
+    Raises:
+        ValueError: an unknown status or kind of wait, saying which values are allowed.
+    """
+    for what, value in (("status", status), ("workflow", workflow), ("version", version),
+                        ("waiting", waiting)):
+        if value is not None and "\x00" in value:  # PostgreSQL text holds no NUL character
+            raise ValueError(f"The {what} filter contains a NUL character; no run has one.")
+    runs = WorkflowRun.objects.order_by("-pk")
+    if status is not None:
+        if status not in tuple(RunStatus):
+            raise ValueError(f"Unknown status {status!r}; use one of {', '.join(RunStatus)}.")
+        runs = runs.filter(status=status)
+    if workflow is not None:
+        runs = runs.filter(name=workflow)
+    if version is not None:
+        definitions = WorkflowDefinition.objects.filter(definition__version=version)
+        if workflow is not None:
+            definitions = definitions.filter(name=workflow)
+        runs = runs.filter(definition_id__in=list(definitions.values_list("pk", flat=True)))
+    if waiting is not None:
+        wanted = waiting.lower()
+        if wanted in ("true", "1", "yes"):
+            runs = runs.filter(status__in=WAITING)
+        elif wanted in ("false", "0", "no"):
+            runs = runs.filter(status__in=[each for each in RunStatus if each not in WAITING])
+        elif wanted == "workflows":
+            runs = runs.filter(status=RunStatus.WAITING_FOR_WORKFLOWS)
+        elif wanted == "signal":
+            runs = runs.filter(status=RunStatus.WAITING_FOR_SIGNAL)
+        elif wanted in WAIT_KINDS:
+            runs = runs.filter(waiting_on([wanted]))
+        else:
+            raise ValueError(f"Unknown waiting filter {waiting!r}; use true, false or one of "
+                             f"{', '.join(WAIT_KINDS)}.")
+    return runs
+
+
+def run_summary(run: WorkflowRun) -> dict[str, Any]:
+    """A run as a list shows it: its row and its definition's hash and version, without its
+    state (one row read; the definition comes from the cache)."""
+    try:
+        spec: WorkflowSpec | None = load_spec(run.definition_id)
+    except exceptions.WorkflowDefinitionError:
+        spec = None
+    finished = spec is None or run.current_step >= len(spec.steps)
+    return {
+        "id": run.pk, "name": run.name, "status": run.status,
+        "current_step": run.current_step, "total_steps": run.total_steps,
+        "current_step_name": None if finished or spec is None
+        else spec.steps[run.current_step].name,
+        "definition_hash": definition_hash(run.definition_id),
+        "definition_version": spec.version if spec is not None else None,
+        "idempotency_key": run.idempotency_key, "parent_id": run.parent_id,
+        "created_at": run.created_at, "updated_at": run.updated_at,
+        "finished_at": run.finished_at,
+    }

@@ -13,6 +13,7 @@ from celery import shared_task, signals
 from celery.worker.request import Request
 from django.db import close_old_connections
 
+from queuety import schedules
 from queuety.runtime import attempt, recovery, settle, sweeper
 from queuety.runtime.claim import worker_id
 from queuety.runtime.workers import MainProcessBeat
@@ -149,3 +150,11 @@ def deliver_webhook(delivery_id: int) -> None:
     """Send one webhook delivery row (retries are scheduled by the row; the sweeper is the
     backstop for a lost message)."""
     delivery.deliver(delivery_id)
+
+
+@shared_task(name="queuety.fire_schedule", ignore_result=True)
+def fire_schedule(schedule: str, after: int | None = None, **row_kwargs: Any) -> None:
+    """Fire schedule ``schedule`` (sent by beat; ``row_kwargs`` are the rest of its row's
+    kwargs, which ``fire`` reads from the row itself). A buffered fire comes back every
+    ``SWEEP_INTERVAL`` until the run it waits for has finished."""
+    schedules.fire_and_follow(schedule, after=after)

@@ -19,6 +19,9 @@ os.environ.setdefault("QUEUETY_PREPARED_STATEMENTS", "1")
 
 from project.settings import *  # noqa: E402,F403
 
+# An app whose workflows.py registers workflows, as a site's would (tests/testapp).
+INSTALLED_APPS = [*INSTALLED_APPS, "tests.testapp"]  # noqa: F405
+
 QUEUETY = {
     "SWEEP_INTERVAL": 1,
     "STALE_AFTER": 3.0,

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
 from typing import Any
 
 from django.contrib import admin
 from django.core.paginator import Paginator
 from django.db import connections
-from django.db.models import Q, QuerySet
+from django.db.models import QuerySet
 from django.http import (
     HttpRequest,
 )
@@ -21,24 +20,9 @@ from queuety.models import (
     WorkflowDefinition,
     WorkflowRun,
 )
-from queuety.store.definitions import wait_kinds
+from queuety.queries import waiting_on
 
 # -- what waits where ---------------------------------------------------------------------------
-
-def waiting_on(kinds: Iterable[str]) -> Q:
-    """Return a filter for runs parked at a wait of one of ``kinds``.
-
-    It is expressed on the run row alone (status, definition, current step), so it uses the
-    ``(status, -id)`` index and needs no join.
-    """
-    kinds = set(kinds)
-    where = Q(pk__in=[])  # matches nothing; OR-ed away as soon as one definition matches
-    for definition_pk, steps in sorted(wait_kinds().items()):
-        indices = sorted(index for index, kind in steps.items() if kind in kinds)
-        if indices:
-            where |= Q(definition_id=definition_pk, current_step__in=indices)
-    return Q(status=RunStatus.WAITING_FOR_SIGNAL) & where
-
 
 # -- counting big tables -----------------------------------------------------------------------
 

@@ -49,6 +49,7 @@ from queuety.admin.filters import (
     WaitingFilter,
     waiting_on,
 )
+from queuety.admin.start import StartRunPages
 from queuety.core import budget as budgets
 from queuety.core.definition import WorkflowSpec
 from queuety.core.describe import describe_step, format_status, human_duration, waiting_label
@@ -74,7 +75,7 @@ LIST_COLUMNS = ("id", "definition_id", "name", "status", "current_step", "total_
 
 
 @admin.register(WorkflowRun)
-class WorkflowRunAdmin(admin.ModelAdmin):
+class WorkflowRunAdmin(StartRunPages, admin.ModelAdmin):
     """Workflow runs: a fast changelist, a run page with its actions, approvals and exports.
 
     Viewing needs ``queuety.view_workflowrun``; retry, pause, resume and cancel need
@@ -296,6 +297,7 @@ class WorkflowRunAdmin(admin.ModelAdmin):
         wrap = self.admin_site.admin_view
         return [
             path("approvals/", wrap(self.approvals_view), name=f"{prefix}_approvals"),
+            *self.start_urls(),
             path("<int:object_id>/export/", wrap(self.export_view), name=f"{prefix}_export"),
             path("<int:object_id>/act/<slug:action>/", wrap(self.action_view),
                  name=f"{prefix}_act"),
@@ -549,4 +551,6 @@ class WorkflowRunAdmin(admin.ModelAdmin):
     def changelist_view(self, request: HttpRequest,
                         extra_context: dict[str, Any] | None = None) -> HttpResponse:
         return super().changelist_view(request, {
-            **(extra_context or {}), "approvals_url": self._url("approvals")})
+            **(extra_context or {}), "approvals_url": self._url("approvals"),
+            "start_url": self._url("start_index") if self.has_start_permission(request)
+            else None})

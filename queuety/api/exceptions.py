@@ -36,6 +36,13 @@ def translate(error: Exception) -> QueuetyAPIError:
                                    status.HTTP_413_REQUEST_ENTITY_TOO_LARGE)
         return QueuetyAPIError(str(error), "invalid_payload", status.HTTP_400_BAD_REQUEST,
                                errors=error.errors)
+    if isinstance(error, exceptions.InvalidTransition):
+        return QueuetyAPIError(str(error), "invalid_transition", status.HTTP_409_CONFLICT)
+    if isinstance(error, exceptions.UnknownWorkflow):
+        return QueuetyAPIError(str(error), "unknown_workflow", status.HTTP_400_BAD_REQUEST,
+                               known=list(error.known))
+    if isinstance(error, exceptions.InvalidPayload):
+        return QueuetyAPIError(str(error), "invalid_payload", status.HTTP_400_BAD_REQUEST)
     if isinstance(error, exceptions.WorkflowDefinitionError):
         # The run's stored definition no longer loads (a deploy removed code it names):
         # nothing can move it until that is fixed, and nothing was written.

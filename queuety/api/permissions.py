@@ -12,7 +12,10 @@ class RunPermission(permissions.BasePermission):
     """Authenticated users with the model permission, and object access when the site asks.
 
     Reads need ``queuety.view_workflowrun``; signals, approvals and input need
-    ``queuety.signal_workflowrun``. ``QUEUETY["RUN_ACCESS"]`` may name a function
+    ``queuety.signal_workflowrun``; starting a run (``POST runs/``) needs
+    ``queuety.add_workflowrun``, and cancel, pause, resume and retry
+    ``queuety.change_workflowrun`` (as in the admin). A view names its own in
+    ``required_permissions`` (``{method: permission}``). ``QUEUETY["RUN_ACCESS"]`` may name a function
     ``(user, run) -> bool`` that scopes runs further (by owner, by team, ...).
     """
 
@@ -22,8 +25,9 @@ class RunPermission(permissions.BasePermission):
         user = request.user
         if not (user and user.is_authenticated):
             return False
-        needed = ("queuety.view_workflowrun" if request.method in permissions.SAFE_METHODS
-                  else "queuety.signal_workflowrun")
+        needed = getattr(view, "required_permissions", {}).get(request.method) or (
+            "queuety.view_workflowrun" if request.method in permissions.SAFE_METHODS
+            else "queuety.signal_workflowrun")
         return user.has_perm(needed)
 
     def has_object_permission(self, request, view, run) -> bool:

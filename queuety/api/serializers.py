@@ -77,6 +77,8 @@ class ErrorSerializer(serializers.Serializer):
     budget = serializers.CharField(required=False)
     limit = serializers.IntegerField(required=False)
     used = serializers.IntegerField(required=False)
+    known = serializers.ListField(child=serializers.CharField(), required=False,
+                                  help_text="unknown_workflow: the registered names.")
 
 
 class WaitingRunSerializer(serializers.Serializer):
@@ -90,3 +92,57 @@ class WaitingRunSerializer(serializers.Serializer):
     expires_at = serializers.DateTimeField(
         allow_null=True, help_text="When the wait's timeout settles it; null: no timeout.")
     schema = serializers.DictField(allow_null=True)
+
+
+class RunSummarySerializer(serializers.Serializer):
+    """A run in ``GET runs/``: its row, without its state."""
+
+    id = serializers.IntegerField()
+    name = serializers.CharField()
+    status = serializers.CharField()
+    current_step = serializers.IntegerField()
+    total_steps = serializers.IntegerField()
+    current_step_name = serializers.CharField(allow_null=True)
+    definition_hash = serializers.CharField()
+    definition_version = serializers.CharField(allow_null=True)
+    idempotency_key = serializers.CharField(allow_null=True)
+    parent_id = serializers.IntegerField(allow_null=True)
+    created_at = serializers.DateTimeField()
+    updated_at = serializers.DateTimeField()
+    finished_at = serializers.DateTimeField(allow_null=True)
+
+
+class RunPageSerializer(serializers.Serializer):
+    """A page of ``GET runs/``: follow ``next`` (a URL with a cursor) for older runs."""
+
+    next = serializers.URLField(allow_null=True)
+    previous = serializers.URLField(allow_null=True)
+    results = RunSummarySerializer(many=True)
+
+
+class StartRunSerializer(serializers.Serializer):
+    """The body of ``POST runs/``."""
+
+    workflow = serializers.CharField(help_text="A registered workflow's name (GET workflows/).")
+    payload = serializers.DictField(required=False, allow_null=True,
+                                    help_text="The run's initial state, a JSON object.")
+    idempotency_key = serializers.CharField(
+        required=False, allow_null=True, max_length=255,
+        help_text="A key already used answers with the run it started (200, created false).")
+
+
+class StartedRunSerializer(serializers.Serializer):
+    """What ``POST runs/`` answers: the run, and whether this request created it."""
+
+    created = serializers.BooleanField()
+    run = WorkflowStatusSerializer()
+
+
+class RegisteredWorkflowSerializer(serializers.Serializer):
+    """A registered workflow, in ``GET workflows/``."""
+
+    name = serializers.CharField()
+    version = serializers.CharField(allow_null=True)
+    definition_hash = serializers.CharField()
+    steps = serializers.ListField(child=serializers.CharField())
+    description = serializers.CharField(allow_blank=True)

@@ -2,12 +2,18 @@
 
 from django.urls import path, re_path
 
-from queuety.api import views
+from queuety.api import control, views
 
 app_name = "queuety"
 
 urlpatterns = [
+    path("runs/", control.RunListView.as_view(), name="run-list"),
     path("runs/<int:pk>/", views.RunDetailView.as_view(), name="run-detail"),
+    path("runs/<int:pk>/cancel/", control.CancelView.as_view(), name="run-cancel"),
+    path("runs/<int:pk>/pause/", control.PauseView.as_view(), name="run-pause"),
+    path("runs/<int:pk>/resume/", control.ResumeView.as_view(), name="run-resume"),
+    path("runs/<int:pk>/retry/", control.RetryView.as_view(), name="run-retry"),
+    path("workflows/", control.WorkflowListView.as_view(), name="workflows"),
     path("runs/<int:pk>/signals/<str:name>/", views.SignalView.as_view(), name="run-signal"),
     path("runs/<int:pk>/approve/", views.ApproveView.as_view(), name="run-approve"),
     path("runs/<int:pk>/reject/", views.RejectView.as_view(), name="run-reject"),

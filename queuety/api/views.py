@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from typing import Any
 
+from django.core.serializers.json import DjangoJSONEncoder
 from django.db import IntegrityError, transaction
 from django.http import HttpRequest, HttpResponse, HttpResponseBase
 from django.shortcuts import render
@@ -90,59 +92,41 @@ class RunDetailView(RunAPIView):
         return Response(queries.workflow_status(pk).to_dict())
 
 
+def read_json_body(request: Request) -> Any:
+    """The request's JSON body (None when empty), at most ``MAX_SIGNAL_BYTES``; NaN and
+    Infinity are refused (they are not JSON).
+
+    Raises:
+        InvalidSignalData: the body is over the limit (a 413). ParseError: not valid JSON.
+    """
+    limit = settings.MAX_SIGNAL_BYTES
+    if len(request.body) > limit:
+        raise exceptions.InvalidSignalData(
+            f"The request body is {len(request.body)} bytes; the limit is {limit} "
+            "(QUEUETY['MAX_SIGNAL_BYTES']).", too_large=True)
+    if not request.body.strip():
+        return None
+    try:
+        return json.loads(request.body, parse_constant=replyforms.refuse_constant)
+    except ValueError as error:
+        raise ParseError(f"The request body is not valid JSON: {error}.") from None
+    except RecursionError:
+        raise ParseError("The request body is not valid JSON here: it is nested too "
+                         "deeply.") from None
+
+
 class PostReplyView(RunAPIView):
     """A POST that delivers something to a run, replayable with ``Idempotency-Key``."""
 
     def body(self, request: Request) -> Any:
-        limit = settings.MAX_SIGNAL_BYTES
-        if len(request.body) > limit:
-            raise exceptions.InvalidSignalData(
-                f"The request body is {len(request.body)} bytes; the limit is {limit} "
-                "(QUEUETY['MAX_SIGNAL_BYTES']).", too_large=True)
-        if not request.body.strip():
-            return None
-        try:
-            return json.loads(request.body, parse_constant=replyforms.refuse_constant)
-        except ValueError as error:
-            raise ParseError(f"The request body is not valid JSON: {error}.") from None
-        except RecursionError:
-            raise ParseError("The request body is not valid JSON here: it is nested too "
-                             "deeply.") from None
+        return read_json_body(request)
 
     def deliver(self, request: Request, pk: int, **kwargs: Any) -> inbox.SignalReceipt:
         raise NotImplementedError
 
     def post(self, request: Request, pk: int, **kwargs: Any) -> Response:
         self.get_run(pk)
-        key = request.headers.get("Idempotency-Key")
-        if key is None:
-            return self._answer(self.deliver(request, pk, **kwargs))
-        if len(key) > 255:
-            raise ParseError("The Idempotency-Key header is longer than 255 characters.")
-        try:
-            with transaction.atomic():
-                # The key row goes first: a concurrent retry blocks here until this answer is
-                # committed, then replays it instead of delivering twice.
-                try:
-                    with transaction.atomic():
-                        ApiReply.objects.create(user_id=request.user.pk, key=key,
-                                                method="POST", path=request.path,
-                                                status_code=0, body={})
-                except IntegrityError:
-                    raise _Replay from None
-                response = self._answer(self.deliver(request, pk, **kwargs))
-                ApiReply.objects.filter(user_id=request.user.pk, key=key).update(
-                    status_code=response.status_code, body=response.data)
-                return response
-        except _Replay:
-            stored = ApiReply.objects.get(user_id=request.user.pk, key=key)
-            if stored.path != request.path:
-                raise api_errors.QueuetyAPIError(
-                    f"Idempotency-Key {key!r} was already used for {stored.path}; use a new "
-                    "key for a new request.", "idempotency_key_reused",
-                    status.HTTP_409_CONFLICT) from None
-            return Response(stored.body, status=stored.status_code,
-                            headers={"Idempotent-Replayed": "true"})
+        return replayable(request, lambda: self._answer(self.deliver(request, pk, **kwargs)))
 
     @staticmethod
     def _answer(receipt: inbox.SignalReceipt) -> Response:
@@ -155,6 +139,42 @@ class PostReplyView(RunAPIView):
 
 class _Replay(Exception):
     """Internal: this Idempotency-Key already has an answer."""
+
+
+def replayable(request: Request, answer: Callable[[], Response]) -> Response:
+    """Answer a POST with ``answer()``, once per ``Idempotency-Key``: a retry with the same
+    key (by the same user) gets the first answer back, marked ``Idempotent-Replayed``, and
+    records nothing new; a key reused on another path is a 409."""
+    key = request.headers.get("Idempotency-Key")
+    if key is None:
+        return answer()
+    if len(key) > 255:
+        raise ParseError("The Idempotency-Key header is longer than 255 characters.")
+    try:
+        with transaction.atomic():
+            # The key row goes first: a concurrent retry blocks here until this answer is
+            # committed, then replays it instead of delivering twice.
+            try:
+                with transaction.atomic():
+                    ApiReply.objects.create(user_id=request.user.pk, key=key,
+                                            method="POST", path=request.path,
+                                            status_code=0, body={})
+            except IntegrityError:
+                raise _Replay from None
+            response = answer()
+            ApiReply.objects.filter(user_id=request.user.pk, key=key).update(
+                status_code=response.status_code,
+                body=json.loads(json.dumps(response.data, cls=DjangoJSONEncoder)))
+            return response
+    except _Replay:
+        stored = ApiReply.objects.get(user_id=request.user.pk, key=key)
+        if stored.path != request.path:
+            raise api_errors.QueuetyAPIError(
+                f"Idempotency-Key {key!r} was already used for {stored.path}; use a new "
+                "key for a new request.", "idempotency_key_reused",
+                status.HTTP_409_CONFLICT) from None
+        return Response(stored.body, status=stored.status_code,
+                        headers={"Idempotent-Replayed": "true"})
 
 
 def _sender(request: Request) -> str:

@@ -302,31 +302,31 @@ def check_payload(name: str, payload: Any) -> dict[str, Any]:
     """Return a run's initial state from the ``payload`` given to dispatch, as stored JSON.
 
     Raises:
-        WorkflowDefinitionError: the payload is not a dict, uses keys starting with ``_``
+        InvalidPayload: the payload is not a dict, uses keys starting with ``_``
             (Queuety's own) or that are not strings, or is not JSON-serialisable.
     """
     if payload is None:
         return {}
     if not isinstance(payload, dict):
-        raise exceptions.WorkflowDefinitionError(
+        raise exceptions.InvalidPayload(
             f"The payload of workflow {name!r} must be a dict (got {type(payload).__name__})."
         )
     # Sorted by repr: keys of mixed types (1, None, "_a") cannot be compared with each other.
     reserved = sorted((key for key in payload if not isinstance(key, str) or key.startswith("_")),
                       key=repr)
     if reserved:
-        raise exceptions.WorkflowDefinitionError(
+        raise exceptions.InvalidPayload(
             f"The payload of workflow {name!r} uses reserved or non-string keys {reserved!r}; "
             "keys starting with '_' belong to Queuety. Rename them."
         )
     try:
         state: dict[str, Any] = json.loads(json.dumps(payload, allow_nan=False))
     except (TypeError, ValueError) as error:
-        raise exceptions.WorkflowDefinitionError(
+        raise exceptions.InvalidPayload(
             f"The payload of workflow {name!r} is not JSON-serialisable: {error}."
         ) from None
     except RecursionError:
-        raise exceptions.WorkflowDefinitionError(
+        raise exceptions.InvalidPayload(
             f"The payload of workflow {name!r} is nested too deeply to be stored as JSON."
         ) from None
     return state

@@ -15,7 +15,7 @@ from django.test import override_settings
 from django_celery_beat.models import PeriodicTask
 
 from queuety import checks
-from queuety.schedule import SWEEPER_TASK_NAME
+from queuety.sweeper_beat import SWEEPER_TASK_NAME
 from tests.settings import QUEUETY as TEST_QUEUETY
 
 

@@ -1,7 +1,7 @@
 """Fuzz the REST API from its own OpenAPI schema (schemathesis): no 5xx, and every response
 matches the schema (status codes, content types, bodies).
 
-Requests authenticate with HTTP Basic as a user holding both API permissions, so they reach
+Requests authenticate with HTTP Basic as a user holding every API permission, so they reach
 the views rather than stopping at 403. The examples are bounded (``MAX_EXAMPLES`` per
 operation, derandomised) to keep the suite's time predictable.
 """
@@ -24,7 +24,8 @@ MAX_EXAMPLES = 150
 
 @pytest.fixture(scope="module")
 def basic_auth(db_session) -> dict[str, str]:
-    user = make_user("view_workflowrun", "signal_workflowrun")
+    user = make_user("view_workflowrun", "signal_workflowrun", "add_workflowrun",
+                     "change_workflowrun")
     secret = base64.b64encode(f"{user.username}:pw".encode()).decode()
     return {"Authorization": f"Basic {secret}"}
 

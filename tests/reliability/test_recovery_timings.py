@@ -26,7 +26,7 @@ from django.test import override_settings
 import queuety
 from queuety.conf import DEFAULTS
 from queuety.models import Event, StepRun, Worker
-from queuety.schedule import ensure_sweeper_schedule
+from queuety.sweeper_beat import ensure_sweeper_schedule
 from tests import workflows
 from tests.integration.conftest import wait_for
 from tests.reliability.chaos import PoolWorker

@@ -61,3 +61,14 @@ def test_schema__holds_queuetys_endpoints_only_whatever_the_site_serves_beside()
 def test_check_deploy__drf_spectacular_generates_the_sites_schema_without_error():
     found = schema_check(None)
     assert [message for message in found if message.id == "drf_spectacular.E001"] == []
+
+
+@override_settings(REST_FRAMEWORK=PLAIN_DRF)
+def test_check_deploy__queuetys_operation_ids_do_not_collide():
+    warnings = [str(message.msg) for message in schema_check(None)
+                if message.id.startswith("drf_spectacular.")]
+    assert warnings == []
+    operations = [operation["operationId"] for path in schema()["paths"].values()
+                  for operation in path.values() if isinstance(operation, dict)
+                  and "operationId" in operation]
+    assert len(operations) == len(set(operations)) and "runs_list" in operations

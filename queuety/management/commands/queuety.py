@@ -6,17 +6,15 @@ import argparse
 import json
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand
 
 from queuety import exceptions, inbox, metrics, operations, queries
 from queuety import export as exports  # "export" and "timeline" name sub-parsers below
 from queuety import timeline as timelines
 from queuety.core.describe import format_status
+from queuety.management import starting
+from queuety.management.starting import Error
 from queuety.runtime import sweeper
-
-
-class Error(CommandError):
-    """Printed by Django as ``Error: <message>`` on stderr, with exit code 1."""
 
 
 def _run_id(value: str) -> int:
@@ -73,12 +71,14 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         groups = parser.add_subparsers(dest="group", required=True,
-                                       metavar="{workflow,status,sweep}")
+                                       metavar="{workflow,schedule,status,sweep}")
         workflow = groups.add_parser("workflow", help="Workflow runs.")
         actions = workflow.add_subparsers(dest="action", required=True,
-                                          metavar="{status,list,retry,pause,resume,cancel,"
-                                                  "approve,reject,input,signal,timeline,"
-                                                  "state-at,rewind,fork,export,replay}")
+                                          metavar="{dispatch,definitions,status,list,retry,"
+                                                  "pause,resume,cancel,approve,reject,input,"
+                                                  "signal,timeline,state-at,rewind,fork,"
+                                                  "export,replay}")
+        starting.add_workflow_actions(actions)
 
         status = actions.add_parser("status", help="Show one run.")
         status.add_argument("run_id", type=_run_id)
@@ -127,6 +127,8 @@ class Command(BaseCommand):
         replay = actions.add_parser("replay", help="Start a run from an export file.")
         replay.add_argument("file")
 
+        starting.add_schedule_group(groups)
+
         overview = groups.add_parser("status", help="Runs per status and the oldest due "
                                                     "pending step's age.")
         overview.add_argument("--format", choices=["text", "json"], default="text")
@@ -149,6 +151,11 @@ class Command(BaseCommand):
             return
         if options["group"] == "metrics":
             self._metrics(options["minutes"], options["format"])
+            return
+        if options["group"] == "schedule":
+            starting.schedule_action(options["action"], options, self.stdout.write, self._table)
+            return
+        if starting.workflow_action(options["action"], options, self.stdout.write, self._table):
             return
         if options["action"] in self._LIFECYCLE:
             self._lifecycle(options["action"], options["run_id"])

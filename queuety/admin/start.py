@@ -1,0 +1,111 @@
+"""The admin's "Start a run" pages: the registered workflows, and a form per workflow whose
+JSON payload is checked before anything is dispatched (thin over ``queuety.registry``).
+
+Mixed into the runs admin, whose helpers (``_url``, ``_context``, ``_breadcrumbs``) they use.
+Starting a run needs ``queuety.add_workflowrun``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django import forms
+from django.contrib import messages
+from django.core.exceptions import PermissionDenied
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, path
+
+from queuety import exceptions, registry
+
+TEMPLATE = "admin/queuety/workflowrun/start.html"
+
+
+class StartRunForm(forms.Form):
+    """A JSON object payload, and an optional idempotency key."""
+
+    payload = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 12, "cols": 80, "class": "vLargeTextField",
+                                     "spellcheck": "false"}),
+        initial="{}", required=False,
+        help_text="The run's initial state: a JSON object.")
+    idempotency_key = forms.CharField(
+        max_length=255, required=False,
+        help_text="Optional. A key already used shows the run it started instead of starting "
+                  "another.")
+
+    def clean_payload(self) -> dict[str, Any]:
+        text = (self.cleaned_data.get("payload") or "").strip() or "{}"
+        try:
+            value = json.loads(text)
+        except ValueError as error:
+            raise forms.ValidationError(f"The payload is not valid JSON: {error}.") from None
+        if not isinstance(value, dict):
+            raise forms.ValidationError(
+                f"The payload must be a JSON object ({{...}}), not a {type(value).__name__}.")
+        return value
+
+    def clean_idempotency_key(self) -> str | None:
+        return (self.cleaned_data.get("idempotency_key") or "").strip() or None
+
+
+class StartRunPages:
+    """``start/`` and ``start/<name>/`` under the runs admin."""
+
+    def start_urls(self) -> list[URLPattern]:
+        """The pages' URL patterns, for ``get_urls()``."""
+        prefix = f"{self.opts.app_label}_{self.opts.model_name}"
+        wrap = self.admin_site.admin_view
+        return [
+            path("start/", wrap(self.start_index_view), name=f"{prefix}_start_index"),
+            path("start/<str:name>/", wrap(self.start_view), name=f"{prefix}_start"),
+        ]
+
+    def has_start_permission(self, request: HttpRequest) -> bool:
+        """Whether the user may start runs (``queuety.add_workflowrun``)."""
+        return bool(request.user.has_perm("queuety.add_workflowrun"))
+
+    def start_index_view(self, request: HttpRequest) -> HttpResponse:
+        """``GET start/``: the registered workflows, each with a link to its form."""
+        if not self.has_start_permission(request):
+            raise PermissionDenied
+        entries = [{**entry.to_dict(), "url": self._url("start", entry.name)}
+                   for entry in registry.registered()]
+        return TemplateResponse(request, TEMPLATE, self._context(
+            request, title="Start a run", entries=entries,
+            **self._breadcrumbs("Start a run")))
+
+    def start_view(self, request: HttpRequest, name: str) -> HttpResponse:
+        """``GET``/``POST start/<name>/``: the form; a valid POST dispatches and goes to the
+        new run's page, an invalid one shows the form again with the error and writes
+        nothing."""
+        if not self.has_start_permission(request):
+            raise PermissionDenied
+        try:
+            entry = registry.get(name)
+        except exceptions.UnknownWorkflow as error:
+            raise Http404(str(error)) from None
+        form = StartRunForm(request.POST if request.method == "POST" else None)
+        if request.method == "POST" and form.is_valid():
+            try:
+                run_id, reused = registry.start_run(
+                    name, form.cleaned_data["payload"],
+                    idempotency_key=form.cleaned_data["idempotency_key"])
+            except (exceptions.InvalidPayload, exceptions.BudgetExceeded) as error:
+                form.add_error("payload", str(error))
+            else:
+                if reused:
+                    messages.warning(request, f"Idempotency key "
+                                              f"{form.cleaned_data['idempotency_key']!r} had "
+                                              f"already started run #{run_id}; nothing new "
+                                              "was started.")
+                else:
+                    messages.success(request, f"Started run #{run_id} of workflow {name!r}.")
+                return HttpResponseRedirect(self._url("change", run_id))
+        return TemplateResponse(
+            request, TEMPLATE, self._context(
+                request, title=f"Start a run of {name}", entry=entry.to_dict(), form=form,
+                index_url=self._url("start_index"),
+                **self._breadcrumbs(f"Start {name}")),
+            status=400 if request.method == "POST" else 200)

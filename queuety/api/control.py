@@ -1,0 +1,176 @@
+"""API views that start and steer runs, and list runs and registered workflows: thin over
+``queuety.registry``, ``queuety.operations`` and ``queuety.queries``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from drf_spectacular.openapi import AutoSchema
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from rest_framework import status
+from rest_framework.exceptions import ParseError
+from rest_framework.pagination import CursorPagination
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from queuety import exceptions, operations, queries, registry
+from queuety.api import exceptions as api_errors
+from queuety.api import serializers
+from queuety.api.views import (
+    ERRORS,
+    IDEMPOTENCY_KEY,
+    RUN_ID,
+    RunAPIView,
+    read_json_body,
+    replayable,
+)
+from queuety.core.status import RunStatus
+
+
+class RunCursorPagination(CursorPagination):
+    """Newest first, by id: the cursor is an id, so a page is an index range scan however
+    many runs there are (no OFFSET, no COUNT)."""
+
+    ordering = "-id"
+    page_size = 50
+    page_size_query_param = "page_size"
+    max_page_size = 500
+
+
+LIST_FILTERS = [
+    OpenApiParameter("status", str, enum=[str(each) for each in RunStatus],
+                     description="Only runs with this status."),
+    OpenApiParameter("workflow", str, description="Only runs of this workflow (its name)."),
+    OpenApiParameter("version", str, description="Only runs of definitions with this "
+                                                 "version() label."),
+    OpenApiParameter("waiting", str, description="true / false (waiting for anything or "
+                                                 "not), or a kind of wait: approval, "
+                                                 "decision, input, signal, workflows."),
+    OpenApiParameter("cursor", str, description="The page: from a previous answer's next or "
+                                                "previous link."),
+    OpenApiParameter("page_size", int, description="Runs per page (default 50, at most 500)."),
+]
+
+
+class RunListSchema(AutoSchema):
+    """``runs_list`` and ``runs_start``: drf-spectacular would name ``GET runs/`` like
+    ``GET runs/<id>/`` (``runs_retrieve``), and an operation id in a class's @extend_schema
+    is refused."""
+
+    def get_operation_id(self) -> str:
+        return "runs_list" if self.method == "GET" else "runs_start"
+
+
+@extend_schema(methods=["GET"], parameters=LIST_FILTERS,
+               responses={200: serializers.RunPageSerializer, **ERRORS})
+@extend_schema(methods=["POST"], request=serializers.StartRunSerializer,
+               parameters=[IDEMPOTENCY_KEY],
+               responses={201: serializers.StartedRunSerializer,
+                          200: serializers.StartedRunSerializer, **ERRORS})
+class RunListView(RunAPIView):
+    """``GET runs/``: runs newest first, cursor-paginated and filtered.
+    ``POST runs/``: start a run of a registered workflow (201; 200 with ``"created": false``
+    when ``idempotency_key`` had already started it)."""
+
+    schema = RunListSchema()
+    required_permissions = {"GET": "queuety.view_workflowrun",
+                            "POST": "queuety.add_workflowrun"}
+
+    def get(self, request: Request) -> Response:
+        params = request.query_params
+        try:
+            runs = queries.runs_matching(
+                status=params.get("status"), workflow=params.get("workflow"),
+                version=params.get("version"), waiting=params.get("waiting"))
+        except ValueError as error:
+            raise api_errors.QueuetyAPIError(str(error), "invalid_filter",
+                                             status.HTTP_400_BAD_REQUEST) from None
+        paginator = RunCursorPagination()
+        page = paginator.paginate_queryset(runs, request, view=self)
+        assert page is not None  # always paginated
+        allowed = [run for run in page
+                   if all(p.has_object_permission(request, self, run)
+                          for p in self.get_permissions())]
+        return paginator.get_paginated_response(
+            serializers.RunSummarySerializer([queries.run_summary(run) for run in allowed],
+                                             many=True).data)
+
+    def post(self, request: Request) -> Response:
+        return replayable(request, lambda: self._start(request))
+
+    def _start(self, request: Request) -> Response:
+        body = read_json_body(request)
+        if not isinstance(body, dict):
+            raise ParseError("The request body must be a JSON object: "
+                             '{"workflow": "...", "payload": {...}, "idempotency_key": "..."}.')
+        unknown = sorted(set(body) - {"workflow", "payload", "idempotency_key"})
+        if unknown:
+            raise api_errors.QueuetyAPIError(
+                f"Unknown field(s) {', '.join(unknown)}; a run is started with workflow, "
+                "payload and idempotency_key.", "invalid_request", status.HTTP_400_BAD_REQUEST)
+        name = body.get("workflow")
+        if not isinstance(name, str) or not name:
+            raise api_errors.QueuetyAPIError(
+                "The field workflow must name a registered workflow (GET workflows/ lists "
+                "them).", "invalid_request", status.HTTP_400_BAD_REQUEST)
+        key = body.get("idempotency_key")
+        try:
+            run_id, reused = registry.start_run(name, body.get("payload"),
+                                                idempotency_key=key)
+        except exceptions.BudgetExceeded as error:  # the payload alone: bad input, not state
+            raise api_errors.QueuetyAPIError(str(error), "budget_exceeded",
+                                             status.HTTP_400_BAD_REQUEST, budget=error.budget,
+                                             limit=error.limit, used=error.used) from None
+        run = queries.workflow_status(run_id).to_dict()
+        return Response({"created": not reused, "run": run},
+                        status=status.HTTP_200_OK if reused else status.HTTP_201_CREATED)
+
+
+@extend_schema(parameters=[RUN_ID, IDEMPOTENCY_KEY], request=None,
+               responses={200: serializers.WorkflowStatusSerializer, **ERRORS})
+class RunActionView(RunAPIView):
+    """``POST runs/<id>/cancel/``, ``pause/``, ``resume/``, ``retry/``: the CLI's lifecycle
+    operations, with its state rules: a run whose status does not allow it is a 409."""
+
+    action = ""
+    required_permissions = {"POST": "queuety.change_workflowrun"}
+    _OPERATIONS: dict[str, Any] = {"cancel": operations.cancel, "pause": operations.pause,
+                                   "resume": operations.resume, "retry": operations.retry}
+
+    def post(self, request: Request, pk: int) -> Response:
+        self.get_run(pk)
+        return replayable(request, lambda: self._act(request, pk))
+
+    def _act(self, request: Request, pk: int) -> Response:
+        actor = f"api:user:{request.user.pk}:{request.user.get_username()}"
+        self._OPERATIONS[self.action](pk, actor=actor)  # InvalidTransition: a 409
+        return Response(queries.workflow_status(pk).to_dict())
+
+
+class CancelView(RunActionView):
+    action = "cancel"
+
+
+class PauseView(RunActionView):
+    action = "pause"
+
+
+class ResumeView(RunActionView):
+    action = "resume"
+
+
+class RetryView(RunActionView):
+    action = "retry"
+
+
+@extend_schema(responses={200: serializers.RegisteredWorkflowSerializer(many=True),
+                          403: OpenApiResponse(serializers.ErrorSerializer)})
+class WorkflowListView(RunAPIView):
+    """``GET workflows/``: the registered workflows, with their version and definition hash
+    (what ``POST runs/`` can start)."""
+
+    required_permissions = {"GET": "queuety.view_workflowrun"}
+
+    def get(self, request: Request) -> Response:
+        return Response(serializers.RegisteredWorkflowSerializer(
+            [entry.to_dict() for entry in registry.registered()], many=True).data)

@@ -1,0 +1,224 @@
+"""Run workflows to their end inside a test: no broker, no worker, the test database.
+
+Each step runs in the test's own process through the very code a worker runs
+(``queuety.runtime.attempt.execute_step``: the claim, the handler, the one-transaction
+outcome, inline continuation), so a test sees what production would record. Retries' back-offs
+and ``delay()`` steps are not waited for: a pending row is made due, then executed. Messages
+and wake-ups that would go to Celery are kept in-process instead (``queuety.publish``'s seams).
+
+With pytest-django::
+
+    from queuety.testing import run_workflow
+
+    def test_order_is_charged(db):
+        run = run_workflow("order_fulfilment", {"order_id": 7, "items": [...]})
+        run.assert_status("completed")
+        assert run.state["charge_id"] == "ch_7_2500"
+
+    def test_refund_needs_approval(db):
+        run = run_workflow("refund", {"order_id": 7})
+        run.assert_status("waiting_for_signal")
+        run.approve({"by": "ada"})          # answered, then driven on to the end
+        run.assert_status("completed")
+        run.assert_events("workflow_started", "signal_received", "workflow_completed")
+
+What runs: every step row of this run and of the runs it starts (child runs, started
+workflows), and runs woken because a run they wait for finished. What does not: the sweeper's
+own phases (a lost worker, ``must_complete_within`` deadlines, purges).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from django.db.models import Q
+from django.utils import timezone
+
+from queuety import inbox, publish, queries, registry
+from queuety import timeline as timelines
+from queuety.core.builder import WorkflowBuilder
+from queuety.core.status import RunStatus, StepStatus, WorkflowStatus
+from queuety.models import StepRun
+from queuety.runtime import attempt, settle
+
+#: Step attempts one drive may run before it gives up (a loop that never ends).
+MAX_STEPS = 1000
+
+
+class WorkflowDidNotSettle(AssertionError):
+    """The run still had work after ``max_steps`` step attempts (a repeat that never ends?)."""
+
+
+class TestRun:
+    """A run started by :func:`run_workflow`: its status, state and timeline, and the
+    signals and replies a test sends it (each followed by driving the run on)."""
+
+    __test__ = False  # not a pytest test class, whatever its name
+
+    def __init__(self, run_id: int, max_steps: int = MAX_STEPS) -> None:
+        self.id = run_id
+        self.max_steps = max_steps
+
+    @property
+    def info(self) -> WorkflowStatus:
+        """The run's status, read now (``queuety.workflow_status``)."""
+        return queries.workflow_status(self.id)
+
+    @property
+    def status(self) -> str:
+        """``completed``, ``failed``, ``waiting_for_signal``, ..."""
+        return str(self.info.status)
+
+    @property
+    def state(self) -> dict[str, Any]:
+        """The run's public state."""
+        return self.info.state
+
+    @property
+    def error(self) -> dict[str, Any] | None:
+        """The error that failed the run, if it failed."""
+        return self.info.error
+
+    def timeline(self) -> list[dict[str, Any]]:
+        """Every event of the run, oldest first (``queuety.workflow_timeline``)."""
+        return timelines.timeline(self.id, limit=10_000)
+
+    def events(self) -> list[str]:
+        """The kinds of the run's events, oldest first."""
+        return [event["kind"] for event in self.timeline()]
+
+    def assert_status(self, expected: str) -> None:
+        """Fail the test, saying where the run stands and why, unless its status is
+        ``expected``."""
+        info = self.info
+        if info.status != expected:
+            raise AssertionError(
+                f"Run {self.id} of workflow {info.name!r} is {info.status!r} at step "
+                f"{info.current_step} ({info.current_step_name!r}), not {expected!r}. "
+                f"Error: {info.error!r}. Events: {', '.join(self.events())}.")
+
+    def assert_events(self, *kinds: str) -> None:
+        """Fail the test unless the run's timeline holds these event kinds in this order
+        (other events may come between them)."""
+        seen = self.events()
+        remaining = iter(seen)
+        missing = [kind for kind in kinds if kind not in remaining]
+        if missing:
+            raise AssertionError(
+                f"Run {self.id}'s timeline has no {missing[0]!r} after the events before it "
+                f"in {list(kinds)!r}; its events are: {', '.join(seen)}.")
+
+    def signal(self, name: str, data: Any = None) -> TestRun:
+        """Send signal ``name`` (``queuety.signal``), then drive the run on."""
+        with _in_process():
+            inbox.send_signal(self.id, name, data, sent_by="queuety.testing")
+        return self.drive()
+
+    def approve(self, data: Any = None, *, signal: str | None = None) -> TestRun:
+        """Approve the run's current approval or decision wait, then drive it on."""
+        return self._reply("approve", {} if data is None else data, signal)
+
+    def reject(self, data: Any = None, *, signal: str | None = None) -> TestRun:
+        """Reject the run's current decision wait, then drive it on."""
+        return self._reply("reject", {} if data is None else data, signal)
+
+    def submit_input(self, data: Any = None, *, signal: str | None = None) -> TestRun:
+        """Answer the run's current input wait, then drive it on."""
+        return self._reply("input", data, signal)
+
+    def _reply(self, kind: str, data: Any, signal: str | None) -> TestRun:
+        with _in_process():
+            inbox.reply(self.id, kind, data, signal=signal, sent_by="queuety.testing")
+        return self.drive()
+
+    def drive(self) -> TestRun:
+        """Run every step that is pending (now or after a delay) until none is left."""
+        drive(self.id, max_steps=self.max_steps)
+        return self
+
+    def __repr__(self) -> str:
+        return f"<TestRun {self.id} {self.status}>"
+
+
+def run_workflow(workflow: str | WorkflowBuilder, payload: dict[str, Any] | None = None, *,
+                 idempotency_key: str | None = None, max_steps: int = MAX_STEPS) -> TestRun:
+    """Start a run of ``workflow`` (a registered name or a builder) and run it in-process
+    until it finishes or waits for something only the test can send; return it.
+
+    Raises:
+        UnknownWorkflow, InvalidPayload, BudgetExceeded: as ``queuety.start()``.
+        WorkflowDidNotSettle: work was still left after ``max_steps`` step attempts.
+    """
+    with _in_process():
+        if isinstance(workflow, WorkflowBuilder):
+            from queuety import dispatch
+
+            run_id = dispatch.dispatch(workflow.build(), payload,
+                                       idempotency_key=idempotency_key)
+        else:
+            run_id = registry.start_run(workflow, payload, idempotency_key=idempotency_key)[0]
+    return TestRun(run_id, max_steps).drive()
+
+
+def drive(run_id: int, *, max_steps: int = MAX_STEPS) -> int:
+    """Run the pending step rows of run ``run_id`` and of every later run (its children and
+    the runs it started) in this process, until none is left; return how many attempts ran.
+
+    Raises:
+        WorkflowDidNotSettle: work was still left after ``max_steps`` attempts.
+    """
+    ran = 0
+    woken: list[int] = []
+    unclaimable: set[int] = set()
+    with _in_process(woken):
+        while True:
+            if woken:
+                for waiting in sorted(set(woken)):
+                    settle.resume_waiting(waiting)
+                woken.clear()
+                continue
+            # The rows a worker could claim: a running run's steps, or any run's clean-up.
+            row = (StepRun.objects.filter(Q(run__status=RunStatus.RUNNING) | ~Q(kind="step"),
+                                          run_id__gte=run_id, status=StepStatus.PENDING)
+                   .exclude(pk__in=unclaimable).order_by("available_at", "id").values_list("pk", "available_at").first())
+            if row is None:
+                if not _wake_waiting_runs(run_id, woken):
+                    return ran
+                continue
+            if ran >= max_steps:
+                raise WorkflowDidNotSettle(
+                    f"Run {run_id} still had work after {max_steps} step attempts; a repeat "
+                    "or retry loop that never ends? Pass max_steps= to allow more.")
+            pk, due = row
+            now = timezone.now()
+            if due > now:  # a retry's back-off or a delay() step: not waited for in a test
+                StepRun.objects.filter(pk=pk, status=StepStatus.PENDING).update(
+                    available_at=now)
+            if not attempt.execute_step(pk).claimed:
+                unclaimable.add(pk)
+            ran += 1
+
+
+def _wake_waiting_runs(run_id: int, woken: list[int]) -> bool:
+    """Move on runs (from ``run_id`` on) that wait for runs which have all finished; return
+    whether any moved."""
+    from queuety.models import WorkflowRun
+
+    moved = False
+    for waiting in (WorkflowRun.objects.filter(pk__gte=run_id,
+                                               status=RunStatus.WAITING_FOR_WORKFLOWS)
+                    .values_list("pk", flat=True)):
+        if settle.resume_waiting(waiting) != RunStatus.WAITING_FOR_WORKFLOWS:
+            moved = True
+    return moved or bool(woken)
+
+
+@contextmanager
+def _in_process(woken: list[int] | None = None) -> Iterator[None]:
+    """Keep step messages and wake-ups away from Celery: the drive loop reads the step rows
+    themselves, and moves woken runs on itself."""
+    sink: list[int] = woken if woken is not None else []
+    with publish.redirected(lambda messages: None), publish.wake_ups_redirected(sink.extend):
+        yield
