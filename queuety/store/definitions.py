@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from functools import partial
+
+from django.db import transaction
+
 from queuety import exceptions
 from queuety.conf import settings
 from queuety.core.definition import WorkflowSpec
@@ -19,15 +23,26 @@ _wait_kinds: dict[int, dict[int, str]] = {}
 
 
 def definition_id(spec: WorkflowSpec) -> int:
-    """Return the id of the ``WorkflowDefinition`` row for ``spec``, creating it if needed."""
+    """Return the id of the ``WorkflowDefinition`` row for ``spec``, creating it if needed.
+
+    The id is remembered once the row is known to be committed: a row created inside a
+    transaction that rolls back (a view under ``ATOMIC_REQUESTS`` that fails after
+    dispatching, a test in pytest-django's ``db`` fixture) is gone, and a remembered id would
+    make every later dispatch of ``spec`` in this process fail on the foreign key.
+    """
     key = (spec.name, spec.definition_hash)
     found = _definition_ids.get(key)
     if found is None:
         row, _ = WorkflowDefinition.objects.get_or_create(
             name=spec.name, definition_hash=key[1], defaults={"definition": spec.to_dict()}
         )
-        found = _definition_ids[key] = row.pk
-        _specs[row.pk] = spec
+        found = row.pk
+        _specs[found] = spec  # keyed by id: a rolled-back id is never handed out again
+        remember = partial(_definition_ids.__setitem__, key, found)
+        if transaction.get_connection().in_atomic_block:
+            transaction.on_commit(remember)
+        else:
+            remember()
     return found
 
 

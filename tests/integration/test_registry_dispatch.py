@@ -373,3 +373,19 @@ def test_admin_start__needs_the_add_permission_and_a_registered_name():
     assert reader.post(f"{START}reg_letters/", {"payload": "{}"}).status_code == 403
     assert b"Start a run" not in reader.get("/admin/queuety/workflowrun/").content
     assert admin_client("add_workflowrun").get(f"{START}reg_nope/").status_code == 404
+
+
+def test_dispatch__after_a_rolled_back_dispatch_of_a_new_definition_still_works(token):
+    # A view under ATOMIC_REQUESTS that fails after dispatching rolls back the definition row
+    # its dispatch created; the process must not remember that row's id.
+    from django.db import transaction
+
+    from tests import workflows as steps
+
+    builder = queuety.workflow(f"rolled_back_{token}").then(steps.step_a)
+    with pytest.raises(RuntimeError), transaction.atomic():
+        builder.dispatch({"token": token})
+        raise RuntimeError("the view failed after dispatching")
+    assert not WorkflowRun.objects.filter(name=f"rolled_back_{token}").exists()
+    run_id = builder.dispatch({"token": token})
+    assert WorkflowRun.objects.filter(pk=run_id, name=f"rolled_back_{token}").exists()

@@ -12,7 +12,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 import queuety
-from queuety import publish
+from queuety import publish, signals
 from queuety.models import Event, StepRun, WorkflowDefinition, WorkflowRun
 from queuety.runtime import attempt
 from queuety.store.definitions import definition_id
@@ -174,6 +174,8 @@ def test_step_boundary__query_count_is_pinned(token, monkeypatch, prepared):
     monkeypatch.setitem(connection.settings_dict["OPTIONS"], "prepare_threshold",
                         5 if prepared else None)
     definition_id(three_steps().build())  # the definition row, once per process
+    # The webhook endpoints the outbox subscribes: read once per process every 5 s, not per step.
+    signals.sinks_want("run_started")
     with publish.captured() as sent:
         with CaptureQueriesContext(connection) as dispatched:
             run_id = three_steps().dispatch({"token": token})
