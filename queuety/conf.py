@@ -49,6 +49,15 @@ DEFAULTS: dict[str, Any] = {
     "HARD_TIMEOUT_GRACE": 1.0,
     # Largest signal, approval or input payload accepted, in bytes of compact UTF-8 JSON.
     "MAX_SIGNAL_BYTES": 65536,
+    # Largest artifact content accepted, in bytes (JSON kinds: of compact UTF-8 JSON).
+    "MAX_ARTIFACT_BYTES": 10 * 1024 * 1024,
+    # Largest chunk a streaming step may yield, in bytes of compact UTF-8 JSON.
+    "MAX_CHUNK_BYTES": 65536,
+    # Seconds between two reads of new chunks by the Server-Sent Events endpoint.
+    "STREAM_POLL_INTERVAL": 0.2,
+    # Seconds one Server-Sent Events response stays open before it ends (the browser's
+    # EventSource then reconnects with Last-Event-ID and misses nothing).
+    "STREAM_MAX_SECONDS": 300.0,
     # DRF permission classes of the API (dotted paths).
     "API_PERMISSION_CLASSES": ["queuety.api.permissions.RunPermission"],
     # Optional dotted path of ``f(user, run) -> bool``: object-level access to a run through
@@ -101,9 +110,14 @@ class QueuetySettings:
             raise ImproperlyConfigured("QUEUETY['INLINE_STEPS'] must be a whole number, at "
                                        "least 1 (1 runs every step from its own message).")
         for key in ("STALE_AFTER", "HEARTBEAT_INTERVAL", "REDELIVER_AFTER", "INLINE_SECONDS",
-                    "WORKER_LOST_AFTER"):
+                    "WORKER_LOST_AFTER", "STREAM_POLL_INTERVAL", "STREAM_MAX_SECONDS"):
             if not values[key] > 0:
                 raise ImproperlyConfigured(f"QUEUETY[{key!r}] must be a positive number.")
+        for key in ("MAX_ARTIFACT_BYTES", "MAX_CHUNK_BYTES"):
+            if isinstance(values[key], bool) or not isinstance(values[key], int) or \
+                    values[key] < 1:
+                raise ImproperlyConfigured(f"QUEUETY[{key!r}] must be a whole number of "
+                                           "bytes, at least 1.")
         keys = values["SECRET_KEYS"]
         if isinstance(keys, str) or not all(isinstance(key, str) for key in keys):
             raise ImproperlyConfigured("QUEUETY['SECRET_KEYS'] must be a list of key names "

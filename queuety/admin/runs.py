@@ -30,7 +30,7 @@ from django.utils.text import capfirst
 from django.utils.translation import gettext, ngettext
 
 from queuety import exceptions, export, operations, queries, replyforms
-from queuety.admin import display
+from queuety.admin import artifacts, display
 from queuety.admin.actions import RUN_ACTIONS, LockedRun, StaleForm, valid_actions
 from queuety.admin.display import (
     EVENT_DATA_CHARS,
@@ -297,6 +297,8 @@ class WorkflowRunAdmin(admin.ModelAdmin):
         return [
             path("approvals/", wrap(self.approvals_view), name=f"{prefix}_approvals"),
             path("<int:object_id>/export/", wrap(self.export_view), name=f"{prefix}_export"),
+            path("<int:object_id>/artifacts/<str:key>/", wrap(self.artifact_view),
+                 name=f"{prefix}_artifact"),
             path("<int:object_id>/act/<slug:action>/", wrap(self.action_view),
                  name=f"{prefix}_act"),
             *super().get_urls(),
@@ -385,6 +387,7 @@ class WorkflowRunAdmin(admin.ModelAdmin):
                                           for a in actions},
             can_operate=allowed["operate"], can_signal=allowed["signal"],
             export_url=self._url("export", run.pk),
+            **artifacts.artifact_rows(run.pk, lambda key: self._url("artifact", run.pk, key)),
             approvals_url=self._url("approvals"),
             definition_runs_url=f"{self._url('changelist')}?definition={run.definition_id}",
             definition_url=reverse(f"{self.admin_site.name}:queuety_workflowdefinition_change",
@@ -462,6 +465,10 @@ class WorkflowRunAdmin(admin.ModelAdmin):
         if not self.has_view_permission(request):
             raise PermissionDenied
         return self._export_response(object_id)
+
+    def artifact_view(self, request: HttpRequest, object_id: int, key: str) -> HttpResponse:
+        """``GET <id>/artifacts/<key>/``: one artifact's content as a download."""
+        return artifacts.download(request, object_id, key, self.has_view_permission(request))
 
     # -- actions
 

@@ -8,7 +8,7 @@ one vocabulary; the status sets below are the only definitions of "finished", "l
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from enum import EnumType, StrEnum
 from typing import Any
@@ -99,6 +99,10 @@ class WorkflowStatus:
     """``all`` or ``any``."""
     wait_details: dict[str, Any] | None = None
     """``step_name``, ``matched`` and ``remaining`` names, ``human_wait``, ``schema``, ..."""
+    artifact_count: int = 0
+    """How many artifacts the run has (``queuety.artifacts(run_id)`` lists them)."""
+    artifact_keys: list[str] = field(default_factory=list)
+    """Their keys, sorted."""
     created_at: datetime
     updated_at: datetime
     finished_at: datetime | None

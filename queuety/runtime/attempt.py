@@ -31,6 +31,7 @@ from queuety.runtime.claim import Claim, claim, owned
 from queuety.runtime.finish import fail_unloadable
 from queuety.runtime.outcome import record_failure, record_success_retrying
 from queuety.runtime.settle import branch_done
+from queuety.runtime.sink import AttemptOutputs
 from queuety.runtime.watchdog import Heartbeats, deadline, heartbeat
 from queuety.store import rows
 from queuety.store.definitions import load_spec
@@ -75,7 +76,7 @@ def execute_step(step_run_id: int, *, inline: bool = True) -> AttemptReport:
         return AttemptReport(claimed=True)
     step = spec.steps[held.step_index]
     if step.kind in ("parallel", "for_each"):
-        return _execute_branch(held, spec, step, _context(spec, held))
+        return _execute_branch(held, spec, step, _context(spec, held, streams=False))
     steps_left = settings.INLINE_STEPS if inline else 1
     until = time.monotonic() + settings.INLINE_SECONDS
     following: Claim | None = held
@@ -106,20 +107,22 @@ def _execute_task_step(held: Claim, spec: WorkflowSpec, *, inline_until: float |
             outcome = engine.advance(spec, held.run_id, held.state, held.step_index, output)
             _check_budget(spec, held, outcome)
         except Exception as error:  # noqa: BLE001 - every step failure is recorded
-            record_failure(held, spec, error, _ms_since(started))
+            record_failure(held, spec, error, _ms_since(started),
+                           publish_artifacts=_wrote_artifacts(context))
             timed_out = isinstance(error, exceptions.StepTimeout)
         else:
             try:
                 # A timed step's message carries a hard limit: no try may outlive it.
                 give_up_at = None if step.timeout is None else (
                     started + step.timeout + settings.HARD_TIMEOUT_GRACE)
-                following = record_success_retrying(held, spec, outcome, _ms_since(started),
-                                                    inline_until=inline_until,
-                                                    give_up_at=give_up_at)
+                following = record_success_retrying(
+                    held, spec, outcome, _ms_since(started), inline_until=inline_until,
+                    give_up_at=give_up_at, publish_artifacts=_wrote_artifacts(context))
             except (exceptions.BudgetExceeded, exceptions.WorkflowDefinitionError) as error:
                 # Found while landing on the next step (the run had moved on, or a for_each's
                 # items are not a list or too many): this step's outcome cannot stand.
-                record_failure(held, spec, error, _ms_since(started))
+                record_failure(held, spec, error, _ms_since(started),
+                               publish_artifacts=_wrote_artifacts(context))
             except DatabaseError as error:
                 if not rows.is_refusal(error):
                     raise  # perhaps passing (a timeout, a standby): the sweeper's, as before
@@ -167,9 +170,11 @@ def _execute_branch(held: Claim, spec: WorkflowSpec, step: StepSpec,
                     output = watch.settle(call_item_handler(
                         row.handler, dict(held.state), item["item"], item["index"], context))
                     engine.check_output(step.name, held.run_id, {"item": output})
-            branch_done(held, spec, output, _ms_since(started))
+            branch_done(held, spec, output, _ms_since(started),
+                        publish_artifacts=_wrote_artifacts(context))
         except Exception as error:  # noqa: BLE001 - recorded like any step failure
-            record_failure(held, spec, error, _ms_since(started))
+            record_failure(held, spec, error, _ms_since(started),
+                           publish_artifacts=_wrote_artifacts(context))
             timed_out = isinstance(error, exceptions.StepTimeout)
     return _report(threads_before, timed_out)
 
@@ -196,13 +201,19 @@ def _execute_cleanup(held: Claim, spec: WorkflowSpec) -> None:
             cleanup.cleanup_done(held.run_id, spec, now)
 
 
-def _context(spec: WorkflowSpec, held: Claim) -> StepContext:
+def _context(spec: WorkflowSpec, held: Claim, *, streams: bool = True) -> StepContext:
     step = spec.steps[held.step_index]
     size = budgets.state_bytes(held.state) if spec.budget.max_state_bytes else 0
     usage = budgets.Usage(held.usage.transitions, held.usage.cost_units,
                           held.usage.started_workflows, size)
     return StepContext(held.run_id, spec.name, step.name, held.attempt,
-                       budgets.BudgetView(spec.budget, usage))
+                       budgets.BudgetView(spec.budget, usage),
+                       AttemptOutputs(held, step.name, streams=streams))
+
+
+def _wrote_artifacts(context: StepContext) -> bool:
+    """Whether the attempt stored an artifact its outcome must publish (no query if not)."""
+    return isinstance(context.sink, AttemptOutputs) and context.sink.artifacts_written > 0
 
 
 def _report(threads_before: set[threading.Thread], timed_out: bool) -> AttemptReport:

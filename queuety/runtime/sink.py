@@ -1,0 +1,72 @@
+"""The sink of one attempt: where ``context.put_artifact()`` and a streaming step's chunks go.
+
+Nothing is read or written for an attempt that neither stores an artifact nor streams, so plain
+steps keep their two database round trips.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import connection
+
+from queuety import exceptions
+from queuety.conf import settings
+from queuety.core import artifacts as rules
+from queuety.runtime import artifacts, chunks
+from queuety.runtime.claim import Claim
+
+
+class AttemptOutputs:
+    """Implements :class:`queuety.core.streaming.AttemptSink` for the attempt ``held``."""
+
+    def __init__(self, held: Claim, step_name: str, *, streams: bool = True) -> None:
+        self.held, self.step_name, self.streams = held, step_name, streams
+        #: How many artifacts this attempt wrote: the outcome publishes them when nonzero.
+        self.artifacts_written = 0
+        self._chunks: list[Any] | None = None
+        self._next = 0
+
+    def put_artifact(self, key: str, content: Any, kind: str,
+                     metadata: dict[str, Any] | None) -> None:
+        encoded = rules.encode(key, content, kind, metadata, limit=settings.MAX_ARTIFACT_BYTES,
+                               run_id=self.held.run_id)
+        artifacts.write_pending(self.held, self.step_name, encoded)
+        self.artifacts_written += 1
+
+    def stored_chunks(self) -> list[Any]:
+        self._refuse_unless_streaming()
+        if self._chunks is None:
+            self._chunks = chunks.stored(self.held.step_run_id)
+            self._next = len(self._chunks)
+        return self._chunks
+
+    def append_chunk(self, content: Any) -> None:
+        self._refuse_unless_streaming()
+        if self._chunks is None:
+            self.stored_chunks()
+        text = rules.encode_chunk(content, limit=settings.MAX_CHUNK_BYTES, step=self.step_name,
+                                  run_id=self.held.run_id)
+        try:
+            owned = chunks.append(self.held, self.step_name, self._next, text)
+        except BaseException:
+            # Interrupted mid-statement (the step's deadline, say): the connection's protocol
+            # state is unknown, and recording the outcome needs a sound one.
+            if not connection.in_atomic_block:
+                try:
+                    connection.close()
+                except Exception:  # noqa: BLE001 - Django forgets it either way
+                    pass
+            raise
+        if not owned:
+            raise exceptions.WorkerLost(
+                f"Step {self.step_name!r} of run {self.held.run_id} (attempt "
+                f"{self.held.attempt}) no longer owns its step row (the sweeper took it back, "
+                "or the run was cancelled or rewound); its stream stops here.")
+        self._next += 1
+
+    def _refuse_unless_streaming(self) -> None:
+        if not self.streams:
+            raise exceptions.InvalidStepOutput(
+                f"Step {self.step_name!r} of run {self.held.run_id} is a fan-out branch; only "
+                "a then() step can stream (yield chunks).")
