@@ -109,7 +109,7 @@ class FailAfterTwo(queuety.Step):
         return {"numbers": chunks}
 
 
-def stream_in_branch(state):
+def stream_in_branch(state, item=None, index=None):
     yield "no"
 
 
