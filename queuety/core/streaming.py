@@ -1,7 +1,7 @@
 """Streaming steps: a handler that is a generator (sync or async) and yields chunks.
 
-Each chunk is handed to the attempt's sink as it is yielded, which stores it durably before the
-generator is resumed. On a retry, the chunks stored by earlier attempts come first: the
+Each chunk is handed to the attempt's sink as it is yielded, which stores it durably (at once,
+or batched within ``QUEUETY["CHUNK_FLUSH_INTERVAL"]``; all of them before the outcome). On a retry, the chunks stored by earlier attempts come first: the
 handler reads them as ``context.chunks`` and decides how to resume. When the generator is
 exhausted, the step's output is ``on_complete(chunks, state)`` when the handler's class defines
 it (``chunks``: every stored chunk, earlier attempts' included), else the generator's
@@ -29,7 +29,10 @@ class AttemptSink(Protocol):
         """The chunks stored by earlier attempts of this step row (read once, then kept)."""
 
     def append_chunk(self, content: Any) -> None:
-        """Store one chunk durably (it is readable before this returns)."""
+        """Store one chunk durably (at once, or within the sink's flush interval)."""
+
+    def finish_stream(self) -> None:
+        """Store every chunk still queued; raise if some could not be stored."""
 
 
 def is_stream(value: Any) -> bool:
@@ -49,22 +52,31 @@ def consume(produced: Generator[Any, Any, Any] | AsyncGenerator[Any, Any], sink:
     # attempts' chunks, never this attempt's.
     chunks = list(sink.stored_chunks())
     returned: Any = None
-    if inspect.isasyncgen(produced):
-        _consume_async(produced, sink, chunks)
-    else:
-        assert inspect.isgenerator(produced)
-        try:
-            while True:
-                try:
-                    chunk = next(produced)
-                except StopIteration as stop:
-                    returned = stop.value
-                    break
-                sink.append_chunk(chunk)
-                chunks.append(chunk)
-        finally:
-            with suppress(Exception):
-                produced.close()
+    try:
+        if inspect.isasyncgen(produced):
+            _consume_async(produced, sink, chunks)
+        else:
+            assert inspect.isgenerator(produced)
+            try:
+                while True:
+                    try:
+                        chunk = next(produced)
+                    except StopIteration as stop:
+                        returned = stop.value
+                        break
+                    sink.append_chunk(chunk)
+                    chunks.append(chunk)
+            finally:
+                with suppress(Exception):
+                    produced.close()
+    except BaseException:
+        # What was yielded before the error (or the deadline) is stored all the same; an
+        # error storing it must not hide the one that stopped the stream.
+        with suppress(Exception):
+            sink.finish_stream()
+        raise
+    # Every chunk is stored before the output is computed, so before the outcome is recorded.
+    sink.finish_stream()
     if on_complete is None:
         return returned
     result = on_complete(chunks, state)

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db import connection
-
 from queuety import exceptions
 from queuety.conf import settings
 from queuety.core import artifacts as rules
@@ -25,7 +23,7 @@ class AttemptOutputs:
         #: How many artifacts this attempt wrote: the outcome publishes them when nonzero.
         self.artifacts_written = 0
         self._chunks: list[Any] | None = None
-        self._next = 0
+        self._writer: chunks.ChunkWriter | None = None
 
     def put_artifact(self, key: str, content: Any, kind: str,
                      metadata: dict[str, Any] | None) -> None:
@@ -38,32 +36,21 @@ class AttemptOutputs:
         self._refuse_unless_streaming()
         if self._chunks is None:
             self._chunks = chunks.stored(self.held.step_run_id)
-            self._next = len(self._chunks)
         return self._chunks
 
     def append_chunk(self, content: Any) -> None:
         self._refuse_unless_streaming()
-        if self._chunks is None:
-            self.stored_chunks()
         text = rules.encode_chunk(content, limit=settings.MAX_CHUNK_BYTES, step=self.step_name,
                                   run_id=self.held.run_id)
-        try:
-            owned = chunks.append(self.held, self.step_name, self._next, text)
-        except BaseException:
-            # Interrupted mid-statement (the step's deadline, say): the connection's protocol
-            # state is unknown, and recording the outcome needs a sound one.
-            if not connection.in_atomic_block:
-                try:
-                    connection.close()
-                except Exception:  # noqa: BLE001 - Django forgets it either way
-                    pass
-            raise
-        if not owned:
-            raise exceptions.WorkerLost(
-                f"Step {self.step_name!r} of run {self.held.run_id} (attempt "
-                f"{self.held.attempt}) no longer owns its step row (the sweeper took it back, "
-                "or the run was cancelled or rewound); its stream stops here.")
-        self._next += 1
+        if self._writer is None:
+            self._writer = chunks.ChunkWriter(
+                self.held, self.step_name, len(self.stored_chunks()),
+                interval=settings.CHUNK_FLUSH_INTERVAL, buffer=settings.CHUNK_BUFFER)
+        self._writer.add(text)
+
+    def finish_stream(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
 
     def _refuse_unless_streaming(self) -> None:
         if not self.streams:

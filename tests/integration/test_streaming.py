@@ -108,7 +108,11 @@ def test_sigkill_mid_stream__chunks_kept_and_the_next_attempt_resumes(worker, to
               .then(workflows.step_a)
               .dispatch({"token": token, "n": 6, "hang_at": 3}))
     pool_pid = wait_until(lambda: steps.pid_of_hang(token), message="the hanging stream")
-    # Three chunks are durable while the attempt hangs, before anything is recorded.
+    # The three chunks yielded become durable while the attempt hangs (within the writer's
+    # CHUNK_FLUSH_INTERVAL), before anything is recorded.
+    started = time.monotonic()
+    wait_until(lambda: len(stored(run_id)) == 3, timeout=5, message="three stored chunks")
+    assert time.monotonic() - started < 2
     assert [c[1] for c in stored(run_id)] == ['"t0 "', '"t1 "', '"t2 "']
     assert StepRun.objects.get(run_id=run_id, step_name="Tokens").status == "processing"
     assert not Artifact.objects.filter(run_id=run_id, visible=True).exists()
