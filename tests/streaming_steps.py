@@ -117,3 +117,19 @@ def pid_of_hang(token: str) -> int | None:
     """The pid of the pool process that hangs (marked by Tokens), once it is hanging."""
     found = marks(f"{token}-hang")
     return int(found[0].split()[0]) if found else None
+
+
+class TakenBack(queuety.Step):
+    """After two chunks, its step row is taken from it (as the sweeper takes a lost attempt
+    back); the chunks it yields afterwards must not be stored."""
+
+    def handle(self, state):
+        from queuety.models import StepRun
+
+        yield "kept-0"
+        yield "kept-1"
+        time.sleep(0.3)  # past the writer's flush interval: both are stored
+        StepRun.objects.filter(run_id=self.context.run_id).update(claimed_by="elsewhere:1")
+        for i in range(2, 50):
+            time.sleep(0.01)
+            yield f"lost-{i}"

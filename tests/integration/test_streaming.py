@@ -241,3 +241,27 @@ def test_generator_in_a_for_each__fails_with_a_clear_error(worker, token):
     assert status.status == "failed"
     assert "is a generator (a streaming step), which only a then() step can be" in \
         status.error["message"]
+
+
+@pytest.mark.parametrize("interval", [0, 0.05])
+def test_attempt_that_lost_its_row__stores_no_more_chunks_and_stops(token, interval):
+    from django.test import override_settings
+
+    from queuety import publish
+    from queuety.runtime.attempt import execute_step
+    from tests.settings import QUEUETY as TEST_QUEUETY
+
+    # In this process (the real attempt code on PostgreSQL), so the interval can be set.
+    with override_settings(QUEUETY={**TEST_QUEUETY, "CHUNK_FLUSH_INTERVAL": interval}):
+        with publish.captured():
+            run_id = queuety.workflow("stream_taken_back").then(steps.TakenBack) \
+                .dispatch({"token": token})
+        row = StepRun.objects.get(run_id=run_id)
+        execute_step(row.pk, inline=False)
+
+    assert [c[1] for c in stored(run_id)] == ['"kept-0"', '"kept-1"']
+    row.refresh_from_db()
+    # Its outcome (WorkerLost) could not be recorded either: the row is the other owner's.
+    assert (row.status, row.claimed_by) == ("processing", "elsewhere:1")
+    assert kinds(run_id) == ["workflow_started"]
+    queuety.cancel(run_id)

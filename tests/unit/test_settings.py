@@ -15,6 +15,12 @@ from queuety.conf import settings
     ({"WORKER_LOST_AFTER": 0}, r"QUEUETY\['WORKER_LOST_AFTER'\] must be a positive number"),
     ({"HEARTBEAT_INTERVAL": 60}, r"must be shorter than QUEUETY\['STALE_AFTER'\]"),
     ({"WORKER_LOST_AFTR": 30}, r"Did you mean 'WORKER_LOST_AFTER'"),
+    ({"MAX_ARTIFACT_BYTES": 0}, r"QUEUETY\['MAX_ARTIFACT_BYTES'\] must be a whole number"),
+    ({"MAX_CHUNK_BYTES": "64k"}, r"QUEUETY\['MAX_CHUNK_BYTES'\] must be a whole number"),
+    ({"CHUNK_BUFFER": True}, r"QUEUETY\['CHUNK_BUFFER'\] must be a whole number"),
+    ({"CHUNK_FLUSH_INTERVAL": -1}, r"QUEUETY\['CHUNK_FLUSH_INTERVAL'\] must be a number of "
+                                   "seconds from 0"),
+    ({"STREAM_POLL_INTERVAL": 0}, r"QUEUETY\['STREAM_POLL_INTERVAL'\] must be a positive"),
 ])
 def test_settings__unworkable_values_are_refused(values, message):
     with override_settings(QUEUETY=values), pytest.raises(ImproperlyConfigured, match=message):
