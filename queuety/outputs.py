@@ -51,16 +51,19 @@ def put_artifact(run_id: int, key: str, content: Any, kind: str = "json",
                     .values(*SUMMARY_FIELDS).get())
 
 
-def artifacts(run_id: int, *, with_content: bool = False) -> list[dict[str, Any]]:
+def artifacts(run_id: int, *, with_content: bool = False,
+              limit: int | None = None) -> list[dict[str, Any]]:
     """The run's visible artifacts by key: ``key``, ``kind``, ``size``, ``metadata``,
     ``step_index``, ``step_name``, ``created_at``, ``updated_at`` (and ``content`` when
-    ``with_content``).
+    ``with_content``); the first ``limit`` keys only, when given.
 
     Raises:
         RunNotFound: no run has that id.
     """
     _run(run_id)
     found = Artifact.objects.filter(run_id=run_id, visible=True).order_by("key")
+    if limit is not None:
+        found = found[:limit]
     if not with_content:
         return [_summary(row) for row in found.values(*SUMMARY_FIELDS)]
     return [{**_summary(row), "content": rules.decode(row["kind"], row["content"])}
@@ -156,6 +159,13 @@ def step_name_of(run_id: int, step: int | str) -> str:
         return names[int(step)]
     raise exceptions.UnknownStep(f"Workflow {spec.name!r} (run {run_id}) has no step "
                                  f"{step!r}; its steps are {', '.join(names)}.")
+
+
+def can_stream(run_id: int, step_name: str) -> bool:
+    """Whether step ``step_name`` of the run's workflow can yield chunks (a then() step;
+    waits, delays, fan-outs and child runs cannot)."""
+    spec = load_spec(_run(run_id).definition_id)
+    return any(s.name == step_name and s.kind == "task" for s in spec.steps)
 
 
 def chunks(run_id: int, step: int | str, *, after: int = -1,

@@ -299,6 +299,8 @@ class WorkflowRunAdmin(admin.ModelAdmin):
             path("<int:object_id>/export/", wrap(self.export_view), name=f"{prefix}_export"),
             path("<int:object_id>/artifacts/<str:key>/", wrap(self.artifact_view),
                  name=f"{prefix}_artifact"),
+            path("<int:object_id>/chunks/<int:step_run_id>/", wrap(self.chunks_view),
+                 name=f"{prefix}_chunks"),
             path("<int:object_id>/act/<slug:action>/", wrap(self.action_view),
                  name=f"{prefix}_act"),
             *super().get_urls(),
@@ -387,7 +389,8 @@ class WorkflowRunAdmin(admin.ModelAdmin):
                                           for a in actions},
             can_operate=allowed["operate"], can_signal=allowed["signal"],
             export_url=self._url("export", run.pk),
-            **artifacts.artifact_rows(run.pk, lambda key: self._url("artifact", run.pk, key)),
+            **artifacts.artifact_rows(run.pk, status.artifact_count,
+                                      lambda key: self._url("artifact", run.pk, key)),
             approvals_url=self._url("approvals"),
             definition_runs_url=f"{self._url('changelist')}?definition={run.definition_id}",
             definition_url=reverse(f"{self.admin_site.name}:queuety_workflowdefinition_change",
@@ -405,7 +408,9 @@ class WorkflowRunAdmin(admin.ModelAdmin):
                      for s in signals],
             signal_count=len(signals) if len(signals) < 100 else
             Signal.objects.filter(run_id=run.pk).count(),
-            step_runs=list(StepRun.objects.filter(run_id=run.pk).order_by("-pk")[:25]),
+            step_runs=artifacts.with_chunk_counts(
+                list(StepRun.objects.filter(run_id=run.pk).order_by("-pk")[:25]),
+                lambda step_run_id: self._url("chunks", run.pk, step_run_id)),
             duration=human_duration(((run.finished_at or timezone.now()) - run.created_at)
                                     .total_seconds()),
         )
@@ -469,6 +474,12 @@ class WorkflowRunAdmin(admin.ModelAdmin):
     def artifact_view(self, request: HttpRequest, object_id: int, key: str) -> HttpResponse:
         """``GET <id>/artifacts/<key>/``: one artifact's content as a download."""
         return artifacts.download(request, object_id, key, self.has_view_permission(request))
+
+    def chunks_view(self, request: HttpRequest, object_id: int,
+                    step_run_id: int) -> HttpResponse:
+        """``GET <id>/chunks/<step run id>/``: the chunks a streaming step row stored, as JSON."""
+        return artifacts.chunks(request, object_id, step_run_id,
+                                self.has_view_permission(request))
 
     # -- actions
 

@@ -142,6 +142,14 @@ class ChunkListView(RunAPIView):
         return Response(serializers.ChunkPageSerializer(page.to_dict()).data)
 
 
+#: One event of the stream, as an SSE client parses it.
+SSE_EVENT = {"type": "object", "properties": {
+    "event": {"type": "string", "enum": ["chunk", "end"]},
+    "id": {"type": "string", "description": "The chunk's index (chunk events)."},
+    "data": {"type": "string", "description": "The chunk as JSON, or {\"status\": ...}."},
+    "retry": {"type": "integer"}}}
+
+
 class EventStreamRenderer(renderers.BaseRenderer):
     """Lets a client ask for ``text/event-stream`` (an ``EventSource`` does); an error answer
     is still JSON text."""
@@ -159,7 +167,7 @@ class EventStreamRenderer(renderers.BaseRenderer):
     "Last-Event-ID", int, OpenApiParameter.HEADER, required=False,
     description="Sent by a reconnecting EventSource: resume after that chunk index.")],
     responses={(200, "text/event-stream"): OpenApiResponse(
-        OpenApiTypes.STR, description="Server-Sent Events: `chunk` events (id: the chunk's "
+        SSE_EVENT, description="Server-Sent Events: `chunk` events (id: the chunk's "
         "index; data: the chunk as JSON) as they are stored, then one `end` event (data: "
         "{\"status\": the step row's status}) once the step or the run is finished."),
         **ERRORS})
@@ -176,6 +184,13 @@ class ChunkStreamView(RunAPIView):
     def get(self, request: Request, pk: int, step: str) -> StreamingHttpResponse:
         self.get_run(pk)
         name = outputs.step_name_of(pk, step)
+        if not outputs.can_stream(pk, name):
+            # No chunk can ever come (a wait, a delay, a fan-out): end at once.
+            response = StreamingHttpResponse(iter(["retry: 1000\n\n", 'event: end\ndata: '
+                                                   '{"status": null}\n\n']),
+                                             content_type="text/event-stream")
+            response["Cache-Control"] = "no-cache"
+            return response
         after = _position(request.headers.get("Last-Event-ID")
                           or request.query_params.get("after"), "after")
         response = StreamingHttpResponse(_events(pk, name, after),

@@ -12,7 +12,9 @@ from io import StringIO
 import pytest
 from django.contrib.auth.models import Permission, User
 from django.core.management import CommandError, call_command
+from django.db import connection
 from django.test import Client, override_settings
+from django.test.utils import CaptureQueriesContext
 from rest_framework.test import APIClient
 
 import queuety
@@ -288,8 +290,13 @@ def test_admin_run_page__lists_artifacts_with_downloads_without_loading_content(
     client = Client()
     client.force_login(make_user(is_staff=True, is_superuser=True))
 
-    page = client.get(f"/admin/queuety/workflowrun/{run_id}/change/")
+    with CaptureQueriesContext(connection) as queries:
+        page = client.get(f"/admin/queuety/workflowrun/{run_id}/change/")
     assert page.status_code == 200
+    artifact_reads = [q["sql"] for q in queries.captured_queries
+                      if 'FROM "queuety_artifact"' in q["sql"]]
+    assert artifact_reads and not any('"queuety_artifact"."content"' in sql
+                                      for sql in artifact_reads)
     html = page.content.decode()
     assert 'id="artifacts"' in html and "Artifacts <span" in html
     for key in ("blob", "draft", "notes", "transcript"):

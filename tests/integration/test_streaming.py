@@ -265,3 +265,37 @@ def test_attempt_that_lost_its_row__stores_no_more_chunks_and_stops(token, inter
     assert (row.status, row.claimed_by) == ("processing", "elsewhere:1")
     assert kinds(run_id) == ["workflow_started"]
     queuety.cancel(run_id)
+
+
+def test_admin_run_page__counts_each_step_rows_chunks_and_shows_them(worker, token):
+    from django.test import Client
+
+    run_id = queuety.workflow("stream_admin").then(steps.Tokens).then(workflows.step_a) \
+        .dispatch({"token": token, "n": 4})
+    assert wait_for(run_id, worker=worker).status == "completed"
+    row = StepRun.objects.get(run_id=run_id, step_name="Tokens")
+    client = Client()
+    client.force_login(User.objects.create_superuser(f"adm{uuid.uuid4().hex[:8]}"))
+
+    html = client.get(f"/admin/queuety/workflowrun/{run_id}/change/").content.decode()
+    link = f"/admin/queuety/workflowrun/{run_id}/chunks/{row.pk}/"
+    assert f'href="{link}" class="q-chunks">4 streamed</a>' in html
+    shown = client.get(link).json()
+    assert shown["step_name"] == "Tokens"
+    assert [(c["index"], c["content"]) for c in shown["chunks"]] == [
+        (i, f"t{i} ") for i in range(4)]
+    other = StepRun.objects.exclude(run_id=run_id).values_list("pk", flat=True).first()
+    assert client.get(f"/admin/queuety/workflowrun/{run_id}/chunks/{other}/").status_code \
+        == 404
+
+
+def test_sse__of_a_step_that_cannot_stream_ends_at_once(worker, token, reader):
+    run_id = queuety.workflow("stream_wait").wait_for_approval().then(workflows.step_a) \
+        .dispatch({"token": token})
+    wait_for(run_id, ("waiting_for_signal",), worker=worker)
+    started = time.monotonic()
+    response = reader.get(f"{API}/runs/{run_id}/steps/0/chunks/stream/",
+                          HTTP_ACCEPT="text/event-stream")
+    assert list(read_events(response)) == [("end", None, '{"status": null}')]
+    assert time.monotonic() - started < 5
+    queuety.cancel(run_id)
