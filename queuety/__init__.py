@@ -24,9 +24,11 @@ from queuety.core.retry import RetryPolicy
 from queuety.core.status import WorkflowStatus
 from queuety.exceptions import (
     AlreadyAnswered,
+    ArtifactNotFound,
     BudgetExceeded,
     ChildRunFailed,
     IdempotencyConflict,
+    InvalidArtifact,
     InvalidPayload,
     InvalidProgress,
     InvalidSchedule,
@@ -51,6 +53,7 @@ from queuety.registry import RegisteredWorkflow, register, registered
 __all__ = [
     "DEFAULT",
     "AlreadyAnswered",
+    "ArtifactNotFound",
     "Budget",
     "BudgetExceeded",
     "BudgetView",
@@ -59,6 +62,7 @@ __all__ = [
     "InvalidPayload",
     "InvalidSchedule",
     "InvalidProgress",
+    "InvalidArtifact",
     "InvalidSignalData",
     "InvalidStepOutput",
     "InvalidTransition",
@@ -82,13 +86,18 @@ __all__ = [
     "WorkflowStatus",
     "WorkflowWaitFailed",
     "approve",
+    "artifact",
+    "artifacts",
     "cancel",
+    "chunks",
+    "delete_artifact",
     "export_workflow",
     "fork",
     "list_workflows",
     "pause",
     "register",
     "registered",
+    "put_artifact",
     "reject",
     "replay_workflow",
     "resume",
@@ -108,6 +117,7 @@ if TYPE_CHECKING:  # for annotations only: importing it would import Django
     from datetime import timedelta
 
     from queuety.inbox import SignalReceipt
+    from queuety.outputs import ChunkPage
     from queuety.schedules import Schedule
 
 __version__ = "0.1.0"
@@ -270,7 +280,8 @@ def workflow_state_at(run_id: int, step: int | str) -> dict[str, Any]:
 
 
 def export_workflow(run_id: int) -> dict[str, Any]:
-    """Return the run as a versioned JSON document (``format_version`` 1)."""
+    """Return the run as a versioned JSON document (``format_version`` 2: with its
+    artifacts and chunks)."""
     from queuety import export
 
     return export.export(run_id)
@@ -281,3 +292,59 @@ def replay_workflow(document: Any) -> int:
     from queuety import export
 
     return export.replay(document)
+
+
+def put_artifact(run_id: int, key: str, content: Any, kind: str = "json",
+                 metadata: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Store (or replace) artifact ``key`` of run ``run_id`` from outside a step; return its
+    summary. Inside a step, use ``context.put_artifact(key, content, kind, metadata)``.
+
+    ``kind``: ``json`` (any JSON value), ``text`` or ``markdown`` (a string), ``bytes``.
+
+    Raises:
+        RunNotFound, InvalidArtifact: nothing is written.
+    """
+    from queuety import outputs
+
+    return outputs.put_artifact(run_id, key, content, kind, metadata)
+
+
+def artifacts(run_id: int, *, with_content: bool = False) -> list[dict[str, Any]]:
+    """Return the run's artifacts by key (without their content unless ``with_content``)."""
+    from queuety import outputs
+
+    return outputs.artifacts(run_id, with_content=with_content)
+
+
+def artifact(run_id: int, key: str) -> dict[str, Any]:
+    """Return artifact ``key`` of the run, with its ``content``.
+
+    Raises:
+        RunNotFound, ArtifactNotFound.
+    """
+    from queuety import outputs
+
+    return outputs.artifact(run_id, key)
+
+
+def delete_artifact(run_id: int, key: str) -> None:
+    """Delete artifact ``key`` of the run.
+
+    Raises:
+        RunNotFound, ArtifactNotFound.
+    """
+    from queuety import outputs
+
+    outputs.delete_artifact(run_id, key)
+
+
+def chunks(run_id: int, step: int | str, *, after: int = -1) -> ChunkPage:
+    """Return the chunks streaming step ``step`` (name or position) stored so far, readable
+    while it runs; ``after``: only those past that index.
+
+    Raises:
+        RunNotFound, UnknownStep.
+    """
+    from queuety import outputs
+
+    return outputs.chunks(run_id, step, after=after)

@@ -54,6 +54,20 @@ DEFAULTS: dict[str, Any] = {
     "HARD_TIMEOUT_GRACE": 1.0,
     # Largest signal, approval or input payload accepted, in bytes of compact UTF-8 JSON.
     "MAX_SIGNAL_BYTES": 65536,
+    # Largest artifact content accepted, in bytes (JSON kinds: of compact UTF-8 JSON).
+    "MAX_ARTIFACT_BYTES": 10 * 1024 * 1024,
+    # Largest chunk a streaming step may yield, in bytes of compact UTF-8 JSON.
+    "MAX_CHUNK_BYTES": 65536,
+    # Chunks of a streaming step are stored in batches, at most this many seconds after they
+    # were yielded (one transaction per batch); 0 stores each before the generator resumes.
+    "CHUNK_FLUSH_INTERVAL": 0.05,
+    # Chunks a streaming step may have waiting to be stored before its generator waits.
+    "CHUNK_BUFFER": 1000,
+    # Seconds between two reads of new chunks by the Server-Sent Events endpoint.
+    "STREAM_POLL_INTERVAL": 0.2,
+    # Seconds one Server-Sent Events response stays open before it ends (the browser's
+    # EventSource then reconnects with Last-Event-ID and misses nothing).
+    "STREAM_MAX_SECONDS": 300.0,
     # DRF permission classes of the API (dotted paths).
     "API_PERMISSION_CLASSES": ["queuety.api.permissions.RunPermission"],
     # Optional dotted path of ``f(user, run) -> bool``: object-level access to a run through
@@ -119,7 +133,8 @@ class QueuetySettings:
             raise ImproperlyConfigured("QUEUETY['INLINE_STEPS'] must be a whole number, at "
                                        "least 1 (1 runs every step from its own message).")
         for key in ("STALE_AFTER", "HEARTBEAT_INTERVAL", "REDELIVER_AFTER", "INLINE_SECONDS",
-                    "WORKER_LOST_AFTER", "MAX_PROGRESS_BYTES", "PROGRESS_INTERVAL"):
+                    "WORKER_LOST_AFTER", "MAX_PROGRESS_BYTES", "PROGRESS_INTERVAL",
+                    "STREAM_POLL_INTERVAL", "STREAM_MAX_SECONDS"):
             if not values[key] > 0:
                 raise ImproperlyConfigured(f"QUEUETY[{key!r}] must be a positive number.")
         delays = values["WEBHOOK_RETRY_DELAYS"]
@@ -134,6 +149,16 @@ class QueuetySettings:
             raise ImproperlyConfigured("QUEUETY['METRICS_TOKEN'] must be None or a string of at "
                                        "least 16 characters (a scraper sends it as a Bearer "
                                        "token).")
+        interval = values["CHUNK_FLUSH_INTERVAL"]
+        if isinstance(interval, bool) or not isinstance(interval, int | float) or \
+                not 0 <= interval <= 5:
+            raise ImproperlyConfigured("QUEUETY['CHUNK_FLUSH_INTERVAL'] must be a number of "
+                                       "seconds from 0 (store each chunk at once) to 5.")
+        for key in ("MAX_ARTIFACT_BYTES", "MAX_CHUNK_BYTES", "CHUNK_BUFFER"):
+            if isinstance(values[key], bool) or not isinstance(values[key], int) or \
+                    values[key] < 1:
+                raise ImproperlyConfigured(f"QUEUETY[{key!r}] must be a whole number, at "
+                                           "least 1.")
         keys = values["SECRET_KEYS"]
         if isinstance(keys, str) or not all(isinstance(key, str) for key in keys):
             raise ImproperlyConfigured("QUEUETY['SECRET_KEYS'] must be a list of key names "

@@ -228,6 +228,29 @@ class UnknownWorkflow(QueuetyError, LookupError):
 class InvalidSchedule(QueuetyError, ValueError):
     """A schedule was refused (bad cron expression, interval, overlap policy, workflow or
     payload); nothing was written."""
+class InvalidArtifact(QueuetyError, ValueError):
+    """An artifact or a streamed chunk was refused: a bad key or kind, content that does not
+    match its kind, or more bytes than ``QUEUETY["MAX_ARTIFACT_BYTES"]`` (chunks:
+    ``MAX_CHUNK_BYTES``) allow. Nothing was written. ``too_large`` tells the size case apart.
+    """
+
+    def __init__(self, message: str, too_large: bool = False) -> None:
+        super().__init__(message)
+        self.too_large = too_large
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.args[0], self.too_large))
+
+
+class ArtifactNotFound(QueuetyError, LookupError):
+    """Run ``run_id`` has no artifact named ``key``."""
+
+    def __init__(self, run_id: int, key: str) -> None:
+        super().__init__(f"Workflow run {run_id} has no artifact {key!r}.")
+        self.run_id, self.key = run_id, key
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.run_id, self.key))
 
 
 #: Errors that mean the definition or the step's contract is wrong. Retrying cannot help.

@@ -1,6 +1,8 @@
 """Export and replay: a run as a versioned JSON document, and a new run continuing from one.
 
-The document carries the run, its definition, its step rows, its timeline and its signals;
+The document carries the run, its definition, its step rows, its timeline, its signals, its
+artifacts and the chunks of its streaming steps (``format_version`` 2; documents of version 1,
+which have neither, are still read);
 ``replay`` validates it against :data:`EXPORT_SCHEMA`, checks the definition's hash and that
 this site trusts the code it names, and only then writes a row.
 """
@@ -17,8 +19,9 @@ from django.db import transaction
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
-from queuety import __version__, exceptions, operations
+from queuety import __version__, exceptions, operations, outputs
 from queuety.conf import settings
+from queuety.core import artifacts as artifact_rules
 from queuety.core import budget as budgets
 from queuety.core.definition import WorkflowSpec, canonical_json
 from queuety.core.handlers import resolve_handler
@@ -33,12 +36,16 @@ from queuety.models import (
     WorkflowRun,
 )
 from queuety.queries import workflow_status
+from queuety.runtime import artifacts as artifact_rows
 from queuety.store import rows
 from queuety.store.definitions import definition_id, load_spec
 from queuety.timeline import event_dict
 
-#: Version of the export document's shape; bumped on incompatible changes.
-EXPORT_FORMAT = 1
+#: Version of the export document's shape; bumped on incompatible changes. 2 added
+#: ``artifacts`` and ``chunks``.
+EXPORT_FORMAT = 2
+#: The versions replay reads.
+READABLE_FORMATS = (1, 2)
 
 
 # -- export -----------------------------------------------------------------------------------
@@ -53,6 +60,7 @@ def export(run_id: int) -> dict[str, Any]:
     spec = load_spec(run.definition_id)
     status = workflow_status(run_id)
     steps = StepRun.objects.filter(run_id=run_id).order_by("pk")
+    artifacts, chunks = outputs.export_rows(run_id)
     return {
         "format_version": EXPORT_FORMAT,
         "queuety_version": __version__,
@@ -87,6 +95,8 @@ def export(run_id: int) -> dict[str, Any]:
         "wait_dependencies": [{"step_index": d.step_index, "depends_on": d.depends_on}
                               for d in WorkflowDependency.objects.filter(run_id=run_id)
                               .order_by("pk")],
+        "artifacts": artifacts,
+        "chunks": chunks,
     }
 
 
@@ -99,7 +109,7 @@ EXPORT_SCHEMA = {
     "type": "object",
     "required": ["format_version", "run", "definition", "events", "signals"],
     "properties": {
-        "format_version": {"const": EXPORT_FORMAT},
+        "format_version": {"enum": list(READABLE_FORMATS)},
         "run": {
             "type": "object",
             "required": ["name", "status", "state", "current_step", "definition_hash",
@@ -125,6 +135,14 @@ EXPORT_SCHEMA = {
             "type": "object", "required": ["name"],
             "properties": {"name": {"type": "string", "minLength": 1},
                            "consumed_at": _NULLABLE_STRING}}},
+        "artifacts": {"type": "array", "items": {
+            "type": "object", "required": ["key", "kind", "content"],
+            "properties": {"key": {"type": "string", "minLength": 1},
+                           "kind": {"enum": list(artifact_rules.KINDS)},
+                           "metadata": {"type": ["object", "null"]},
+                           "step_index": {"type": ["integer", "null"], "minimum": 0},
+                           "step_name": _NULLABLE_STRING}}},
+        "chunks": {"type": "array"},
     },
 }
 
@@ -171,6 +189,13 @@ def read_document(document: Any) -> tuple[dict[str, Any], WorkflowSpec]:
     if limit is not None and state_size > limit:
         raise _refuse(f"its state is {state_size} bytes, over the workflow's max_state_bytes "
                       f"budget of {limit}.")
+    for position, item in enumerate(document.get("artifacts") or []):
+        try:
+            artifact_rules.encode(item["key"], artifact_rules.from_portable(
+                item["kind"], item["content"]), item["kind"], item.get("metadata"),
+                limit=settings.MAX_ARTIFACT_BYTES)
+        except exceptions.InvalidArtifact as error:
+            raise _refuse(f"artifact {position} ({item['key']!r}): {error}") from None
     if run["current_step"] > len(spec.steps):
         raise _refuse(f"current_step {run['current_step']} is past the definition's "
                       f"{len(spec.steps)} steps.")
@@ -220,8 +245,10 @@ def replay(document: Any) -> int:
 
     A waiting run waits again (its unconsumed signals come along); a running run gets its
     current step scheduled; paused, failed, completed and cancelled runs keep their status.
-    The timeline is copied, then a ``workflow_replayed`` event is added. The idempotency key
-    stays with the original run.
+    The timeline and the artifacts are copied, then a ``workflow_replayed`` event is added.
+    The chunks of streaming steps are not: they belong to the source run's step rows, and a
+    step the new run runs again streams afresh. The idempotency key stays with the original
+    run.
 
     Raises:
         WorkflowDefinitionError: the document is malformed, altered, or names handlers this
@@ -256,6 +283,11 @@ def replay(document: Any) -> int:
             sent_by=s.get("sent_by") or "", consumed_at=_when(s.get("consumed_at")),
             consumed_by_step=s.get("consumed_by_step") or "",
         ) for s in document["signals"]])
+        for item in document.get("artifacts") or []:
+            artifact_rows.write_visible(run.pk, artifact_rules.encode(
+                item["key"], artifact_rules.from_portable(item["kind"], item["content"]),
+                item["kind"], item.get("metadata"), limit=settings.MAX_ARTIFACT_BYTES),
+                item.get("step_index"), item.get("step_name") or "")
         Event.objects.create(run=run, kind="workflow_replayed", data={
             "source_run_id": source.get("id"), "source_status": status,
             "definition_hash": spec.definition_hash, "state": source["state"]})

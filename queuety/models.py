@@ -336,3 +336,68 @@ class WebhookDelivery(models.Model):
 
     def __str__(self) -> str:
         return f"{self.event} -> endpoint {self.endpoint_id} ({self.status})"
+class Artifact(models.Model):
+    """A named output of a run, kept outside its public state (``queuety.put_artifact``).
+
+    A row written inside a step attempt is ``visible=False`` and tagged with that attempt
+    (``step_run_id``, ``attempt``) until the attempt's outcome is recorded, in the transaction
+    that records it; only then does it replace the visible row of the same key. One visible
+    row per (run, key); one pending row per (run, key, attempt).
+    """
+
+    run = models.ForeignKey(WorkflowRun, on_delete=models.CASCADE, related_name="artifacts",
+                            db_index=False)
+    key = models.CharField(max_length=255)
+    kind = models.CharField(max_length=16)
+    content = models.BinaryField()
+    size = models.PositiveIntegerField(help_text="Bytes of content.")
+    metadata = models.JSONField(default=dict, blank=True)
+    step_index = models.PositiveIntegerField(null=True, blank=True)
+    step_name = models.CharField(max_length=255, blank=True, default="")
+    # The attempt that wrote it (None when written from outside a step).
+    step_run_id = models.BigIntegerField(null=True, blank=True)
+    attempt = models.PositiveIntegerField(null=True, blank=True)
+    visible = models.BooleanField(default=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["run", "key"], condition=Q(visible=True),
+                                    name="queuety_artifact_visible_key"),
+            models.UniqueConstraint(fields=["run", "key", "step_run_id", "attempt"],
+                                    condition=Q(visible=False),
+                                    name="queuety_artifact_pending_key"),
+        ]
+        indexes = [models.Index(fields=["step_run_id", "attempt"], name="queuety_artifact_attempt",
+                                condition=Q(visible=False))]
+
+    def __str__(self) -> str:
+        return f"run {self.run_id}: artifact {self.key!r} ({self.kind}, {self.size} bytes)"
+
+
+class StepChunk(models.Model):
+    """One chunk a streaming step yielded, stored as it was yielded (JSON text).
+
+    Kept across the step row's attempts (a retry reads them back) and after the step
+    completes (a late reader still sees the whole stream); purged with the run.
+    """
+
+    run = models.ForeignKey(WorkflowRun, on_delete=models.CASCADE, related_name="chunks",
+                            db_index=False)
+    step_run_id = models.BigIntegerField()
+    step_index = models.PositiveIntegerField()
+    step_name = models.CharField(max_length=255)
+    index = models.PositiveIntegerField(help_text="0 for the step row's first chunk.")
+    attempt = models.PositiveIntegerField()
+    content = models.TextField(help_text="The chunk as compact JSON.")
+    created_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["step_run_id", "index"],
+                                               name="queuety_chunk_step_index")]
+        indexes = [models.Index(fields=["run", "step_name", "step_run_id", "index"],
+                                name="queuety_chunk_run_step")]
+
+    def __str__(self) -> str:
+        return f"run {self.run_id} step {self.step_name!r} chunk {self.index}"

@@ -16,6 +16,7 @@ from queuety.core.definition import WorkflowSpec
 from queuety.core.progress import progress_text
 from queuety.core.status import FINISHED, WorkflowStatus
 from queuety.models import RunStatus, Signal, StepRun, StepStatus, WorkflowDefinition, WorkflowRun
+from queuety.runtime import artifacts
 from queuety.runtime.landing import workflow_wait
 from queuety.store import rows
 from queuety.store.definitions import definition_hash, effective_policy, load_spec, wait_kinds
@@ -100,6 +101,7 @@ def status_of(run: WorkflowRun) -> WorkflowStatus:
     except exceptions.WorkflowDefinitionError:
         return _status_unloadable(run)
     finished = run.current_step >= len(spec.steps)
+    keys = artifacts.summary(run.pk)
     return WorkflowStatus(
         id=run.pk, name=run.name, status=run.status, current_step=run.current_step,
         total_steps=run.total_steps,
@@ -112,6 +114,7 @@ def status_of(run: WorkflowRun) -> WorkflowStatus:
         retry_policy=None if finished or spec.steps[run.current_step].kind != "task"
         else effective_policy(spec, run.current_step).describe(),
         **wait_info(run, spec), progress=step_progress(run),
+        artifact_count=len(keys), artifact_keys=keys,
         created_at=run.created_at, updated_at=run.updated_at, finished_at=run.finished_at,
     )
 
@@ -131,6 +134,7 @@ def _status_unloadable(run: WorkflowRun) -> WorkflowStatus:
         definition_version=stored["definition"].get("version"),
         idempotency_key=run.idempotency_key, budget=None, retry_policy=None,
         wait_type=None, waiting_for=None, wait_mode=None, wait_details=None,
+        artifact_count=len(keys := artifacts.summary(run.pk)), artifact_keys=keys,
         created_at=run.created_at, updated_at=run.updated_at, finished_at=run.finished_at)
 
 

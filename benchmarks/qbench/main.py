@@ -16,7 +16,7 @@ Sections (``--only`` takes a comma-separated subset):
 - ``roundtrips``: SQL statements of a step boundary, in-process.
 
 Optional, outside the rounds: ``--big`` (status on 1,000,000 runs), ``--memory`` (worker RSS
-after 1,000 and 100,000 steps), ``--profile`` (py-spy on a worker, pyinstrument in-process).
+after 1,000 and 100,000 steps), ``--streaming`` (chunks/s of one streaming step), ``--profile`` (py-spy on a worker, pyinstrument in-process).
 """
 
 from __future__ import annotations
@@ -72,6 +72,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--memory", action="store_true",
                         help="also: worker RSS after 1,000 and --memory-steps steps")
     parser.add_argument("--memory-steps", type=int, default=100_000)
+    parser.add_argument("--streaming", action="store_true",
+                        help="also: chunks/s one streaming step stores (--streaming-chunks)")
+    parser.add_argument("--streaming-chunks", type=int, default=20_000)
     parser.add_argument("--profile", action="store_true",
                         help="also: py-spy on a worker pool process and pyinstrument in-process")
     args = parser.parse_args(argv)
@@ -240,6 +243,11 @@ def main(argv: list[str] | None = None) -> int:
 
             log(f"--memory: worker RSS up to {args.memory_steps:,} steps")
             attempt(record["extra"], "memory", memory.run, args.memory_steps)
+        if args.streaming:
+            from qbench import streaming
+
+            log(f"--streaming: {args.streaming_chunks:,} chunks from one streaming step")
+            attempt(record["extra"], "streaming", streaming.run, args.streaming_chunks)
         if args.profile:
             from qbench import profile
 

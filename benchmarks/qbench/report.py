@@ -77,6 +77,8 @@ def render(record: dict) -> str:
         _big(extra["big"], add)
     if "memory" in extra:
         _memory(extra["memory"], add)
+    if "streaming" in extra:
+        _streaming(extra["streaming"], add)
     if "profile" in extra:
         _profile(extra["profile"], add)
     _machine(record.get("machine", {}), add)
@@ -278,6 +280,24 @@ def _ratios(rounds, add) -> None:
             else:
                 cells.append(f"{base}{detail} ({'met' if base <= 6 else '**not met**'})")
         add(f"| database round trips per step | ≤ 6 | " + " | ".join(cells) + " |")
+    add("")
+
+
+def _streaming(result: dict, add) -> None:
+    add("### Streaming steps: chunks one step stores per second\n")
+    if "error" in result:
+        add(f"failed: {result['error']}\n")
+        return
+    add("One streaming step yielding short tokens as fast as it can, its attempt run "
+        "in-process (claim, generator, chunk writes, transition):\n")
+    add("| chunk writes | chunks | chunks/s, median (runs) | ms per chunk |")
+    add("|---|---:|---:|---:|")
+    for key, label in (("batched", "batched (CHUNK_FLUSH_INTERVAL 0.05 s, as shipped)"),
+                       ("per_chunk_insert", "one INSERT per chunk (CHUNK_FLUSH_INTERVAL 0)")):
+        row = result[key]
+        add(f"| {label} | {row['chunks']:,} | {row['median_chunks_per_second']:,} "
+            f"({', '.join(str(r) for r in row['chunks_per_second'])}) | "
+            f"{row['median_ms_per_chunk']} |")
     add("")
 
 

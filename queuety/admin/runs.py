@@ -30,7 +30,7 @@ from django.utils.text import capfirst
 from django.utils.translation import gettext, ngettext
 
 from queuety import exceptions, export, operations, queries, replyforms
-from queuety.admin import display
+from queuety.admin import artifacts, display
 from queuety.admin.actions import RUN_ACTIONS, LockedRun, StaleForm, valid_actions
 from queuety.admin.display import (
     EVENT_DATA_CHARS,
@@ -299,6 +299,10 @@ class WorkflowRunAdmin(StartRunPages, admin.ModelAdmin):
             path("approvals/", wrap(self.approvals_view), name=f"{prefix}_approvals"),
             *self.start_urls(),
             path("<int:object_id>/export/", wrap(self.export_view), name=f"{prefix}_export"),
+            path("<int:object_id>/artifacts/<str:key>/", wrap(self.artifact_view),
+                 name=f"{prefix}_artifact"),
+            path("<int:object_id>/chunks/<int:step_run_id>/", wrap(self.chunks_view),
+                 name=f"{prefix}_chunks"),
             path("<int:object_id>/act/<slug:action>/", wrap(self.action_view),
                  name=f"{prefix}_act"),
             *super().get_urls(),
@@ -388,6 +392,8 @@ class WorkflowRunAdmin(StartRunPages, admin.ModelAdmin):
                                           for a in actions},
             can_operate=allowed["operate"], can_signal=allowed["signal"],
             export_url=self._url("export", run.pk),
+            **artifacts.artifact_rows(run.pk, status.artifact_count,
+                                      lambda key: self._url("artifact", run.pk, key)),
             approvals_url=self._url("approvals"),
             definition_runs_url=f"{self._url('changelist')}?definition={run.definition_id}",
             definition_url=reverse(f"{self.admin_site.name}:queuety_workflowdefinition_change",
@@ -405,7 +411,9 @@ class WorkflowRunAdmin(StartRunPages, admin.ModelAdmin):
                      for s in signals],
             signal_count=len(signals) if len(signals) < 100 else
             Signal.objects.filter(run_id=run.pk).count(),
-            step_runs=list(StepRun.objects.filter(run_id=run.pk).order_by("-pk")[:25]),
+            step_runs=artifacts.with_chunk_counts(
+                list(StepRun.objects.filter(run_id=run.pk).order_by("-pk")[:25]),
+                lambda step_run_id: self._url("chunks", run.pk, step_run_id)),
             duration=human_duration(((run.finished_at or timezone.now()) - run.created_at)
                                     .total_seconds()),
         )
@@ -465,6 +473,16 @@ class WorkflowRunAdmin(StartRunPages, admin.ModelAdmin):
         if not self.has_view_permission(request):
             raise PermissionDenied
         return self._export_response(object_id)
+
+    def artifact_view(self, request: HttpRequest, object_id: int, key: str) -> HttpResponse:
+        """``GET <id>/artifacts/<key>/``: one artifact's content as a download."""
+        return artifacts.download(request, object_id, key, self.has_view_permission(request))
+
+    def chunks_view(self, request: HttpRequest, object_id: int,
+                    step_run_id: int) -> HttpResponse:
+        """``GET <id>/chunks/<step run id>/``: the chunks a streaming step row stored, as JSON."""
+        return artifacts.chunks(request, object_id, step_run_id,
+                                self.has_view_permission(request))
 
     # -- actions
 

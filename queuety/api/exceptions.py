@@ -43,6 +43,15 @@ def translate(error: Exception) -> QueuetyAPIError:
                                known=list(error.known))
     if isinstance(error, exceptions.InvalidPayload):
         return QueuetyAPIError(str(error), "invalid_payload", status.HTTP_400_BAD_REQUEST)
+    if isinstance(error, exceptions.ArtifactNotFound):
+        return QueuetyAPIError(str(error), "artifact_not_found", status.HTTP_404_NOT_FOUND)
+    if isinstance(error, exceptions.InvalidArtifact):
+        if error.too_large:
+            return QueuetyAPIError(str(error), "artifact_too_large",
+                                   status.HTTP_413_REQUEST_ENTITY_TOO_LARGE)
+        return QueuetyAPIError(str(error), "invalid_artifact", status.HTTP_400_BAD_REQUEST)
+    if isinstance(error, exceptions.UnknownStep):
+        return QueuetyAPIError(str(error), "step_not_found", status.HTTP_404_NOT_FOUND)
     if isinstance(error, exceptions.WorkflowDefinitionError):
         # The run's stored definition no longer loads (a deploy removed code it names):
         # nothing can move it until that is fixed, and nothing was written.

@@ -53,6 +53,8 @@ class WorkflowStatusSerializer(serializers.Serializer):
     wait_mode = serializers.CharField(allow_null=True)
     wait_details = WaitDetailsSerializer(allow_null=True)
     progress = ProgressSerializer(allow_null=True)
+    artifact_count = serializers.IntegerField()
+    artifact_keys = serializers.ListField(child=serializers.CharField())
     created_at = serializers.DateTimeField()
     updated_at = serializers.DateTimeField()
     finished_at = serializers.DateTimeField(allow_null=True)
@@ -146,3 +148,51 @@ class RegisteredWorkflowSerializer(serializers.Serializer):
     definition_hash = serializers.CharField()
     steps = serializers.ListField(child=serializers.CharField())
     description = serializers.CharField(allow_blank=True)
+
+
+class ArtifactSerializer(serializers.Serializer):
+    """An artifact without its content (lists)."""
+
+    key = serializers.CharField()
+    kind = serializers.ChoiceField(choices=["json", "text", "markdown", "bytes"])
+    size = serializers.IntegerField(help_text="Bytes of content.")
+    metadata = serializers.DictField()
+    step_index = serializers.IntegerField(allow_null=True)
+    step_name = serializers.CharField(allow_blank=True)
+    created_at = serializers.DateTimeField()
+    updated_at = serializers.DateTimeField()
+
+
+class ArtifactContentSerializer(ArtifactSerializer):
+    """An artifact with its content: a JSON value, a string, or base64 text for ``bytes``."""
+
+    content = serializers.JSONField()
+
+
+class ArtifactWriteSerializer(serializers.Serializer):
+    """The body of ``PUT runs/<id>/artifacts/<key>/``."""
+
+    content = serializers.JSONField(help_text="A JSON value (kind json), a string (text, "
+                                              "markdown) or base64 text (bytes).")
+    kind = serializers.ChoiceField(choices=["json", "text", "markdown", "bytes"],
+                                   default="json")
+    metadata = serializers.DictField(required=False, allow_null=True)
+
+
+class ChunkSerializer(serializers.Serializer):
+    """One chunk a streaming step yielded."""
+
+    index = serializers.IntegerField()
+    content = serializers.JSONField()
+    attempt = serializers.IntegerField()
+    created_at = serializers.DateTimeField()
+
+
+class ChunkPageSerializer(serializers.Serializer):
+    """The chunks of one step after a position."""
+
+    step_name = serializers.CharField()
+    step_run_id = serializers.IntegerField(allow_null=True)
+    step_status = serializers.CharField(allow_null=True)
+    finished = serializers.BooleanField()
+    chunks = ChunkSerializer(many=True)

@@ -164,6 +164,9 @@ def format_status(status: WorkflowStatus) -> list[str]:
         where = f" (step {error.get('step')!r}, attempt {error.get('attempt')}" \
                 f"/{error.get('max_attempts')})" if error.get("step") else ""
         lines.append(f"Error:    {error.get('type')}: {error.get('message')}{where}")
+    if status.artifact_count:  # the original prints "Artifacts: 0" too; here, only when some
+        lines.append(f"Artifacts: {status.artifact_count}")
+        lines.append(f"ArtifactKeys: {', '.join(status.artifact_keys)}")
     if status.state:
         lines.append("State:")
         lines.append(_json(status.state))

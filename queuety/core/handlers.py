@@ -14,6 +14,7 @@ from queuety.core.budget import BudgetView
 from queuety.core.imports import dotted_path, import_path
 from queuety.core.progress import check_progress
 from queuety.core.retry import RetryPolicy
+from queuety.core.streaming import AttemptSink, consume, is_stream
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +55,33 @@ class StepContext:
                 check_progress(self.run_id, self.step_name, progress, 1 << 20)
             return
         self.beat(progress)
+    sink: AttemptSink | None = None
+    """Where this attempt's artifacts and chunks go (set by the worker for task steps and
+    fan-out branches)."""
+
+    def put_artifact(self, key: str, content: Any, kind: str = "json",
+                     metadata: dict[str, Any] | None = None) -> None:
+        """Store artifact ``key`` of this run, bound to this step.
+
+        It becomes visible (``queuety.artifacts(run_id)``) only when this attempt's outcome is
+        recorded, success or failure; an attempt whose worker died leaves nothing visible, and
+        a retry writing the same key replaces it rather than adding a second one.
+
+        Raises:
+            InvalidArtifact: a bad key, kind or content, or content over
+                ``QUEUETY["MAX_ARTIFACT_BYTES"]``; nothing is written.
+        """
+        if self.sink is None:
+            raise exceptions.InvalidArtifact(
+                f"Step {self.step_name!r} of run {self.run_id} cannot store artifacts here "
+                "(compensations and hooks cannot); use queuety.put_artifact(run_id, ...).")
+        self.sink.put_artifact(key, content, kind, metadata)
+
+    @property
+    def chunks(self) -> tuple[Any, ...]:
+        """In a streaming step: the chunks earlier attempts of this step stored (empty on the
+        first attempt), so the generator can resume where they stopped."""
+        return () if self.sink is None else tuple(self.sink.stored_chunks())
 
 
 class Step:
@@ -217,14 +245,22 @@ def call_handler(path: str, state: dict[str, Any], context: StepContext | None =
     ``async`` handlers (and ``async def handle``) run to completion on a private event loop.
     """
     obj = import_path(path)
+    on_complete = None
     if inspect.isclass(obj):
         instance = obj()
         instance.context = context
         result = instance.handle(state)
+        on_complete = getattr(instance, "on_complete", None)
     elif _wants_context(obj):
         result = obj(state, context)
     else:
         result = obj(state)
+    if is_stream(result):
+        if context is None or context.sink is None:
+            raise exceptions.InvalidStepOutput(
+                f"Handler {path!r} is a generator (a streaming step), which only a then() "
+                "step can be; make it a plain function, or its own then() step.")
+        return consume(result, context.sink, state, on_complete)
     if inspect.isawaitable(result):
         result = _run_awaitable(result)
     return result
@@ -241,6 +277,10 @@ def call_item_handler(path: str, state: dict[str, Any], item: Any, index: int,
         result = instance.handle_item(state, item, index)
     else:
         result = obj(state, item, index)
+    if is_stream(result):
+        raise exceptions.InvalidStepOutput(
+            f"Handler {path!r} is a generator (a streaming step), which only a then() step "
+            "can be, not a for_each item.")
     if inspect.isawaitable(result):
         result = _run_awaitable(result)
     return result

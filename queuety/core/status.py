@@ -8,7 +8,7 @@ one vocabulary; the status sets below are the only definitions of "finished", "l
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from enum import EnumType, StrEnum
 from typing import Any
@@ -103,6 +103,10 @@ class WorkflowStatus:
     progress: dict[str, Any] | None = None
     """While a step runs and has reported progress: ``step_name``, ``branch``, ``data`` (what
     the handler reported), ``text`` (``"450/1000 (45%)"``) and ``reported_at`` (ISO 8601)."""
+    artifact_count: int = 0
+    """How many artifacts the run has (``queuety.artifacts(run_id)`` lists them)."""
+    artifact_keys: list[str] = field(default_factory=list)
+    """Their keys, sorted."""
     created_at: datetime
     updated_at: datetime
     finished_at: datetime | None

@@ -32,6 +32,7 @@ from queuety.runtime.claim import Claim, claim, owned
 from queuety.runtime.finish import fail_unloadable
 from queuety.runtime.outcome import record_failure, record_success_retrying
 from queuety.runtime.settle import branch_done
+from queuety.runtime.sink import AttemptOutputs
 from queuety.runtime.watchdog import Heartbeats, deadline, heartbeat, progress_reporter
 from queuety.store import rows
 from queuety.store.definitions import load_spec
@@ -76,7 +77,7 @@ def execute_step(step_run_id: int, *, inline: bool = True) -> AttemptReport:
         return AttemptReport(claimed=True)
     step = spec.steps[held.step_index]
     if step.kind in ("parallel", "for_each"):
-        return _execute_branch(held, spec, step, _context(spec, held))
+        return _execute_branch(held, spec, step, _context(spec, held, streams=False))
     steps_left = settings.INLINE_STEPS if inline else 1
     until = time.monotonic() + settings.INLINE_SECONDS
     following: Claim | None = held
@@ -108,7 +109,8 @@ def _execute_task_step(held: Claim, spec: WorkflowSpec, *, inline_until: float |
             _check_budget(spec, held, outcome)
         except Exception as error:  # noqa: BLE001 - every step failure is recorded
             span.fail(error, "failed")
-            record_failure(held, spec, error, _ms_since(started))
+            record_failure(held, spec, error, _ms_since(started),
+                           publish_artifacts=_wrote_artifacts(context))
             timed_out = isinstance(error, exceptions.StepTimeout)
         else:
             span.set(status="completed")
@@ -117,15 +119,16 @@ def _execute_task_step(held: Claim, spec: WorkflowSpec, *, inline_until: float |
                 give_up_at = None if step.timeout is None else (
                     started + step.timeout + settings.HARD_TIMEOUT_GRACE)
                 took = _ms_since(started)
-                following = record_success_retrying(held, spec, outcome, took,
-                                                    inline_until=inline_until,
-                                                    give_up_at=give_up_at)
+                following = record_success_retrying(
+                    held, spec, outcome, took, inline_until=inline_until,
+                    give_up_at=give_up_at, publish_artifacts=_wrote_artifacts(context))
                 if settings.METRICS:
                     instruments.step_finished(spec.name, step.name, "completed", took)
             except (exceptions.BudgetExceeded, exceptions.WorkflowDefinitionError) as error:
                 # Found while landing on the next step (the run had moved on, or a for_each's
                 # items are not a list or too many): this step's outcome cannot stand.
-                record_failure(held, spec, error, _ms_since(started))
+                record_failure(held, spec, error, _ms_since(started),
+                               publish_artifacts=_wrote_artifacts(context))
             except DatabaseError as error:
                 if not rows.is_refusal(error):
                     raise  # perhaps passing (a timeout, a standby): the sweeper's, as before
@@ -174,12 +177,13 @@ def _execute_branch(held: Claim, spec: WorkflowSpec, step: StepSpec,
                         row.handler, dict(held.state), item["item"], item["index"], context))
                     engine.check_output(step.name, held.run_id, {"item": output})
             took = _ms_since(started)
-            branch_done(held, spec, output, took)
+            branch_done(held, spec, output, took, publish_artifacts=_wrote_artifacts(context))
             if settings.METRICS:
                 instruments.step_finished(spec.name, step.name, "completed", took)
         except Exception as error:  # noqa: BLE001 - recorded like any step failure
             span.fail(error, "failed")
-            record_failure(held, spec, error, _ms_since(started))
+            record_failure(held, spec, error, _ms_since(started),
+                           publish_artifacts=_wrote_artifacts(context))
             timed_out = isinstance(error, exceptions.StepTimeout)
         else:
             span.set(status="completed")
@@ -216,14 +220,20 @@ def _execute_cleanup(held: Claim, spec: WorkflowSpec) -> None:
             cleanup.cleanup_done(held.run_id, spec, now)
 
 
-def _context(spec: WorkflowSpec, held: Claim) -> StepContext:
+def _context(spec: WorkflowSpec, held: Claim, *, streams: bool = True) -> StepContext:
     step = spec.steps[held.step_index]
     size = budgets.state_bytes(held.state) if spec.budget.max_state_bytes else 0
     usage = budgets.Usage(held.usage.transitions, held.usage.cost_units,
                           held.usage.started_workflows, size)
     return StepContext(held.run_id, spec.name, step.name, held.attempt,
                        budgets.BudgetView(spec.budget, usage),
-                       progress_reporter(held.step_run_id, held.run_id, step.name))
+                       beat=progress_reporter(held.step_run_id, held.run_id, step.name),
+                       sink=AttemptOutputs(held, step.name, streams=streams))
+
+
+def _wrote_artifacts(context: StepContext) -> bool:
+    """Whether the attempt stored an artifact its outcome must publish (no query if not)."""
+    return isinstance(context.sink, AttemptOutputs) and context.sink.artifacts_written > 0
 
 
 def _report(threads_before: set[threading.Thread], timed_out: bool) -> AttemptReport:

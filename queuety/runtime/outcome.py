@@ -27,6 +27,7 @@ from queuety.core import engine, fanout, flow, pruning
 from queuety.core.definition import WorkflowSpec
 from queuety.core.status import LIVE_OR_HELD
 from queuety.models import Event, RunStatus, StepRun, StepStatus
+from queuety.runtime import artifacts
 from queuety.runtime.claim import Claim, applied_by, mark_completed, owned
 from queuety.runtime.finish import STEP_FAILS, check_attempts, fail_run, notify_finished
 from queuety.runtime.landing import land, release_held
@@ -45,7 +46,8 @@ TRANSITION_RETRY_DELAYS = (0.05, 0.25, 1.0, 2.0, 4.0)
 
 def record_success_retrying(held: Claim, spec: WorkflowSpec, outcome: engine.Advance,
                             duration_ms: float, *, inline_until: float | None,
-                            give_up_at: float | None) -> Claim | None:
+                            give_up_at: float | None,
+                            publish_artifacts: bool = False) -> Claim | None:
     """:func:`record_success`, tried again in place when the database refuses it for a
     transient reason, so a deadlock or a dropped connection does not cost a second run of the
     handler.
@@ -56,6 +58,9 @@ def record_success_retrying(held: Claim, spec: WorkflowSpec, outcome: engine.Adv
     Past the last pause, or when the next pause would end after ``give_up_at`` (the hard
     limit of a timed step), the error propagates and the step is recovered as before (after
     ``STALE_AFTER``, by running it again).
+
+    ``publish_artifacts``: the attempt stored artifacts, made visible by the transition's own
+    transaction (so such a step takes the locked path, not the one-statement one).
     """
     step = spec.steps[held.step_index]
     unprepared = False
@@ -64,7 +69,7 @@ def record_success_retrying(held: Claim, spec: WorkflowSpec, outcome: engine.Adv
                       and time.monotonic() < inline_until)
         try:
             return record_success(held, spec, outcome, duration_ms, claim_next=claim_next,
-                                  retried=tries > 0)
+                                  retried=tries > 0, publish_artifacts=publish_artifacts)
         except DatabaseError as error:
             if pause is not None and not unprepared and not connection.in_atomic_block and \
                     rows.warn_pooler_mismatch_once(error):
@@ -95,7 +100,7 @@ def record_success_retrying(held: Claim, spec: WorkflowSpec, outcome: engine.Adv
 
 def record_success(held: Claim, spec: WorkflowSpec, outcome: engine.Advance,
                    duration_ms: float, *, claim_next: bool = False,
-                   retried: bool = False) -> Claim | None:
+                   retried: bool = False, publish_artifacts: bool = False) -> Claim | None:
     """Apply a successful attempt; return the next step's claim when this process got it.
 
     ``retried``: an earlier try failed, perhaps after its commit; finding the row completed
@@ -112,7 +117,8 @@ def record_success(held: Claim, spec: WorkflowSpec, outcome: engine.Advance,
     lands_on_task = outcome.next_index is None or spec.steps[outcome.next_index].kind == "task"
     # A pruned run's transition needs its state_writes, which the one statement does not
     # carry: it takes the locked path (only workflows that use prune_state_after pay for it).
-    if connection.vendor == "postgresql" and lands_on_task and spec.prune_state_after is None:
+    if connection.vendor == "postgresql" and lands_on_task and spec.prune_state_after is None \
+            and not publish_artifacts:
         # One statement that commits by itself (no BEGIN/COMMIT round trips): it writes
         # everything or, when the run moved since the claim, nothing at all.
         owns, advanced, following = _complete_postgres(held, spec, outcome, completed, now,
@@ -132,6 +138,8 @@ def record_success(held: Claim, spec: WorkflowSpec, outcome: engine.Advance,
             completed.kind = "step_discarded"
             completed.data["reason"] = "the run was no longer running this step"
             completed.save()
+        elif publish_artifacts:
+            artifacts.publish(held)
     return None
 
 
@@ -268,8 +276,12 @@ def _complete_postgres(held: Claim, spec: WorkflowSpec, outcome: engine.Advance,
 # -- failure ----------------------------------------------------------------------------------
 
 def record_failure(held: Claim, spec: WorkflowSpec, error: BaseException,
-                   duration_ms: float | None) -> None:
-    """Record a failed attempt: schedule the next attempt, or fail the step and its run."""
+                   duration_ms: float | None, *, publish_artifacts: bool = False) -> None:
+    """Record a failed attempt: schedule the next attempt, or fail the step and its run.
+
+    ``publish_artifacts``: the attempt stored artifacts; they become visible with the
+    recorded failure (a retry that writes the same key replaces them).
+    """
     now = timezone.now()
     is_cleanup = held.kind != "step"
     if is_cleanup:
@@ -296,11 +308,14 @@ def record_failure(held: Claim, spec: WorkflowSpec, error: BaseException,
         late = getattr(error, "late", None) if isinstance(error, exceptions.StepTimeout) else None
         discarded = {} if late is None else {"discarded": late}
         if delay is not None:
-            _schedule_retry(held, spec, event, record, delay, policy.max_attempts, now,
-                            discarded)
+            if _schedule_retry(held, spec, event, record, delay, policy.max_attempts, now,
+                               discarded) and publish_artifacts:
+                artifacts.publish(held)
             return
         if not owned(held).update(status=StepStatus.FAILED, finished_at=now, error=record):
             return
+        if publish_artifacts:
+            artifacts.publish(held)
         event.data = {"error": record, "max_attempts": policy.max_attempts, **discarded}
         _emit_step_failed(held, spec, name, record, policy.max_attempts, None)
         if is_cleanup:  # a failed compensation is recorded and skipped; the next one runs
@@ -325,15 +340,15 @@ def record_failure(held: Claim, spec: WorkflowSpec, error: BaseException,
 
 def _schedule_retry(held: Claim, spec: WorkflowSpec, event: Event, record: dict[str, Any],
                     delay: float, max_attempts: int, now: datetime,
-                    discarded: dict[str, Any]) -> None:
+                    discarded: dict[str, Any]) -> bool:
     """Make the attempt's row due again in ``delay`` seconds (the broker holds short waits;
-    the sweeper publishes long ones when due)."""
+    the sweeper publishes long ones when due); False if the attempt no longer owned it."""
     due = now + timedelta(seconds=delay)
     on_broker = delay <= settings.MAX_ETA
     if not owned(held).update(status=StepStatus.PENDING, available_at=due,
                               published_at=due if on_broker else None, error=record,
                               claimed_at=None, heartbeat_at=None):
-        return
+        return False
     event.kind = f"{held.kind}_retried"
     event.data = {"error": record, "retry_in": round(delay, 6),
                   "retry_at": due.isoformat(), "max_attempts": max_attempts, **discarded}
@@ -344,6 +359,7 @@ def _schedule_retry(held: Claim, spec: WorkflowSpec, event: Event, record: dict[
                                                    spec.queue)])
     logger.info("Step run id=%s attempt=%s failed (%s); retry in %.3fs",
                 held.step_run_id, held.attempt, record["type"], delay)
+    return True
 
 
 def _emit_step_failed(held: Claim, spec: WorkflowSpec, name: str, record: dict[str, Any],

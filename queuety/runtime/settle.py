@@ -19,6 +19,7 @@ from queuety.core import engine, fanout, flow, pruning
 from queuety.core.definition import WorkflowSpec
 from queuety.core.status import FINISHED, LIVE_OR_HELD
 from queuety.models import Event, RunStatus, StepRun, StepStatus, WorkflowRun
+from queuety.runtime import artifacts
 from queuety.runtime.claim import Claim, mark_completed
 from queuety.runtime.finish import check_attempts, fail_at_wait
 from queuety.runtime.landing import land, release_held, start_child
@@ -26,8 +27,13 @@ from queuety.store import rows
 from queuety.store.definitions import load_spec
 
 
-def branch_done(held: Claim, spec: WorkflowSpec, output: Any, duration_ms: float) -> None:
-    """Record one branch or item; settle the join, under the run's row lock, when it can."""
+def branch_done(held: Claim, spec: WorkflowSpec, output: Any, duration_ms: float, *,
+                publish_artifacts: bool = False) -> None:
+    """Record one branch or item; settle the join, under the run's row lock, when it can.
+
+    ``publish_artifacts``: the attempt stored artifacts, made visible in this transaction
+    once its row is completed and the join still open.
+    """
     now = timezone.now()
     step = spec.steps[held.step_index]
     spread = step.fanout
@@ -47,6 +53,8 @@ def branch_done(held: Claim, spec: WorkflowSpec, output: Any, duration_ms: float
             event.kind, event.data["reason"] = "step_discarded", "the join had settled"
             event.save()
             return
+        if publish_artifacts:
+            artifacts.publish(held)
         # Counting is enough until the join settles; only then are the outputs read.
         total, succeeded, failed = rows.fanout_counts(held.run_id, held.seq, held.step_index)
         mode = fanout.ALL if step.kind == "parallel" else spread.mode

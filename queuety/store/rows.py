@@ -410,3 +410,11 @@ def lock_pending_sent_before(moment: datetime,
                 status=StepStatus.PENDING, published_at__isnull=False)
         .filter(Q(published_at__lte=moment) | Q(available_at__gt=moment))
         .values_list("pk", "run__definition_id", "timeout", "available_at")[:limit])
+
+
+def append_chunk(params: list[Any]) -> bool:
+    """Run :data:`queuety.store.sql.APPEND_CHUNK`; False when the attempt no longer owns its
+    step row (nothing was written)."""
+    with hot_cursor() as cursor:
+        cursor.execute(sql.APPEND_CHUNK, params)
+        return bool(cursor.rowcount)

@@ -176,3 +176,17 @@ WITH owned AS (
 )
 SELECT EXISTS (SELECT 1 FROM owned), EXISTS (SELECT 1 FROM run), (SELECT id FROM following)
 """
+
+
+# -- streaming steps --------------------------------------------------------------------------
+
+#: Stores one chunk of a streaming step, only while the attempt still owns its step row (an
+#: attempt the sweeper took back, or whose run was cancelled, writes nothing and stops). One
+#: statement in autocommit: the chunk is durable when it returns. Portable (SQLite too).
+APPEND_CHUNK = """
+INSERT INTO queuety_stepchunk (run_id, step_run_id, step_index, step_name, "index", attempt,
+                               content, created_at)
+SELECT %s, %s, %s, %s, %s, %s, %s, %s
+ WHERE EXISTS (SELECT 1 FROM queuety_steprun
+                WHERE id = %s AND status = 'processing' AND attempt = %s AND claimed_by = %s)
+"""

@@ -545,7 +545,7 @@ def test_export__download_button_gives_the_json_document(token):
     assert response.status_code == 200 and response["Content-Type"] == "application/json"
     assert response["Content-Disposition"] == f'attachment; filename="queuety-run-{run_id}.json"'
     document = json.loads(response.content)
-    assert document["format_version"] == 1 and document["run"]["id"] == run_id
+    assert document["format_version"] == 2 and document["run"]["id"] == run_id
     assert [e["kind"] for e in document["events"]][0] == "workflow_started"
     assert viewer.get(f"{RUNS}987654321/export/").status_code == 404
     assert client_for(make_user()).get(f"{RUNS}{run_id}/export/").status_code == 403

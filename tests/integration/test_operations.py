@@ -22,7 +22,9 @@ from tests.integration.conftest import wait_for
 from tests.settings import QUEUETY as TEST_QUEUETY
 
 pytestmark = pytest.mark.worker
-GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "export_v1.json"
+GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "export_v2.json"
+#: The format before artifacts and chunks: still replayed.
+GOLDEN_V1 = Path(__file__).resolve().parents[1] / "golden" / "export_v1.json"
 
 
 def kinds(run_id):
@@ -370,6 +372,12 @@ def test_export__the_golden_document_pins_the_format(worker, token):
 
     assert normalise(document) == json.loads(GOLDEN.read_text())
     assert document["run"]["definition_hash"] == queuety.workflow_status(run_id).definition_hash
+
+    # Format 2 is format 1 (pinned before it) plus the artifacts and the chunks; a format 1
+    # document still replays (tests/integration/test_artifacts.py).
+    old = json.loads(GOLDEN_V1.read_text())
+    assert old == {**{k: v for k, v in normalise(document).items()
+                      if k not in ("artifacts", "chunks")}, "format_version": 1}
 
 
 def test_replay__a_completed_export_is_a_completed_run_with_its_timeline(worker, token):

@@ -157,6 +157,8 @@ HEAD = ["Workflow: order (#7)", "Status:   running", "Step:     1/3", "StepName:
     ({"status": "failed", "error": {"type": "BudgetExceeded", "message": "too many"}},
      ["Workflow: order (#7)", "Status:   failed", "Step:     1/3", "StepName: charge",
       "Hash:     abc123", "Error:    BudgetExceeded: too many"]),
+    ({"artifact_count": 2, "artifact_keys": ["citations", "draft"]},
+     [*HEAD, "Hash:     abc123", "Artifacts: 2", "ArtifactKeys: citations, draft"]),
     ({"state": {"city": "Zürich", "n": 1}},
      [*HEAD, "Hash:     abc123", "State:", '{\n    "city": "Zürich",\n    "n": 1\n}']),
 ])

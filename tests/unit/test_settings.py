@@ -21,6 +21,12 @@ from queuety.conf import settings
     ({"WEBHOOK_TIMEOUT": 0}, r"QUEUETY\['WEBHOOK_TIMEOUT'\] must be a positive number"),
     ({"METRICS_TOKEN": "short"}, r"QUEUETY\['METRICS_TOKEN'\] must be None or a string of at "
                                  r"least 16 characters"),
+    ({"MAX_ARTIFACT_BYTES": 0}, r"QUEUETY\['MAX_ARTIFACT_BYTES'\] must be a whole number"),
+    ({"MAX_CHUNK_BYTES": "64k"}, r"QUEUETY\['MAX_CHUNK_BYTES'\] must be a whole number"),
+    ({"CHUNK_BUFFER": True}, r"QUEUETY\['CHUNK_BUFFER'\] must be a whole number"),
+    ({"CHUNK_FLUSH_INTERVAL": -1}, r"QUEUETY\['CHUNK_FLUSH_INTERVAL'\] must be a number of "
+                                   "seconds from 0"),
+    ({"STREAM_POLL_INTERVAL": 0}, r"QUEUETY\['STREAM_POLL_INTERVAL'\] must be a positive"),
 ])
 def test_settings__unworkable_values_are_refused(values, message):
     with override_settings(QUEUETY=values), pytest.raises(ImproperlyConfigured, match=message):

@@ -8,9 +8,10 @@ from typing import Any
 
 from django.core.management.base import BaseCommand
 
-from queuety import exceptions, inbox, metrics, operations, queries
+from queuety import exceptions, inbox, metrics, operations, outputs, queries
 from queuety import export as exports  # "export" and "timeline" name sub-parsers below
 from queuety import timeline as timelines
+from queuety.core import artifacts as artifact_rules
 from queuety.core.describe import format_status
 from queuety.management import starting
 from queuety.management.starting import Error
@@ -66,6 +67,13 @@ def _json(value: Any) -> str:
     return json.dumps(value, indent=4, ensure_ascii=False, default=str)
 
 
+def _portable(item: dict[str, Any]) -> dict[str, Any]:
+    """An artifact as JSON output carries it: ``bytes`` content as base64 text."""
+    if "content" in item and item["kind"] == "bytes":
+        return {**item, "content": artifact_rules.portable("bytes", item["content"])}
+    return item
+
+
 class Command(BaseCommand):
     help = "Inspect and operate Queuety workflow runs."
 
@@ -77,7 +85,8 @@ class Command(BaseCommand):
                                           metavar="{dispatch,definitions,status,list,retry,"
                                                   "pause,resume,cancel,approve,reject,input,"
                                                   "signal,timeline,state-at,rewind,fork,"
-                                                  "export,replay}")
+                                                  "export,replay,artifacts,artifact,"
+                                                  "delete-artifact,chunks}")
         starting.add_workflow_actions(actions)
 
         status = actions.add_parser("status", help="Show one run.")
@@ -126,6 +135,28 @@ class Command(BaseCommand):
         export.add_argument("--output", default=None, help="File to write (default stdout).")
         replay = actions.add_parser("replay", help="Start a run from an export file.")
         replay.add_argument("file")
+        listed = actions.add_parser("artifacts", help="List a run's artifacts.")
+        listed.add_argument("run_id", type=_run_id)
+        listed.add_argument("--format", choices=["table", "json"], default="table")
+        listed.add_argument("--with-content", action="store_true",
+                            help="Add each artifact's content (bytes as base64).")
+        one = actions.add_parser("artifact", help="Show one artifact with its content.")
+        one.add_argument("run_id", type=_run_id)
+        one.add_argument("key")
+        one.add_argument("--output", default=None,
+                         help="Write the content alone to this file (as stored).")
+        gone = actions.add_parser("delete-artifact", help="Delete one artifact of a run.")
+        gone.add_argument("run_id", type=_run_id)
+        gone.add_argument("key")
+        streamed = actions.add_parser("chunks", help="Show the chunks a streaming step "
+                                                    "stored so far.")
+        streamed.add_argument("run_id", type=_run_id)
+        streamed.add_argument("step", help="Step index or name.")
+        streamed.add_argument("--after", type=int, default=-1,
+                              help="Only chunks whose index is greater.")
+        streamed.add_argument("--format", choices=["text", "json"], default="text",
+                              help="text: the chunks joined (strings as they are); json: "
+                                   "each chunk with its index and attempt.")
 
         starting.add_schedule_group(groups)
 
@@ -264,6 +295,59 @@ class Command(BaseCommand):
             raise Error(f"Invalid JSON: {error}") from None
         new = self._call(exports.replay, document)
         self.stdout.write(f"Success: Workflow replayed. New workflow ID: {new}.")
+
+    def _artifacts(self, run_id: int, format: str, with_content: bool, **options: Any) -> None:
+        found = [_portable(item) for item in self._call(
+            outputs.artifacts, run_id, with_content=with_content)]
+        if format == "json":
+            self.stdout.write(_json(found))
+            return
+        if not found:
+            self.stdout.write(f"No artifacts found for workflow #{run_id}.")
+            return
+        header = ["Key", "Kind", "Size", "Step", "UpdatedAt"] + (
+            ["Content"] if with_content else [])
+        rows = [[item["key"], item["kind"], str(item["size"]), item["step_name"] or "-",
+                 item["updated_at"].isoformat()] + (
+            [json.dumps(item["content"], ensure_ascii=False)[:80]] if with_content else [])
+            for item in found]
+        self._table(header, rows)
+
+    def _artifact(self, run_id: int, key: str, output: str | None, **options: Any) -> None:
+        try:
+            item = outputs.artifact(run_id, key)
+        except exceptions.ArtifactNotFound:
+            raise Error(f"Artifact '{key}' not found for workflow #{run_id}.") from None
+        except exceptions.RunNotFound:
+            raise Error(f"Workflow #{run_id} not found.") from None
+        if output is None:
+            self.stdout.write(_json(_portable(item)))
+            return
+        kind, data = outputs.artifact_bytes(run_id, key)
+        try:
+            with open(output, "wb") as handle:
+                handle.write(data)
+        except OSError as error:
+            raise Error(f"Unable to write artifact '{key}' to {output}: {error}.") from None
+        self.stdout.write(f"Success: Artifact '{key}' of workflow #{run_id} ({len(data)} "
+                          f"bytes) written to {output}.")
+
+    def _delete_artifact(self, run_id: int, key: str, **options: Any) -> None:
+        try:
+            outputs.delete_artifact(run_id, key)
+        except exceptions.ArtifactNotFound:
+            raise Error(f"Artifact '{key}' not found for workflow #{run_id}.") from None
+        except exceptions.RunNotFound:
+            raise Error(f"Workflow #{run_id} not found.") from None
+        self.stdout.write(f"Success: Artifact '{key}' of workflow #{run_id} deleted.")
+
+    def _chunks(self, run_id: int, step: str, after: int, format: str, **options: Any) -> None:
+        page = self._call(outputs.chunks, run_id, step, after=after)
+        if format == "json":
+            self.stdout.write(_json(page.to_dict()))
+            return
+        self.stdout.write("".join(c["content"] if isinstance(c["content"], str)
+                                  else json.dumps(c["content"]) for c in page.chunks))
 
     def _table(self, header: list[str], rows: list[list[str]]) -> None:
         widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]

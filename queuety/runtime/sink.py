@@ -1,0 +1,59 @@
+"""The sink of one attempt: where ``context.put_artifact()`` and a streaming step's chunks go.
+
+Nothing is read or written for an attempt that neither stores an artifact nor streams, so plain
+steps keep their two database round trips.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from queuety import exceptions
+from queuety.conf import settings
+from queuety.core import artifacts as rules
+from queuety.runtime import artifacts, chunks
+from queuety.runtime.claim import Claim
+
+
+class AttemptOutputs:
+    """Implements :class:`queuety.core.streaming.AttemptSink` for the attempt ``held``."""
+
+    def __init__(self, held: Claim, step_name: str, *, streams: bool = True) -> None:
+        self.held, self.step_name, self.streams = held, step_name, streams
+        #: How many artifacts this attempt wrote: the outcome publishes them when nonzero.
+        self.artifacts_written = 0
+        self._chunks: list[Any] | None = None
+        self._writer: chunks.ChunkWriter | None = None
+
+    def put_artifact(self, key: str, content: Any, kind: str,
+                     metadata: dict[str, Any] | None) -> None:
+        encoded = rules.encode(key, content, kind, metadata, limit=settings.MAX_ARTIFACT_BYTES,
+                               run_id=self.held.run_id)
+        artifacts.write_pending(self.held, self.step_name, encoded)
+        self.artifacts_written += 1
+
+    def stored_chunks(self) -> list[Any]:
+        self._refuse_unless_streaming()
+        if self._chunks is None:
+            self._chunks = chunks.stored(self.held.step_run_id)
+        return self._chunks
+
+    def append_chunk(self, content: Any) -> None:
+        self._refuse_unless_streaming()
+        text = rules.encode_chunk(content, limit=settings.MAX_CHUNK_BYTES, step=self.step_name,
+                                  run_id=self.held.run_id)
+        if self._writer is None:
+            self._writer = chunks.ChunkWriter(
+                self.held, self.step_name, len(self.stored_chunks()),
+                interval=settings.CHUNK_FLUSH_INTERVAL, buffer=settings.CHUNK_BUFFER)
+        self._writer.add(text)
+
+    def finish_stream(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+
+    def _refuse_unless_streaming(self) -> None:
+        if not self.streams:
+            raise exceptions.InvalidStepOutput(
+                f"Step {self.step_name!r} of run {self.held.run_id} is a fan-out branch; only "
+                "a then() step can stream (yield chunks).")
