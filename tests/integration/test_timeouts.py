@@ -170,24 +170,3 @@ def test_T5_S4_timeouts_are_retried_only_when_named(pyworker, semantics):
     assert first.status == second.status == "failed"
     assert attempts == [3, 1]
     assert took <= bound
-
-
-def test_timeout_in_a_thread_pool__fails_permanently_saying_why(db_session, tmp_path):
-    threads = Worker(tmp_path, queue=f"threads-{uuid.uuid4().hex[:6]}", beat=False,
-                     pool="threads")
-    threads.start()
-    try:
-        token = uuid.uuid4().hex[:12]
-        retry_all = queuety.RetryPolicy(max_attempts=3, initial_delay=0.1)
-        run_id = (queuety.workflow("timeout_in_threads").on_queue(threads.queue)
-                  .then(timeout_steps.sync_block, timeout=1, retry=retry_all)
-                  .dispatch({"token": token, "body": 0.1}))
-        status = wait_for(run_id, timeout=20, worker=threads)
-    finally:
-        threads.stop()
-
-    assert status.status == "failed"
-    assert status.error["type"] == "queuety.exceptions.PermanentError"
-    assert "runs outside a process's main thread" in status.error["message"]
-    assert "--pool prefork" in status.error["message"]
-    assert marks(f"{token}-start") == []  # refused before the handler ran
