@@ -31,3 +31,11 @@ def notify(state):
         _redis = redis.Redis.from_url(env.REDIS_URL)
     _redis.lpush(state["done_key"], 1)
     return None
+
+
+async def await_one(state):
+    """An I/O-bound step: awaits one second, as an LLM call or a webhook would."""
+    import asyncio
+
+    await asyncio.sleep(state.get("wait", 1.0))
+    return None
