@@ -24,6 +24,7 @@ a result that comes after the deadline is kept for the timeline and never merged
 from __future__ import annotations
 
 import asyncio
+import atexit
 import concurrent.futures
 import inspect
 import logging
@@ -254,11 +255,11 @@ class Lane:
                      "(more than QUEUETY['LANE_MAX_ABANDONED'] = %d): the worker stops taking "
                      "messages, lets its running steps finish, and restarts itself, which "
                      "ends those threads.", count, os.getpid(), self.max_abandoned)
-        # Celery restarts itself on SIGHUP when it is not attached to a terminal; otherwise a
-        # warm shutdown, and the process manager (systemd, Kubernetes) starts a new worker.
-        restart = posix_signal.getsignal(posix_signal.SIGHUP) not in (
-            posix_signal.SIG_DFL, posix_signal.SIG_IGN, None)
-        os.kill(os.getpid(), posix_signal.SIGHUP if restart else posix_signal.SIGTERM)
+        # A warm shutdown (Celery's SIGTERM: stop consuming, let running tasks finish), then
+        # the same command again in this process (its pid, so a supervisor sees no exit).
+        # Celery's own SIGHUP restart re-executes sys.argv, which `python -m celery` breaks.
+        atexit.register(_reexecute)
+        os.kill(os.getpid(), posix_signal.SIGTERM)
 
     # -- the event loop and its monitor -------------------------------------------------------
 
@@ -306,7 +307,8 @@ class Lane:
                                        "at": timezone.now().isoformat()})
         except Exception:  # noqa: BLE001 - the log line above is the report
             logger.exception("Could not record that step %s blocked the event loop.", label)
-            connection.close()
+        finally:
+            connection.close()  # the monitor holds no pooled connection between reports
 
     def _running_body(self) -> str | None:
         """The label of the body the loop thread is running now (read from its stack)."""
@@ -317,6 +319,13 @@ class Lane:
                 return label if isinstance(label, str) else None
             frame = frame.f_back
         return None
+
+
+def _reexecute() -> None:
+    """Run this worker's command again in this process: every thread, stuck ones included,
+    ends here; descriptors close on exec (Python opens them non-inheritable)."""
+    logging.shutdown()
+    os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])
 
 
 async def _guarded(label: str, awaitable: Awaitable[Any]) -> Any:

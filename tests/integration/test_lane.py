@@ -203,3 +203,35 @@ def test_the_lane_refuses_to_start_on_the_embedded_default(tmp_path):
     assert done.returncode != 0
     assert "The Queuety I/O lane (a worker with --pool threads) needs PostgreSQL" in done.stderr
     assert "and a real broker (the broker is filesystem://" in done.stderr
+
+
+def test_too_many_abandoned_threads_make_the_lane_worker_replace_itself(
+        db_session, worker, tmp_path):
+    lane = LaneWorker(tmp_path, queue=f"io-stuck-{uuid.uuid4().hex[:6]}", concurrency=8,
+                      app_name=f"lane-stuck-{uuid.uuid4().hex[:8]}")
+    lane.env["QUEUETY_TEST_LANE_MAX_ABANDONED"] = "0"
+    lane.start()
+    token = uuid.uuid4().hex[:12]
+    try:
+        run_id = (queuety.workflow("lane_stuck")
+                  .then(lane_steps.sync_uninterruptible, timeout=1, queue=lane.queue)
+                  .dispatch({"token": token, "body": 8}))
+        status = wait_for(run_id, timeout=30, worker=lane)
+        assert status.status == "failed"
+        assert status.error["type"] == "queuety.exceptions.StepTimeout"
+        deadline = time.monotonic() + 30
+        while lane.log().count(" ready.") < 2:
+            assert time.monotonic() < deadline, lane.log()[-3000:]
+            time.sleep(0.2)
+        assert "more than QUEUETY['LANE_MAX_ABANDONED'] = 0" in lane.log()
+        # The worker came back (Celery re-executed it) and runs steps again.
+        after = (queuety.workflow("lane_after_restart")
+                 .then(lane_steps.await_network, queue=lane.queue)
+                 .dispatch({"token": uuid.uuid4().hex[:12], "body": 0.1}))
+        assert wait_for(after, timeout=60, worker=lane).status == "completed"
+        started = times(token, "start")[0]
+        time.sleep(max(0.0, started + 9 - time.time()))
+        assert marks(f"{token}-after") == []  # the restart ended the stuck thread
+    finally:
+        lane.stop()
+        wait_gone(lane.app_name)
