@@ -62,6 +62,7 @@ def queuety_io(n: int) -> dict[str, float]:
     ids = [builder.dispatch({"wait": 1.0}) for _ in range(n)]
     stats = Stats()
     pids = lambda: [worker.proc.pid, *worker.pool_pids()] if worker.proc else []  # noqa: E731
+    idle_kib = sum(util.rss_kib(p) for p in pids())
     peak, stop, sampler = _sampler(pids, env.pg_url(env.QUEUETY_DB, "postgresql"), app_name)
     try:
         started = time.time()
@@ -73,8 +74,9 @@ def queuety_io(n: int) -> dict[str, float]:
         stats.close()
         worker.stop()
     return {"seconds": end - started, "peak_rss_mib": peak["rss_kib"] / 1024,
-            "peak_sessions": peak["sessions"],
-            "kib_per_in_flight_step": peak["rss_kib"] / n}
+            "idle_rss_mib": idle_kib / 1024, "peak_sessions": peak["sessions"],
+            # What each step in flight adds: the peak over the idle worker, per step.
+            "kib_per_in_flight_step": (peak["rss_kib"] - idle_kib) / n}
 
 
 def celery_io(n: int) -> dict[str, float]:
