@@ -43,3 +43,12 @@ async def blocks_the_loop(state):
 
 def next_step(state):
     return {"next": True}
+
+
+async def swallows_cancellation(state):
+    """Catches its cancellation at the deadline and returns: a late result, never merged."""
+    try:
+        await asyncio.sleep(state["body"])
+    except asyncio.CancelledError:
+        return {"late": True}
+    return {"on_time": True}

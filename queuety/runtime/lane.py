@@ -168,9 +168,10 @@ class Lane:
         try:
             return future.result(timeout=watch.timeout)
         except concurrent.futures.TimeoutError:
-            if future.done():
-                return future.result()  # it finished just now: settle() calls it late
+            # The deadline passed: whatever comes now is late, even a result that came just now.
             interruption = watch.interrupt()
+            if future.done():
+                return future.result()  # settle() turns it into the timeout, kept as late
             future.cancel()  # the task is cancelled on the loop; wait for it to unwind
             try:
                 late = future.result(timeout=CANCEL_GRACE)

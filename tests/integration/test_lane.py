@@ -121,6 +121,18 @@ def test_an_async_body_is_cancelled_at_its_deadline(lane):
     assert marks(f"{token}-after") == []  # cancelled: the body never went on
 
 
+def test_an_async_body_that_swallows_its_cancellation_is_timed_out_and_not_merged(lane):
+    run_id = (queuety.workflow("lane_swallow")
+              .then(lane_steps.swallows_cancellation, timeout=1, queue=lane.queue)
+              .dispatch({"token": uuid.uuid4().hex[:12], "body": 5}))
+    status = wait_for(run_id, timeout=30, worker=lane)
+    assert status.status == "failed"
+    assert status.error["type"] == "queuety.exceptions.StepTimeout"
+    assert "late" not in status.state
+    failed = Event.objects.get(run_id=run_id, kind="step_failed")
+    assert failed.data["discarded"] == {"output": {"late": True}}
+
+
 def test_an_uninterruptible_sync_body_times_out_at_its_deadline_and_its_thread_is_counted(
         lane):
     token = uuid.uuid4().hex[:12]

@@ -12,6 +12,7 @@ import uuid
 import pytest
 
 import queuety
+from queuety import publish
 from queuety.conf import settings as queuety_settings
 from queuety.models import Event, StepRun
 from tests import timeout_steps
@@ -129,12 +130,14 @@ def test_T4_a_body_that_resists_is_killed_at_the_hard_limit(pyworker, semantics,
     status = wait_for(run_id, timeout=30, worker=pyworker)
 
     elapsed = attempt_seconds(run_id)
-    hard = 1 + queuety_settings.HARD_TIMEOUT_GRACE
+    # timeout + HARD_TIMEOUT_GRACE + INLINE_SECONDS: the message's hard time limit.
+    hard = publish.hard_limit(1)
     deadline = time.monotonic() + 10
     while len(pyworker.pool_pids()) < before:
         assert time.monotonic() < deadline, "the pool did not get back to full size in 10 s"
         time.sleep(0.2)
-    semantics.record(f"T4 {handler}, timeout=1, grace={queuety_settings.HARD_TIMEOUT_GRACE:g}",
+    semantics.record(f"T4 {handler}, timeout=1, grace={queuety_settings.HARD_TIMEOUT_GRACE:g}, "
+                     f"inline slack={queuety_settings.INLINE_SECONDS:g}",
                      f"killed and recorded as StepTimeout within {hard:g}-{hard + 1.5:g} s; "
                      "pool back to full size within 10 s",
                      f"StepTimeout after {elapsed:.2f}s; pool {len(pyworker.pool_pids())}/"
