@@ -158,13 +158,42 @@ class Lane:
                    awaitable: Awaitable[Any]) -> Any:
         label = f"{step_name!r} of run {held.run_id} (step run id={held.step_run_id})"
         self._bodies[label] = (step_name, held)
-        future = asyncio.run_coroutine_threadsafe(_guarded(label, awaitable), self.loop)
+        future, cancel = self._submit(label, awaitable)
         try:
-            return self._await(label, watch, future)
+            return self._await(label, watch, future, cancel)
         finally:
             self._bodies.pop(label, None)
 
-    def _await(self, label: str, watch: Deadline, future: concurrent.futures.Future[Any]) -> Any:
+    def _submit(self, label: str, awaitable: Awaitable[Any]
+                ) -> tuple[concurrent.futures.Future[Any], Callable[[], None]]:
+        """Start ``awaitable`` as a task on the loop; return a future of its outcome and a
+        function that cancels the task. Unlike ``run_coroutine_threadsafe``'s future, this one
+        reports what the task did with its cancellation (it may return, or go on)."""
+        outcome: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        tasks: list[asyncio.Task[Any]] = []
+
+        def report(task: asyncio.Task[Any]) -> None:
+            if task.cancelled():
+                outcome.set_exception(concurrent.futures.CancelledError())
+            elif task.exception() is not None:
+                outcome.set_exception(task.exception())
+            else:
+                outcome.set_result(task.result())
+
+        def start() -> None:
+            task = self.loop.create_task(_guarded(label, awaitable))
+            task.add_done_callback(report)
+            tasks.append(task)
+
+        def cancel() -> None:
+            # Runs after start(): the loop runs callbacks in the order they were scheduled.
+            self.loop.call_soon_threadsafe(lambda: [task.cancel() for task in tasks])
+
+        self.loop.call_soon_threadsafe(start)
+        return outcome, cancel
+
+    def _await(self, label: str, watch: Deadline, future: concurrent.futures.Future[Any],
+               cancel: Callable[[], None]) -> Any:
         try:
             return future.result(timeout=watch.timeout)
         except concurrent.futures.TimeoutError:
@@ -172,7 +201,7 @@ class Lane:
             interruption = watch.interrupt()
             if future.done():
                 return future.result()  # settle() turns it into the timeout, kept as late
-            future.cancel()  # the task is cancelled on the loop; wait for it to unwind
+            cancel()  # the task is cancelled on the loop; wait for it to unwind
             try:
                 late = future.result(timeout=CANCEL_GRACE)
             except concurrent.futures.CancelledError:

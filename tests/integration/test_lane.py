@@ -87,9 +87,12 @@ def test_many_async_steps_are_in_flight_at_once_on_few_connections(lane):
     stop = threading.Event()
 
     def sample():
-        while not stop.is_set():
-            held.append(connections_of(lane.app_name))
-            time.sleep(0.1)
+        try:
+            while not stop.is_set():
+                held.append(connections_of(lane.app_name))
+                time.sleep(0.1)
+        finally:
+            connection.close()  # this thread's own session, or the test database stays busy
 
     sampler = threading.Thread(target=sample, daemon=True)
     runs = [flow.dispatch({"token": token, "body": 2}) for token in tokens]
