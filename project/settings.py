@@ -88,6 +88,16 @@ else:
     # before 1.21 (docs/deploy/running-workers.md, "Behind PgBouncer").
     if os.environ.get("QUEUETY_PREPARED_STATEMENTS", "0") == "1":
         DATABASES["default"].setdefault("OPTIONS", {})["prepare_threshold"] = 5
+    # QUEUETY_DB_POOL=20: Django's connection pool, at most that many connections per worker
+    # process (what an I/O lane worker, --pool threads, should run with: its threads share
+    # them; docs/deploy/io-lane.md). Pooled connections are not also kept by CONN_MAX_AGE.
+    if os.environ.get("QUEUETY_DB_POOL"):
+        DATABASES["default"]["CONN_MAX_AGE"] = 0
+        DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
+            "min_size": 1, "max_size": int(os.environ["QUEUETY_DB_POOL"]), "timeout": 60}
+    if os.environ.get("QUEUETY_DB_APPLICATION_NAME"):
+        DATABASES["default"].setdefault("OPTIONS", {})["application_name"] = \
+            os.environ["QUEUETY_DB_APPLICATION_NAME"]
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 USE_TZ = True

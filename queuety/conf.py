@@ -52,6 +52,12 @@ DEFAULTS: dict[str, Any] = {
     "INLINE_SECONDS": 1.0,
     # Seconds past a step's timeout before its worker process is killed (hard limit).
     "HARD_TIMEOUT_GRACE": 1.0,
+    # The I/O lane (a worker with --pool threads): sync step bodies still running past their
+    # deadline (recorded as StepTimeout; Python cannot stop a thread) a lane worker tolerates
+    # before it restarts itself, which ends them.
+    "LANE_MAX_ABANDONED": 10,
+    # ... and how long a body may block the lane's event loop before it is reported.
+    "LANE_BLOCKED_AFTER": 0.5,
     # Largest signal, approval or input payload accepted, in bytes of compact UTF-8 JSON.
     "MAX_SIGNAL_BYTES": 65536,
     # Largest artifact content accepted, in bytes (JSON kinds: of compact UTF-8 JSON).
@@ -132,9 +138,14 @@ class QueuetySettings:
         if not isinstance(values["INLINE_STEPS"], int) or values["INLINE_STEPS"] < 1:
             raise ImproperlyConfigured("QUEUETY['INLINE_STEPS'] must be a whole number, at "
                                        "least 1 (1 runs every step from its own message).")
+        if not isinstance(values["LANE_MAX_ABANDONED"], int) or \
+                isinstance(values["LANE_MAX_ABANDONED"], bool) or values["LANE_MAX_ABANDONED"] < 0:
+            raise ImproperlyConfigured("QUEUETY['LANE_MAX_ABANDONED'] must be a whole number, "
+                                       "at least 0 (0 restarts the lane worker at the first "
+                                       "stuck sync body).")
         for key in ("STALE_AFTER", "HEARTBEAT_INTERVAL", "REDELIVER_AFTER", "INLINE_SECONDS",
                     "WORKER_LOST_AFTER", "MAX_PROGRESS_BYTES", "PROGRESS_INTERVAL",
-                    "STREAM_POLL_INTERVAL", "STREAM_MAX_SECONDS"):
+                    "STREAM_POLL_INTERVAL", "STREAM_MAX_SECONDS", "LANE_BLOCKED_AFTER"):
             if not values[key] > 0:
                 raise ImproperlyConfigured(f"QUEUETY[{key!r}] must be a positive number.")
         delays = values["WEBHOOK_RETRY_DELAYS"]

@@ -37,13 +37,23 @@ class Message(NamedTuple):
     timeout: float | None
     """The step's timeout: the message carries the matching hard time limit."""
     queue: str | None = None
-    """The workflow's queue (``.on_queue()``), else ``QUEUETY["QUEUE"]``."""
+    """The step's ``queue``, else the workflow's (``.on_queue()``); None: ``QUEUETY["QUEUE"]``."""
 
 
 def message_for(spec: WorkflowSpec, step_run_id: int, index: int,
                 countdown: float | None = None) -> Message:
     """The message that runs row ``step_run_id`` of step ``index`` of a run of ``spec``."""
-    return Message(step_run_id, countdown, spec.steps[index].timeout, spec.queue)
+    return Message(step_run_id, countdown, spec.steps[index].timeout, spec.queue_of(index))
+
+
+def hard_limit(timeout: float) -> float:
+    """Seconds after its start that a timed step's task is killed if it is still running
+    (Celery's hard time limit, which its message carries): the timeout, plus
+    ``HARD_TIMEOUT_GRACE``, plus ``INLINE_SECONDS`` when steps may run inline, so that the
+    timed steps after it can run in the same task, each within ``INLINE_SECONDS`` of its own
+    hard limit (``queuety.core.inline``)."""
+    slack = float(settings.INLINE_SECONDS) if settings.INLINE_STEPS > 1 else 0.0
+    return timeout + float(settings.HARD_TIMEOUT_GRACE) + slack
 
 
 _override: Callable[[list[Message]], None] | None = None
@@ -80,7 +90,7 @@ def publish(messages: Iterable[Message]) -> None:
         if message.timeout:
             # The handler is interrupted at the timeout by the worker itself; this hard limit
             # only kills a process stuck where signals cannot reach (C code).
-            options["time_limit"] = message.timeout + settings.HARD_TIMEOUT_GRACE
+            options["time_limit"] = hard_limit(message.timeout)
         try:
             _send(EXECUTE_STEP, (message.step_run_id,), options)
         except Exception:  # noqa: BLE001 - the sweeper is the backstop

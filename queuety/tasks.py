@@ -5,16 +5,18 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from typing import Any
 
 from billiard.einfo import ExceptionWithTraceback
 from billiard.exceptions import WorkerLostError
 from celery import shared_task, signals
+from celery.concurrency.thread import TaskPool as ThreadsPool
 from celery.worker.request import Request
 from django.db import close_old_connections
 
 from queuety import schedules
-from queuety.runtime import attempt, recovery, settle, sweeper
+from queuety.runtime import attempt, lane, recovery, settle, sweeper
 from queuety.runtime.claim import worker_id
 from queuety.runtime.workers import MainProcessBeat
 from queuety.webhooks import delivery
@@ -56,6 +58,19 @@ def _start_beating(sender: Any = None, **kwargs: Any) -> None:
     _beat = MainProcessBeat(lambda: list((getattr(pool, "info", None) or {})
                                          .get("processes") or []))
     _beat.start()
+
+
+@signals.worker_init.connect(weak=False)
+def _start_lane(sender: Any = None, **kwargs: Any) -> None:
+    """A worker on Celery's threads pool is an I/O lane worker (``queuety.runtime.lane``)."""
+    pool = getattr(sender, "pool_cls", None)
+    if not (isinstance(pool, type) and issubclass(pool, ThreadsPool)) and pool != "threads":
+        return
+    try:
+        lane.start(int(getattr(sender, "concurrency", 0) or 0))
+    except Exception as error:  # noqa: BLE001 - Celery logs and ignores a handler's errors
+        # SystemExit passes through Celery's signal dispatch: the worker does not start.
+        raise SystemExit(f"queuety: {error}") from error
 
 
 @signals.worker_shutdown.connect(weak=False)
@@ -110,7 +125,18 @@ class StepRequest(Request):
              ignore_result=True, Request=StepRequest, bind=True)
 def execute_step(self, step_run_id: int) -> None:
     """Run one attempt of step row ``step_run_id``; duplicates are dropped by the claim."""
-    report = attempt.execute_step(step_run_id, inline=not _time_limited(self))
+    started = time.monotonic()
+    hard, soft = self.request.timelimit or (None, None)
+    # Celery's limits cover the whole task. A soft limit would interrupt whichever step runs:
+    # such a task runs its own step only. The hard limit of a timed step's message is where
+    # this process is killed: the timed steps after it may run inline while it serves as
+    # their hard limit too (queuety.core.inline). The site-wide hard limit
+    # (CELERY_TASK_TIME_LIMIT, which Celery copies into every message) is a safety net for
+    # untimed steps: inline steps start within INLINE_SECONDS of the task, so each still gets
+    # that limit less at most INLINE_SECONDS.
+    own_hard = hard if hard and hard != self.app.conf.task_time_limit else None
+    report = attempt.execute_step(step_run_id, inline=not soft,
+                                  killed_at=None if own_hard is None else started + own_hard)
     if report.leftover_threads:
         # Threads cannot be killed; the process can. The pool replaces it, and the attempt,
         # already recorded as timed out, can leave nothing running behind it.
@@ -119,17 +145,6 @@ def execute_step(self, step_run_id: int) -> None:
                        "Celery logs next is this exit, not a crash).", step_run_id,
                        ", ".join(report.leftover_threads), os.getpid())
         os._exit(70)
-
-
-def _time_limited(task) -> bool:
-    # Celery's time limits cover the whole task: the tight limit a timed step's message
-    # carries would also cut short the untimed steps run inline after it, so such a task runs
-    # its own step only, as does one under a soft limit (it would interrupt whichever step
-    # runs). The site-wide hard limit (CELERY_TASK_TIME_LIMIT, which Celery copies into every
-    # message) is a safety net for untimed steps: inline steps start within INLINE_SECONDS of
-    # the task, so each still gets that limit less at most INLINE_SECONDS.
-    hard, soft = task.request.timelimit or (None, None)
-    return bool(soft) or bool(hard and hard != task.app.conf.task_time_limit)
 
 
 @shared_task(name="queuety.sweep", ignore_result=True)

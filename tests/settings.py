@@ -37,6 +37,9 @@ QUEUETY = {
 # hold recovery to the bounds production sees (tests/reliability/test_recovery_timings.py).
 if os.environ.get("QUEUETY_TEST_TIMINGS") == "shipped":
     QUEUETY = {}
+# A lane worker started with QUEUETY_TEST_LANE_MAX_ABANDONED=n replaces itself sooner.
+if os.environ.get("QUEUETY_TEST_LANE_MAX_ABANDONED"):
+    QUEUETY["LANE_MAX_ABANDONED"] = int(os.environ["QUEUETY_TEST_LANE_MAX_ABANDONED"])
 LOGGING["loggers"]["queuety"]["level"] = "INFO"  # noqa: F405
 # The API fuzzer authenticates every request with HTTP Basic: a fast hasher keeps a request at
 # milliseconds instead of a PBKDF2 derivation each (tests only).

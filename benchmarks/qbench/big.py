@@ -41,8 +41,8 @@ def load(runs: int) -> dict:
     from django.db import connection
 
     import queuety
-    from queuety.store.definitions import definition_id
     from queuety.models import WorkflowRun
+    from queuety.store.definitions import definition_id
 
     spec = (queuety.workflow("qbench_big").then("qbench.steps.noop")
             .then("qbench.steps.noop2").then("qbench.steps.noop3").build())

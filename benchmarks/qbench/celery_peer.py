@@ -94,3 +94,10 @@ def pg_notify(key: str, rid: int | None = None) -> None:
     """A step-boundary transaction, then wake the client waiting on ``key``."""
     pg_step(rid)
     redis_client().lpush(key, os.getpid())
+
+
+@app.task(name="qbench.io_wait")
+def io_wait(seconds: float, key: str) -> None:
+    """An I/O-bound task for the threads pool: waits, then LPUSHes to ``key``."""
+    time.sleep(seconds)
+    redis_client().lpush(key, 1)

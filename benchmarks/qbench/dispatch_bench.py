@@ -53,8 +53,8 @@ def main() -> None:
     from django.db import connections
 
     import queuety
-    from queuety.store.definitions import definition_id
     from queuety.models import DispatchKey, StepRun, WorkflowRun
+    from queuety.store.definitions import definition_id
 
     token = uuid.uuid4().hex[:10]
     queue = f"qbench-unconsumed-{token}"

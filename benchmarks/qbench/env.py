@@ -23,10 +23,12 @@ PG_USER = os.environ.get("QBENCH_PG_USER", "postgres")
 REDIS_DB = int(os.environ.get("QBENCH_REDIS_DB", "7"))
 REDIS_URL = f"redis://127.0.0.1:6379/{REDIS_DB}"
 
-QUEUETY_DB = "queuety_bench"
-BIG_DB = "queuety_big"
-DBOS_DB = "dbos_bench"
-STEP_DB = "pgbench_step"
+#: QBENCH_DB_SUFFIX=_mine gives a run databases of its own (several runs on one server).
+_SUFFIX = os.environ.get("QBENCH_DB_SUFFIX", "")
+QUEUETY_DB = f"queuety_bench{_SUFFIX}"
+BIG_DB = f"queuety_big{_SUFFIX}"
+DBOS_DB = f"dbos_bench{_SUFFIX}"
+STEP_DB = f"pgbench_step{_SUFFIX}"
 FORBIDDEN_DBS = {"test_queuety", "queuety", "postgres", "template0", "template1"}
 
 #: Queues. Workers start on the idle queue and are pointed at a workload's queue with

@@ -13,7 +13,10 @@ Sections (``--only`` takes a comma-separated subset):
 - ``latency``: one three-step run at a time;
 - ``dispatch``: dispatch() from 1 and 8 processes, and 32 processes racing on one key;
 - ``scaling``: throughput with 1 and 4 pool processes (2 comes from ``throughput``);
-- ``roundtrips``: SQL statements of a step boundary, in-process.
+- ``roundtrips``: SQL statements of a step boundary, in-process;
+- ``io``: 200 and 1,000 concurrent 1 s async steps on one I/O-lane worker, against DBOS async
+  workflows and a raw Celery threads-pool worker (``qbench.io_bench``);
+- ``timed``: three-step no-op runs whose steps have ``timeout=30``, on 2 prefork processes.
 
 Optional, outside the rounds: ``--big`` (status on 1,000,000 runs), ``--memory`` (worker RSS
 after 1,000 and 100,000 steps), ``--streaming`` (chunks/s of one streaming step), ``--profile`` (py-spy on a worker, pyinstrument in-process).
@@ -32,7 +35,8 @@ from pathlib import Path
 
 from qbench import env, util
 
-SECTIONS = ("ceiling", "throughput", "dbos", "latency", "dispatch", "scaling", "roundtrips")
+SECTIONS = ("ceiling", "throughput", "dbos", "latency", "dispatch", "scaling", "roundtrips",
+            "io", "timed")
 
 #: The two Queuety worker configurations measured side by side.
 QUEUETY_VARIANTS = {
@@ -110,7 +114,7 @@ def queuety_worker(variant: str, concurrency: int, label: str) -> util.Worker:
 
 
 def one_round(number: int, args, workers: dict[str, util.Worker]) -> dict:
-    from qbench import celery_bench, ceiling, queuety_bench
+    from qbench import ceiling, celery_bench, queuety_bench
 
     results: dict = {}
     sections = args.sections
@@ -181,6 +185,26 @@ def one_round(number: int, args, workers: dict[str, util.Worker]) -> dict:
 
     if "roundtrips" in sections:
         attempt(results, "roundtrips", queuety_bench.roundtrips, 100)
+
+    if "io" in sections:
+        from qbench import io_bench
+
+        for n in (200, 1000):
+            tests = [("queuety", io_bench.queuety_io), ("dbos", io_bench.dbos_io),
+                     ("celery_threads", io_bench.celery_io)]
+            for name, call in (reversed(tests) if flip else tests):
+                attempt(results, f"io{n}_{name}", call, n)
+
+    if "timed" in sections:
+        from qbench import io_bench
+
+        tests = [("queuety_timed", lambda: io_bench.queuety_timed(workers["queuety"], args.n)),
+                 ("queuety_untimed", lambda: queuety_bench.throughput(workers["queuety"],
+                                                                      args.n)),
+                 ("celery_noop", lambda: celery_bench.throughput(workers["peer"], args.n,
+                                                                 "noop"))]
+        for name, call in (reversed(tests) if flip else tests):
+            attempt(results, f"timed_{name}", call)
     return results
 
 
@@ -214,9 +238,9 @@ def main(argv: list[str] | None = None) -> int:
     status = 0
     try:
         if not args.no_rounds:
-            needs_workers = {"throughput", "latency"} & set(args.sections)
+            needs_workers = {"throughput", "latency", "timed"} & set(args.sections)
             if needs_workers:
-                from qbench import celery_bench, ceiling, queuety_bench
+                from qbench import ceiling, celery_bench, queuety_bench
 
                 log("starting workers (raw Celery peer, Queuety stock, Queuety keep) ...")
                 ceiling.seed()

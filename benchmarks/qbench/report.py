@@ -72,6 +72,7 @@ def render(record: dict) -> str:
         _scaling(rounds, args, add)
         _cost(rounds, add)
         _ratios(rounds, add)
+        _io(rounds, add)
     extra = record.get("extra", {})
     if "big" in extra:
         _big(extra["big"], add)
@@ -279,7 +280,7 @@ def _ratios(rounds, add) -> None:
                              f"({sessions:.2f} sessions/step) **not met**")
             else:
                 cells.append(f"{base}{detail} ({'met' if base <= 6 else '**not met**'})")
-        add(f"| database round trips per step | ≤ 6 | " + " | ".join(cells) + " |")
+        add("| database round trips per step | ≤ 6 | " + " | ".join(cells) + " |")
     add("")
 
 
@@ -298,6 +299,55 @@ def _streaming(result: dict, add) -> None:
         add(f"| {label} | {row['chunks']:,} | {row['median_chunks_per_second']:,} "
             f"({', '.join(str(r) for r in row['chunks_per_second'])}) | "
             f"{row['median_ms_per_chunk']} |")
+
+
+IO_ENGINES = (("queuety", "Queuety I/O lane, 1 process, --pool threads -c N, pool of 20"),
+              ("dbos", "DBOS, 1 process, async workflow + async step"),
+              ("celery_threads", "Raw Celery, --pool threads -c N, a task that sleeps 1 s"))
+
+
+def _io(rounds, add) -> None:
+    """The ``io`` and ``timed`` sections (issue 18), when they ran."""
+    if not any(_get(r, f"io{n}_queuety.seconds") is not None for r in rounds
+               for n in (200, 1000)) and not any("timed_queuety_timed" in r for r in rounds):
+        return
+    add("### I/O-bound steps: N concurrent one-step runs whose step awaits 1 s\n")
+    add("| N | engine | wall s | peak RSS MiB (all processes) | DB sessions (peak) "
+        "| KiB per in-flight step |")
+    add("|---:|---|---:|---:|---:|---:|")
+    for n in (200, 1000):
+        for key, label in IO_ENGINES:
+            path = f"io{n}_{key}"
+            add(f"| {n} | {label} | {_cell(_series(rounds, path + '.seconds'), 2)} "
+                f"| {_cell(_series(rounds, path + '.peak_rss_mib'), 0)} "
+                f"| {_cell(_series(rounds, path + '.peak_sessions'), 0)} "
+                f"| {_cell(_series(rounds, path + '.kib_per_in_flight_step'), 0)} |")
+    add("")
+    add("| ratio | goal | result |")
+    add("|---|---|---|")
+    rows = [
+        ("200: wall ÷ DBOS wall", "≤ 1.5", _ratio_series(
+            rounds, "io200_queuety.seconds", "io200_dbos.seconds"), lambda v: v <= 1.5),
+        ("200: peak RSS ÷ DBOS peak RSS", "≤ 2.0", _ratio_series(
+            rounds, "io200_queuety.peak_rss_mib", "io200_dbos.peak_rss_mib"),
+         lambda v: v <= 2.0),
+        ("1,000: wall ÷ DBOS wall", "≤ 1.2", _ratio_series(
+            rounds, "io1000_queuety.seconds", "io1000_dbos.seconds"), lambda v: v <= 1.2),
+        ("1,000: DB sessions held by the lane", "≤ 20",
+         _series(rounds, "io1000_queuety.peak_sessions"), lambda v: v <= 20),
+        ("timed (timeout=30) steps/s ÷ DBOS direct steps/s", "≥ 1.5", _ratio_series(
+            rounds, "timed_queuety_timed.steps_per_s", "dbos.direct_steps_per_s"),
+         lambda v: v >= 1.5),
+        ("timed steps/s ÷ raw Celery no-op tasks/s", "≥ 0.6", _ratio_series(
+            rounds, "timed_queuety_timed.steps_per_s", "timed_celery_noop.steps_per_s"),
+         lambda v: v >= 0.6),
+        ("timed steps/s ÷ the same runs untimed", "(info)", _ratio_series(
+            rounds, "timed_queuety_timed.steps_per_s", "timed_queuety_untimed.steps_per_s"),
+         None),
+    ]
+    for name, goal, values, test in rows:
+        verdict = "" if test is None else f" {_goal(values, test)}"
+        add(f"| {name} | {goal} | {_cell(values, 2)}{verdict} |")
     add("")
 
 

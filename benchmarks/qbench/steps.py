@@ -39,3 +39,11 @@ def stream_tokens(state):
     for i in range(state["n"]):
         yield f"tok{i} "
     return {"streamed": state["n"]}
+
+
+async def await_one(state):
+    """An I/O-bound step: awaits one second, as an LLM call or a webhook would."""
+    import asyncio
+
+    await asyncio.sleep(state.get("wait", 1.0))
+    return None

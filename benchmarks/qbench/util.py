@@ -144,8 +144,10 @@ class Worker:
     """
 
     def __init__(self, app_module: str, concurrency: int, *, label: str,
-                 environ: dict[str, str], extra: list[str] | None = None) -> None:
+                 environ: dict[str, str], extra: list[str] | None = None,
+                 pool: str = "prefork") -> None:
         self.app_module = app_module
+        self.pool = pool
         self.concurrency = concurrency
         self.environ = environ
         self.extra = extra or []
@@ -163,7 +165,7 @@ class Worker:
 
     def start(self, timeout: float = 90) -> "Worker":
         command = [sys.executable, "-m", "celery", "-A", self.app_module, "worker",
-                   "--pool", "prefork", "--concurrency", str(self.concurrency),
+                   "--pool", self.pool, "--concurrency", str(self.concurrency),
                    "--loglevel", "WARNING", "-Q", env.IDLE_QUEUE, "-n", self.node,
                    "--without-gossip", "--without-mingle", "--without-heartbeat", *self.extra]
         self.proc = start(command, log=self.log, environ=self.environ)
@@ -172,7 +174,7 @@ class Worker:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"worker {self.node} exited: {self.log.read_text()[-3000:]}")
             if self.app.control.ping(destination=[self.node], timeout=0.5):
-                if len(self.pool_pids()) >= self.concurrency:
+                if self.pool == "threads" or len(self.pool_pids()) >= self.concurrency:
                     return self
             time.sleep(0.2)
         self.stop()

@@ -66,6 +66,7 @@ class WorkflowBuilder:
         retry: RetryPolicy | None = None,
         timeout: float | None = None,
         cost_units: int | None = None,
+        queue: str | None = None,
     ) -> WorkflowBuilder:
         """Add a step run after the previous one.
 
@@ -80,6 +81,8 @@ class WorkflowBuilder:
             timeout: seconds an attempt may run (default: the step class's ``timeout``).
             cost_units: units this step adds to the run's ``cost_units`` when it completes;
                 0 is allowed here only (default: the step class's ``cost_units``, else 1).
+            queue: the Celery queue this step's messages go to, e.g. ``"io"`` for the I/O
+                lane's workers (default: the step class's ``queue``, else the workflow's).
         """
         path, obj = resolve_handler(step)
         step_name = name if name is not None else path.rsplit(".", 1)[-1]
@@ -88,15 +91,16 @@ class WorkflowBuilder:
                 f"Step names must be non-blank strings (got {name!r} for {path!r})."
             )
         options = step_options(step_name, obj, retry=retry, timeout=timeout,
-                               cost_units=cost_units)
+                               cost_units=cost_units, queue=queue)
         spec = StepSpec(name=step_name.strip(), handler=path, retry=options.retry,
-                        timeout=options.timeout, cost_units=options.cost_units)
+                        timeout=options.timeout, cost_units=options.cost_units,
+                        queue=options.queue)
         _check_name(self._name, self._steps, spec)
         return self._copy(steps=self._steps + (spec,))
 
     def route(self, step: Any, routes: dict[Any, str], name: str | None = None, *,
               retry: RetryPolicy | None = None, timeout: float | None = None,
-              cost_units: int | None = None) -> WorkflowBuilder:
+              cost_units: int | None = None, queue: str | None = None) -> WorkflowBuilder:
         """Add a step that picks the next step: it returns a label (a string), or
         ``queuety.Route(label, output={...})`` to merge output too.
 
@@ -123,7 +127,8 @@ class WorkflowBuilder:
                 raise exceptions.WorkflowDefinitionError(
                     f"Route labels are non-empty strings or queuety.DEFAULT, one per entry "
                     f"(got {label!r}); list a shared target under each label.")
-        built = self.then(step, name, retry=retry, timeout=timeout, cost_units=cost_units)
+        built = self.then(step, name, retry=retry, timeout=timeout, cost_units=cost_units,
+                          queue=queue)
         last = replace(built._steps[-1], routes=labels, default_route=default)
         return self._copy(steps=self._steps + (last,))
 
@@ -360,8 +365,8 @@ class WorkflowBuilder:
     def for_each(self, items_key: str, handler: Any, result_key: str | None = None,
                  mode: str = "all", quorum: int | None = None, reducer: Any = None,
                  name: str | None = None, *, retry: RetryPolicy | None = None,
-                 timeout: float | None = None,
-                 max_concurrency: int | None = None) -> WorkflowBuilder:
+                 timeout: float | None = None, max_concurrency: int | None = None,
+                 queue: str | None = None) -> WorkflowBuilder:
         """Run ``handler(state, item, index)`` for each item of ``state[items_key]``, each its own
         task, and join them by ``mode``: ``all``, ``first_success`` or ``quorum`` (``quorum=n``).
 
@@ -370,7 +375,8 @@ class WorkflowBuilder:
         aggregate) -> dict`` may add keys. Items still running when the join settles are
         cancelled. ``max_for_each_items`` is checked when the step is reached. With
         ``max_concurrency=n`` at most ``n`` items run at once; the others start, in item
-        order, as running ones finish.
+        order, as running ones finish. ``queue`` sends the items' messages to that Celery
+        queue (default: the handler class's ``queue``, else the workflow's).
         """
         if not isinstance(items_key, str) or not items_key:
             raise exceptions.WorkflowDefinitionError("for_each() needs a non-empty items_key.")
@@ -381,13 +387,13 @@ class WorkflowBuilder:
                 f"for_each() step {step_name!r} names class {path!r}, which has no "
                 "handle_item(self, state, item, index) method; define one, or give a function "
                 "f(state, item, index).")
-        options = step_options(step_name, obj, retry=retry, timeout=timeout)
+        options = step_options(step_name, obj, retry=retry, timeout=timeout, queue=queue)
         fanout = FanOutSpec(items_key=items_key, result_key=result_key or f"{step_name}_results",
                             mode=mode, quorum=quorum, max_concurrency=max_concurrency,
                             reducer=None if reducer is None else resolve_handler(reducer)[0])
         spec = StepSpec(name=step_name, kind="for_each", handler=path, fanout=fanout,
                         retry=options.retry, timeout=options.timeout,
-                        cost_units=options.cost_units)
+                        cost_units=options.cost_units, queue=options.queue)
         _check_name(self._name, self._steps, spec)
         return self._copy(steps=self._steps + (spec,))
 

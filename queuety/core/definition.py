@@ -44,6 +44,9 @@ class StepSpec:
     """Seconds an attempt may run before it is interrupted with :class:`~queuety.StepTimeout`."""
     cost_units: int = 1
     """Units added to the run's ``cost_units`` when the step completes (resolved at build)."""
+    queue: str | None = None
+    """The Celery queue its messages go to (``queue = "llm"`` on the class, or
+    ``.then(..., queue=...)``); ``None``: the workflow's queue."""
     wait: WaitSpec | None = None
     """For ``wait`` steps: what they wait for."""
     compensation: str | None = None
@@ -77,6 +80,8 @@ class StepSpec:
             "cost_units": self.cost_units,
             "wait": None if self.wait is None else self.wait.to_dict(),
             "compensation": self.compensation,
+            # Only when set, so that definitions without it keep their hashes.
+            **({} if self.queue is None else {"queue": self.queue}),
             **({} if self.routes is None else {"routes": self.routes,
                                                 "default_route": self.default_route}),
             **({} if self.delay_seconds is None else {"delay_seconds": self.delay_seconds}),
@@ -100,6 +105,7 @@ class StepSpec:
             retry=None if retry is None else RetryPolicy.from_dict(retry),
             timeout=data.get("timeout"),
             cost_units=data.get("cost_units", 1),
+            queue=data.get("queue"),
             compensation=data.get("compensation"),
             routes=data.get("routes"),
             default_route=data.get("default_route"),
@@ -219,6 +225,11 @@ class WorkflowSpec:
         if step.kind == "parallel" and step.fanout is not None:
             return step.fanout.timeout_of(branch, step.timeout)
         return step.timeout
+
+    def queue_of(self, index: int) -> str | None:
+        """The queue the messages of step ``index`` go to: the step's own ``queue``, else the
+        workflow's (``.on_queue()``); None for ``QUEUETY["QUEUE"]``."""
+        return self.steps[index].queue or self.queue
 
     def next_index(self, index: int) -> int | None:
         """Return the position of the step after ``index``, or ``None`` after the last one

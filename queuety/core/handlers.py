@@ -88,10 +88,11 @@ class Step:
     """Base class for a workflow step.
 
     Subclass it and implement :meth:`handle`. Class attributes set defaults that
-    ``.then(..., retry=..., timeout=...)`` may override::
+    ``.then(..., retry=..., timeout=..., queue=...)`` may override::
 
         class Charge(queuety.Step):
             timeout = 30
+            queue = "io"  # run by the workers that consume the "io" queue (the I/O lane)
             retry = queuety.RetryPolicy(max_attempts=4, retry_on=[ConnectionError])
 
             def handle(self, state):
@@ -101,6 +102,7 @@ class Step:
     retry: ClassVar[RetryPolicy | None] = None
     timeout: ClassVar[float | None] = None
     cost_units: ClassVar[int | None] = None
+    queue: ClassVar[str | None] = None
     context: StepContext
     """Set before :meth:`handle` runs: the run id, step name, attempt and budget."""
 
@@ -166,12 +168,15 @@ class StepOptions:
     """Seconds an attempt may run before it is interrupted."""
     cost_units: int
     """Units its completion adds to the run's ``cost_units``."""
+    queue: str | None = None
+    """The Celery queue its messages go to (``None``: the workflow's)."""
 
 
 def step_options(name: str, obj: Any, *, retry: RetryPolicy | None = None,
-                 timeout: float | None = None, cost_units: int | None = None) -> StepOptions:
-    """Resolve how the handler ``obj`` (of step ``name``) runs: each of ``retry``, ``timeout``
-    and ``cost_units`` is the keyword given, else the handler's class attribute of that name,
+                 timeout: float | None = None, cost_units: int | None = None,
+                 queue: str | None = None) -> StepOptions:
+    """Resolve how the handler ``obj`` (of step ``name``) runs: each of ``retry``, ``timeout``,
+    ``cost_units`` and ``queue`` is the keyword given, else the handler's class attribute of that name,
     else the default (no policy of its own, no timeout, 1 unit). Every builder method that
     takes a handler (``then()``, ``route()``, ``parallel()`` branches, ``for_each()`` items)
     and every compensation resolves its options here.
@@ -193,7 +198,8 @@ def step_options(name: str, obj: Any, *, retry: RetryPolicy | None = None,
                 f"timeout for step {name!r} must be a positive number of seconds "
                 f"(got {timeout!r}).")
         timeout = float(timeout)
-    return StepOptions(retry, timeout, _cost_units(name, obj, cost_units))
+    return StepOptions(retry, timeout, _cost_units(name, obj, cost_units),
+                       _queue(name, obj, queue))
 
 
 #: The options a ``parallel()`` branch may set for itself.
@@ -221,6 +227,18 @@ def branch_entry(step_name: str, position: int, entry: Any) -> tuple[Any, dict[s
     return entry[0], entry[1]
 
 
+def _queue(name: str, obj: Any, explicit: str | None) -> str | None:
+    """A step's queue: the keyword, else the class's, else None (the workflow's)."""
+    queue = explicit if explicit is not None else getattr(obj, "queue", None)
+    if queue is None:
+        return None
+    if not isinstance(queue, str) or not queue.strip() or queue != queue.strip():
+        raise exceptions.WorkflowDefinitionError(
+            f"queue for step {name!r} must be a non-blank queue name without surrounding "
+            f"spaces, e.g. queue='io' (got {queue!r}).")
+    return queue
+
+
 def _cost_units(name: str, obj: Any, explicit: int | None) -> int:
     """A step's cost: the keyword (0 allowed), the class's (at least 1), else 1."""
     if explicit is not None:
@@ -244,6 +262,15 @@ def call_handler(path: str, state: dict[str, Any], context: StepContext | None =
 
     ``async`` handlers (and ``async def handle``) run to completion on a private event loop.
     """
+    result = invoke_handler(path, state, context)
+    if inspect.isawaitable(result):
+        result = _run_awaitable(result)
+    return result
+
+
+def invoke_handler(path: str, state: dict[str, Any], context: StepContext | None = None) -> Any:
+    """Call the handler at ``path`` on ``state`` and return what the call returns: the output
+    of a sync handler, the coroutine of an ``async`` one (for the caller's event loop)."""
     obj = import_path(path)
     on_complete = None
     if inspect.isclass(obj):
@@ -261,8 +288,6 @@ def call_handler(path: str, state: dict[str, Any], context: StepContext | None =
                 f"Handler {path!r} is a generator (a streaming step), which only a then() "
                 "step can be; make it a plain function, or its own then() step.")
         return consume(result, context.sink, state, on_complete)
-    if inspect.isawaitable(result):
-        result = _run_awaitable(result)
     return result
 
 
@@ -270,6 +295,16 @@ def call_item_handler(path: str, state: dict[str, Any], item: Any, index: int,
                       context: StepContext | None = None) -> Any:
     """Run a ``for_each`` handler on one item: ``f(state, item, index)`` or a Step's
     ``handle_item(state, item, index)``."""
+    result = invoke_item_handler(path, state, item, index, context)
+    if inspect.isawaitable(result):
+        result = _run_awaitable(result)
+    return result
+
+
+def invoke_item_handler(path: str, state: dict[str, Any], item: Any, index: int,
+                        context: StepContext | None = None) -> Any:
+    """Call a ``for_each`` handler on one item; like :func:`invoke_handler`, an ``async``
+    handler's coroutine is returned, not run."""
     obj = import_path(path)
     if inspect.isclass(obj):
         instance = obj()
@@ -281,9 +316,16 @@ def call_item_handler(path: str, state: dict[str, Any], item: Any, index: int,
         raise exceptions.InvalidStepOutput(
             f"Handler {path!r} is a generator (a streaming step), which only a then() step "
             "can be, not a for_each item.")
-    if inspect.isawaitable(result):
-        result = _run_awaitable(result)
     return result
+
+
+def is_async_handler(path: str, *, item: bool = False) -> bool:
+    """Whether the handler at ``path`` (its ``handle``, or ``handle_item`` with ``item``) is
+    an ``async def``."""
+    obj = import_path(path)
+    if inspect.isclass(obj):
+        obj = getattr(obj, "handle_item" if item else "handle", None)
+    return inspect.iscoroutinefunction(obj)
 
 
 @functools.lru_cache(maxsize=1024)

@@ -16,6 +16,7 @@ import threading
 import time
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from django.db import DatabaseError, connection, transaction
@@ -26,8 +27,17 @@ from queuety.conf import settings
 from queuety.core import budget as budgets
 from queuety.core import engine, flow
 from queuety.core.definition import StepSpec, WorkflowSpec
-from queuety.core.handlers import StepContext, call_handler, call_item_handler
+from queuety.core.handlers import (
+    StepContext,
+    call_handler,
+    call_item_handler,
+    invoke_handler,
+    invoke_item_handler,
+    is_async_handler,
+)
+from queuety.core.inline import InlineWindow
 from queuety.models import Event, StepRun, StepStatus
+from queuety.runtime import lane
 from queuety.runtime.claim import Claim, claim, owned
 from queuety.runtime.finish import fail_unloadable
 from queuety.runtime.outcome import record_failure, record_success_retrying
@@ -50,18 +60,23 @@ class AttemptReport:
     """Threads the handler started that were still alive after it timed out."""
 
 
-def execute_step(step_run_id: int, *, inline: bool = True) -> AttemptReport:
+def execute_step(step_run_id: int, *, inline: bool = True,
+                 killed_at: float | None = None) -> AttemptReport:
     """Run one attempt of a step and apply its outcome (the body of the Celery task).
 
     Idempotent: a message for a step that is not pending and due is dropped (or, for a
     delayed step delivered early, published again for its due time).
 
     With ``inline``, the transition of a plain task step hands this process the run's next
-    step when that is a task step without a timeout: the next row is inserted already claimed
-    by this process, and runs here with no message and no separate claim. At most
+    step when that is a task step on the same queue whose deadline this call can enforce
+    (``queuety.core.inline``): an untimed step when no time limit of its own covers the call;
+    a timed step when ``killed_at`` (the monotonic moment the task's own hard time limit kills
+    this process) falls within ``INLINE_SECONDS`` after that step's own hard limit; any step on
+    the I/O lane, which enforces deadlines itself. The next row is inserted already claimed by
+    this process, and runs here with no message and no separate claim. At most
     ``QUEUETY["INLINE_STEPS"]`` steps run so in a row, and none starts after
     ``QUEUETY["INLINE_SECONDS"]``; the next one is then published as usual. The caller passes
-    ``inline=False`` when a time limit covers the whole call (Celery's limits are per task).
+    ``inline=False`` under a soft time limit (it would interrupt whichever step runs).
     """
     held = claim(step_run_id)
     if held is None:
@@ -79,19 +94,21 @@ def execute_step(step_run_id: int, *, inline: bool = True) -> AttemptReport:
     if step.kind in ("parallel", "for_each"):
         return _execute_branch(held, spec, step, _context(spec, held, streams=False))
     steps_left = settings.INLINE_STEPS if inline else 1
-    until = time.monotonic() + settings.INLINE_SECONDS
+    window = InlineWindow(time.monotonic() + settings.INLINE_SECONDS, killed_at,
+                          settings.HARD_TIMEOUT_GRACE, settings.INLINE_SECONDS,
+                          own_deadlines=lane.current() is not None)
     following: Claim | None = held
     while following is not None:
         steps_left -= 1
         report, following = _execute_task_step(following, spec,
-                                               inline_until=until if steps_left else None)
+                                               window=window if steps_left else None)
     return report
 
 
-def _execute_task_step(held: Claim, spec: WorkflowSpec, *, inline_until: float | None
+def _execute_task_step(held: Claim, spec: WorkflowSpec, *, window: InlineWindow | None
                        ) -> tuple[AttemptReport, Claim | None]:
     """Run a claimed task (or delay) step; return what happened and the claim of the next
-    step if the transition gave it to this process (only before ``inline_until``)."""
+    step if the transition gave it to this process (only if ``window`` admits it)."""
     step = spec.steps[held.step_index]
     threads_before = set(threading.enumerate())
     started = time.monotonic()
@@ -102,9 +119,8 @@ def _execute_task_step(held: Claim, spec: WorkflowSpec, *, inline_until: float |
     # transition can wait for a lock, and the sweeper must not take this attempt for lost.
     with _span(held, spec, step.name) as span, heartbeat(held.step_run_id):
         try:
-            with deadline(step.name, held.timeout, held) as watch:
-                output = None if step.kind == "delay" else watch.settle(call_handler(
-                    step.handler or "", dict(held.state), context))
+            output = None if step.kind == "delay" else _run_body(
+                step.name, held, step.handler or "", dict(held.state), context)
             outcome = engine.advance(spec, held.run_id, held.state, held.step_index, output)
             _check_budget(spec, held, outcome)
         except Exception as error:  # noqa: BLE001 - every step failure is recorded
@@ -120,8 +136,8 @@ def _execute_task_step(held: Claim, spec: WorkflowSpec, *, inline_until: float |
                     started + step.timeout + settings.HARD_TIMEOUT_GRACE)
                 took = _ms_since(started)
                 following = record_success_retrying(
-                    held, spec, outcome, took, inline_until=inline_until,
-                    give_up_at=give_up_at, publish_artifacts=_wrote_artifacts(context))
+                    held, spec, outcome, took, window=window, give_up_at=give_up_at,
+                    publish_artifacts=_wrote_artifacts(context))
                 if settings.METRICS:
                     instruments.step_finished(spec.name, step.name, "completed", took)
             except (exceptions.BudgetExceeded, exceptions.WorkflowDefinitionError) as error:
@@ -167,15 +183,14 @@ def _execute_branch(held: Claim, spec: WorkflowSpec, step: StepSpec,
     timed_out = False
     with _span(held, spec, step.name) as span, heartbeat(held.step_run_id):
         try:
-            with deadline(step.name, held.timeout, held) as watch:
-                if step.kind == "parallel":
-                    output = engine.check_output(step.name, held.run_id, watch.settle(
-                        call_handler(row.handler, dict(held.state), context)))
-                else:
-                    item: dict[str, Any] = row.input or {}
-                    output = watch.settle(call_item_handler(
-                        row.handler, dict(held.state), item["item"], item["index"], context))
-                    engine.check_output(step.name, held.run_id, {"item": output})
+            if step.kind == "parallel":
+                output = engine.check_output(step.name, held.run_id, _run_body(
+                    step.name, held, row.handler, dict(held.state), context))
+            else:
+                item: dict[str, Any] = row.input or {}
+                output = _run_body(step.name, held, row.handler, dict(held.state), context,
+                                   item=(item["item"], item["index"]))
+                engine.check_output(step.name, held.run_id, {"item": output})
             took = _ms_since(started)
             branch_done(held, spec, output, took, publish_artifacts=_wrote_artifacts(context))
             if settings.METRICS:
@@ -204,8 +219,7 @@ def _execute_cleanup(held: Claim, spec: WorkflowSpec) -> None:
     started = time.monotonic()
     with heartbeat(held.step_run_id):
         try:
-            with deadline(row.step_name, held.timeout, held) as watch:
-                watch.settle(call_handler(row.handler, dict(row.input or {})))
+            _run_body(row.step_name, held, row.handler, dict(row.input or {}), None)
         except Exception as error:  # noqa: BLE001 - recorded, then retried or skipped
             record_failure(held, spec, error, _ms_since(started))
             return
@@ -218,6 +232,21 @@ def _execute_cleanup(held: Claim, spec: WorkflowSpec) -> None:
                                  step_name=row.step_name, attempt=held.attempt,
                                  duration_ms=_ms_since(started))
             cleanup.cleanup_done(held.run_id, spec, now)
+
+
+def _run_body(step_name: str, held: Claim, path: str, state: dict[str, Any],
+              context: StepContext | None, item: tuple[Any, int] | None = None) -> Any:
+    """Run a handler body under its deadline and return its output: on this process's I/O
+    lane when it is a lane worker, else here, interrupted by the SIGALRM deadline."""
+    running = lane.current()
+    if running is None:
+        with deadline(step_name, held.timeout, held) as watch:
+            return watch.settle(call_handler(path, state, context) if item is None else
+                                call_item_handler(path, state, item[0], item[1], context))
+    invoke = (partial(invoke_handler, path, state, context) if item is None else
+              partial(invoke_item_handler, path, state, item[0], item[1], context))
+    return running.run(step_name, held, invoke,
+                       is_async=is_async_handler(path, item=item is not None))
 
 
 def _context(spec: WorkflowSpec, held: Claim, *, streams: bool = True) -> StepContext:
@@ -239,6 +268,9 @@ def _wrote_artifacts(context: StepContext) -> bool:
 def _report(threads_before: set[threading.Thread], timed_out: bool) -> AttemptReport:
     if not timed_out:
         return AttemptReport(claimed=True)
+    if lane.current() is not None:
+        # The lane's other attempts start threads too; it accounts for its own leftovers.
+        return AttemptReport(claimed=True, timed_out=True)
     leftovers = tuple(t.name for t in threading.enumerate()
                       if t not in threads_before and t.is_alive()
                       and t.name != Heartbeats.name)
@@ -261,10 +293,12 @@ def _ms_since(started: float) -> float:
 
 def _requeue_if_early(step_run_id: int) -> None:
     row = (StepRun.objects.filter(pk=step_run_id, status=StepStatus.PENDING)
-           .values("available_at", "timeout", "run__definition_id").first())
+           .values("available_at", "timeout", "run__definition_id", "step_index", "kind")
+           .first())
     if row is None:
         return
     wait = (row["available_at"] - timezone.now()).total_seconds()
     if 0 < wait <= settings.MAX_ETA:
         spec = load_spec(row["run__definition_id"])
-        publish.publish([publish.Message(step_run_id, wait, row["timeout"], spec.queue)])
+        queue = spec.queue_of(row["step_index"]) if row["kind"] == "step" else spec.queue
+        publish.publish([publish.Message(step_run_id, wait, row["timeout"], queue)])

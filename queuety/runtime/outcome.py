@@ -25,6 +25,7 @@ from queuety.conf import settings
 from queuety.core import budget as budgets
 from queuety.core import engine, fanout, flow, pruning
 from queuety.core.definition import WorkflowSpec
+from queuety.core.inline import InlineWindow
 from queuety.core.status import LIVE_OR_HELD
 from queuety.models import Event, RunStatus, StepRun, StepStatus
 from queuety.runtime import artifacts
@@ -45,7 +46,7 @@ TRANSITION_RETRY_DELAYS = (0.05, 0.25, 1.0, 2.0, 4.0)
 # -- success ----------------------------------------------------------------------------------
 
 def record_success_retrying(held: Claim, spec: WorkflowSpec, outcome: engine.Advance,
-                            duration_ms: float, *, inline_until: float | None,
+                            duration_ms: float, *, window: InlineWindow | None,
                             give_up_at: float | None,
                             publish_artifacts: bool = False) -> Claim | None:
     """:func:`record_success`, tried again in place when the database refuses it for a
@@ -54,7 +55,8 @@ def record_success_retrying(held: Claim, spec: WorkflowSpec, outcome: engine.Adv
 
     Every try is the same compare-and-set: nothing is applied twice, and if the sweeper took
     the attempt for lost meanwhile, the try writes nothing and the outcome is discarded. The
-    next step is taken inline only while ``inline_until`` has not passed, decided at each try.
+    next step is taken inline only when ``window`` admits it (decided at each try): a task
+    step on the same queue, whose deadline this task can enforce, before the window closes.
     Past the last pause, or when the next pause would end after ``give_up_at`` (the hard
     limit of a timed step), the error propagates and the step is recovered as before (after
     ``STALE_AFTER``, by running it again).
@@ -62,11 +64,16 @@ def record_success_retrying(held: Claim, spec: WorkflowSpec, outcome: engine.Adv
     ``publish_artifacts``: the attempt stored artifacts, made visible by the transition's own
     transaction (so such a step takes the locked path, not the one-statement one).
     """
-    step = spec.steps[held.step_index]
+    # The next step runs here only if it is a task step and this process consumes its queue.
+    next_index = outcome.next_index
+    next_timeout = None if next_index is None else spec.steps[next_index].timeout
+    inlinable = window is not None and next_index is not None and \
+        spec.steps[next_index].kind == "task" and \
+        spec.queue_of(next_index) == spec.queue_of(held.step_index)
     unprepared = False
     for tries, pause in enumerate((*TRANSITION_RETRY_DELAYS, None)):
-        claim_next = (inline_until is not None and step.timeout is None
-                      and time.monotonic() < inline_until)
+        claim_next = inlinable and window is not None and \
+            window.admits(next_timeout, time.monotonic())
         try:
             return record_success(held, spec, outcome, duration_ms, claim_next=claim_next,
                                   retried=tries > 0, publish_artifacts=publish_artifacts)
@@ -176,10 +183,10 @@ def _after_lost_answer(held: Claim, spec: WorkflowSpec, next_index: int | None) 
                               claimed_at=None, heartbeat_at=None, published_at=now)
     # Every due row that transition created (a fan-out creates several); a second message for
     # a row already published is harmless, as the claim drops it. Later ones are the sweeper's.
-    publish.publish_on_commit([publish.Message(pk, None, timeout, spec.queue)
-                               for pk, timeout in following.filter(
+    publish.publish_on_commit([publish.Message(pk, None, timeout, spec.queue_of(index))
+                               for pk, timeout, index in following.filter(
                                    status=StepStatus.PENDING, available_at__lte=now)
-                               .values_list("pk", "timeout")])
+                               .values_list("pk", "timeout", "step_index")])
 
 
 def _transition_locked(held: Claim, spec: WorkflowSpec, output: dict[str, Any],
@@ -220,9 +227,9 @@ def _complete_postgres(held: Claim, spec: WorkflowSpec, outcome: engine.Advance,
     following = None if next_index is None else spec.steps[next_index]
     if following is None:
         events.append({"kind": "workflow_completed"})
-    # Only an untimed step runs inline: a timed one needs its own message, which carries the
-    # hard time limit that kills a process stuck in C code.
-    inline = claim_next and following is not None and following.timeout is None
+    # The caller decided (queuety.core.inline): an untimed step, or a timed one whose hard
+    # limit this task's own time limit enforces.
+    inline = claim_next and following is not None
     state = json.dumps(outcome.state)
     cost_units = spec.steps[held.step_index].cost_units
     params: dict[str, Any] = {
@@ -269,8 +276,8 @@ def _complete_postgres(held: Claim, spec: WorkflowSpec, outcome: engine.Advance,
         next_id, held.run_id, next_index, usage.transitions + 1, 1,
         held.definition_id, json.loads(state), held.revision + 1, now,
         budgets.Usage(usage.transitions + 1, usage.cost_units + cost_units,
-                      usage.started_workflows), "step", held.claimed_by, 0, None,
-        held.trace_context)
+                      usage.started_workflows), "step", held.claimed_by, 0,
+        None if following is None else following.timeout, held.trace_context)
 
 
 # -- failure ----------------------------------------------------------------------------------
@@ -355,8 +362,9 @@ def _schedule_retry(held: Claim, spec: WorkflowSpec, event: Event, record: dict[
     event.save()
     _emit_step_failed(held, spec, event.step_name, record, max_attempts, round(delay, 6))
     if on_broker:
-        publish.publish_on_commit([publish.Message(held.step_run_id, delay, held.timeout,
-                                                   spec.queue)])
+        publish.publish_on_commit([publish.Message(
+            held.step_run_id, delay, held.timeout,
+            spec.queue if held.kind != "step" else spec.queue_of(held.step_index))])
     logger.info("Step run id=%s attempt=%s failed (%s); retry in %.3fs",
                 held.step_run_id, held.attempt, record["type"], delay)
     return True

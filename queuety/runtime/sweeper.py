@@ -19,6 +19,7 @@ from django.utils import timezone
 from queuety import exceptions, instruments, publish
 from queuety.conf import settings
 from queuety.core import flow
+from queuety.core.definition import WorkflowSpec
 from queuety.core.status import FINISHED
 from queuety.models import Event, RunStatus, StepRun, StepStatus, WorkflowRun
 from queuety.runtime.claim import claim_of
@@ -91,8 +92,8 @@ def recover_lost_workers(now: datetime) -> int:
                 published_at=Greatest(Value(now), F("available_at")))
             publish.publish_on_commit([
                 publish.Message(pk, _countdown(due, now), timeout,
-                                load_spec(definition_pk).queue)
-                for pk, definition_pk, timeout, due in pending])
+                                _queue(load_spec(definition_pk), index, kind))
+                for pk, definition_pk, timeout, due, index, kind in pending])
         processes = [name for w in workers for name in w.processes]
         held = list(StepRun.objects.filter(
             status=StepStatus.PROCESSING, claimed_by__in=processes,
@@ -124,14 +125,14 @@ def recover_lost(now: datetime) -> int:
     attempt is a lost worker's, retried like any other.
     """
     stale_before = now - timedelta(seconds=settings.STALE_AFTER)
-    grace = settings.HARD_TIMEOUT_GRACE + KILL_MARGIN
+    margin = KILL_MARGIN
     candidates = (StepRun.objects.filter(status=StepStatus.PROCESSING)
                   .filter(Q(heartbeat_at__lt=stale_before) | Q(timeout__isnull=False))
                   .select_related("run")[:500])
     recovered = 0
     for row in candidates:
         past_limit = row.timeout is not None and row.claimed_at is not None and (
-            row.claimed_at + timedelta(seconds=row.timeout + grace) < now)
+            row.claimed_at + timedelta(seconds=publish.hard_limit(row.timeout) + margin) < now)
         if not past_limit and not (row.heartbeat_at and row.heartbeat_at < stale_before):
             continue
         timed_out = past_limit and row.timeout is not None and row.claimed_at is not None \
@@ -164,8 +165,8 @@ def republish_due(now: datetime) -> int:
         if due:
             StepRun.objects.filter(pk__in=[row[0] for row in due]).update(published_at=now)
             publish.publish_on_commit([
-                publish.Message(pk, None, timeout, load_spec(definition_pk).queue)
-                for pk, definition_pk, timeout in due])
+                publish.Message(pk, None, timeout, _queue(load_spec(definition_pk), index, kind))
+                for pk, definition_pk, timeout, index, kind in due])
     return len(due)
 
 
@@ -224,3 +225,8 @@ def purge_finished(now: datetime | None = None, batch: int = 500) -> int:
     if ids:
         WorkflowRun.objects.filter(pk__in=ids).delete()
     return len(ids)
+
+
+def _queue(spec: WorkflowSpec, index: int, kind: str) -> str | None:
+    """Where a row's message goes: a step row's step's queue; a cleanup row's workflow's."""
+    return spec.queue_of(index) if kind == "step" else spec.queue

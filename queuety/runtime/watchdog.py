@@ -213,8 +213,10 @@ def deadline(step_name: str, timeout: float | None, held: Claim) -> Iterator[Dea
     if threading.current_thread() is not threading.main_thread():
         raise exceptions.PermanentError(
             f"Step {step_name!r} of run {held.run_id} has timeout={timeout:g}s but runs "
-            "outside a process's main thread (threads, eventlet or gevent pool), where it cannot "
-            "be interrupted. Run Queuety workers with --pool prefork (the default) or solo."
+            "outside a process's main thread (an eventlet or gevent pool), where it cannot "
+            "be interrupted. Run Queuety workers with --pool prefork (the default) or solo, or "
+            "run I/O-bound steps on the I/O lane (--pool threads), which enforces timeouts "
+            "itself."
         )
 
     def on_alarm(signum: int, frame: FrameType | None) -> None:

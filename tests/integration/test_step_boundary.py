@@ -17,7 +17,7 @@ from queuety.models import Event, StepRun, WorkflowDefinition, WorkflowRun
 from queuety.runtime import attempt
 from queuety.store.definitions import definition_id
 from queuety.tasks import execute_step
-from tests import workflows
+from tests import timeout_steps, workflows
 from tests.integration.conftest import wait_for
 
 pytestmark = pytest.mark.worker
@@ -223,9 +223,69 @@ def test_inline__a_timed_step_gets_its_own_message(worker, token):
 
     assert status.status == "completed" and status.state["log"] == ["a", "b", "c"]
     rows = list(StepRun.objects.filter(run_id=run_id).order_by("seq"))
-    # The timed step's message carries its hard time limit, so it cannot run inline; the
-    # task that runs it has that limit on the whole task, so neither can the step after it.
+    # The untimed first step's task has no hard limit to serve as the timed step's, so the
+    # timed step gets its own message, which carries its limit; that limit covers its whole
+    # task, which would cut the untimed step after it short, so that one gets its own too.
     assert [r.published_at is not None for r in rows] == [True, True, True]
+
+
+def test_inline__timed_steps_follow_a_timed_step_whose_limit_serves_as_theirs(worker, token):
+    run_id = (queuety.workflow("timed_chain").then(workflows.step_a, timeout=30)
+              .then(workflows.step_b, timeout=30).then(workflows.step_c, timeout=30)
+              .dispatch({"token": token}))
+
+    status = wait_for(run_id, worker=worker)
+
+    assert status.status == "completed" and status.state["log"] == ["a", "b", "c"]
+    rows = list(StepRun.objects.filter(run_id=run_id).order_by("seq"))
+    # The first message's hard limit (30 + grace + INLINE_SECONDS) comes within
+    # INLINE_SECONDS after each following step's own: they run in the same task.
+    assert [r.published_at is not None for r in rows] == [True, False, False]
+    assert {r.claimed_by for r in rows} == {rows[0].claimed_by}
+    assert [r.timeout for r in rows] == [30.0, 30.0, 30.0]
+
+
+def test_inline__a_timed_step_whose_limit_the_task_cannot_serve_gets_its_own_message(
+        worker, token):
+    run_id = (queuety.workflow("timed_mismatch").then(workflows.step_a, timeout=5)
+              .then(workflows.step_b, timeout=30).then(workflows.step_c, timeout=1)
+              .dispatch({"token": token}))
+
+    status = wait_for(run_id, worker=worker)
+
+    assert status.status == "completed"
+    rows = list(StepRun.objects.filter(run_id=run_id).order_by("seq"))
+    # b's hard limit would come after the task's (it would be killed early); c's long
+    # before it (a stuck c would outlive its own limit by 29 s): both are published.
+    assert [r.published_at is not None for r in rows] == [True, True, True]
+
+
+def test_inline__a_timed_inline_step_is_interrupted_at_its_own_deadline(worker, token):
+    run_id = (queuety.workflow("timed_inline_timeout").then(workflows.step_a, timeout=3)
+              .then(timeout_steps.sync_block, timeout=3)
+              .dispatch({"token": token, "body": 10}))
+
+    status = wait_for(run_id, timeout=30, worker=worker)
+
+    assert status.status == "failed"
+    assert status.error["type"] == "queuety.exceptions.StepTimeout"
+    rows = list(StepRun.objects.filter(run_id=run_id).order_by("seq"))
+    assert rows[1].published_at is None  # it ran inline, in the first step's task
+    failed = Event.objects.get(run_id=run_id, kind="step_failed")
+    assert 3.0 <= (failed.created_at - rows[1].claimed_at).total_seconds() <= 4.5
+
+
+def test_inline__a_step_on_another_queue_is_published_to_it(token):
+    with publish.captured() as sent:
+        run_id = (queuety.workflow("two_queues").then(workflows.step_a)
+                  .then(workflows.step_b, queue="io-elsewhere")
+                  .dispatch({"token": token}))
+        attempt.execute_step(sent[0].step_run_id)
+
+    rows = list(StepRun.objects.filter(run_id=run_id).order_by("seq"))
+    assert [r.status for r in rows] == ["completed", "pending"]
+    assert [m.queue for m in sent] == [None, "io-elsewhere"]
+    assert sent[1].step_run_id == rows[1].pk
 
 
 @pytest.mark.parametrize("limits, published", [

@@ -141,7 +141,9 @@ def test_a_timed_step_whose_worker_dies_is_retried_as_a_lost_worker(pools, figur
     assert lost.data["error"]["type"] == "queuety.exceptions.WorkerLost", lost.data
     assert status.status == "completed", status.error
     # Found past the step's hard limit by the next sweep: not after STALE_AFTER (60 s).
-    assert recorded_after <= 5 + GRACE + 2 * SWEEP + 2, recorded_after
+    # The hard limit a timed message carries: timeout + grace + INLINE_SECONDS.
+    assert recorded_after <= 5 + GRACE + DEFAULTS["INLINE_SECONDS"] + 2 * SWEEP + 2, \
+        recorded_after
 
 
 @pytest.mark.parametrize("held", ["a retry back-off", "a delay"])

@@ -1,0 +1,252 @@
+"""The I/O lane: a real Celery worker on the threads pool, PostgreSQL, a real broker.
+
+Many async steps in flight in one process (overlap measured from recorded start and end
+times), an async body cancelled at its deadline, a sync body recorded as timed out at its
+deadline while its thread runs on, a body that blocks the event loop reported by name, a
+SIGKILLed lane worker's in-flight steps all recovered, connections bounded by the pool.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+import uuid
+
+import pytest
+from django.db import connection
+
+import queuety
+from queuety.models import Event, StepRun
+from tests import lane_steps
+from tests.integration.conftest import Worker, wait_for
+from tests.workflows import marks
+
+pytestmark = pytest.mark.worker
+
+POOL_SIZE = 5
+
+
+class LaneWorker(Worker):
+    """A lane worker: ``--pool threads``, Django's connection pool of ``POOL_SIZE``."""
+
+    node_prefix = "lane"
+
+    def __init__(self, *args, app_name: str, **kwargs) -> None:
+        super().__init__(*args, pool="threads", beat=False, **kwargs)
+        self.env = {**self.env, "QUEUETY_DB_POOL": str(POOL_SIZE),
+                    "QUEUETY_DB_APPLICATION_NAME": app_name}
+        self.app_name = app_name
+
+
+@pytest.fixture(scope="module")
+def lane(db_session, worker, tmp_path_factory):
+    """A lane worker with 60 threads on a queue of its own (the session's prefork worker runs
+    the sweeper)."""
+    handle = LaneWorker(tmp_path_factory.mktemp("lane"), queue=f"io-{uuid.uuid4().hex[:6]}",
+                        concurrency=60, app_name=f"lane-{uuid.uuid4().hex[:8]}")
+    handle.start()
+    yield handle
+    handle.stop()
+    wait_gone(handle.app_name)
+
+
+def wait_gone(app_name, timeout=15):
+    """Wait until the stopped worker's sessions have left PostgreSQL (the test database is
+    dropped at the end of the session)."""
+    deadline = time.monotonic() + timeout
+    while connections_of(app_name) and time.monotonic() < deadline:
+        time.sleep(0.2)
+
+
+def times(token, kind):
+    return [float(line.split()[1]) for line in marks(f"{token}-{kind}")]
+
+
+def max_overlap(intervals):
+    """The most intervals open at one moment."""
+    edges = sorted([(start, 1) for start, _ in intervals] + [(end, -1) for _, end in intervals])
+    live = peak = 0
+    for _, change in edges:
+        live += change
+        peak = max(peak, live)
+    return peak
+
+
+def connections_of(app_name):
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s",
+                       [app_name])
+        return cursor.fetchone()[0]
+
+
+def test_many_async_steps_are_in_flight_at_once_on_few_connections(lane):
+    tokens = [uuid.uuid4().hex[:12] for _ in range(50)]
+    flow = queuety.workflow("lane_overlap").then(lane_steps.await_network, queue=lane.queue)
+    held = []
+    stop = threading.Event()
+
+    def sample():
+        try:
+            while not stop.is_set():
+                held.append(connections_of(lane.app_name))
+                time.sleep(0.1)
+        finally:
+            connection.close()  # this thread's own session, or the test database stays busy
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    runs = [flow.dispatch({"token": token, "body": 2}) for token in tokens]
+    sampler.start()
+    try:
+        statuses = [wait_for(run_id, timeout=60, worker=lane) for run_id in runs]
+    finally:
+        stop.set()
+        sampler.join()
+    assert [s.status for s in statuses] == ["completed"] * len(runs)
+    intervals = [(times(t, "start")[0], times(t, "end")[0]) for t in tokens]
+    # 50 bodies of 2 s each on 60 threads: nearly all overlap (a prefork pool of 4: 4).
+    assert max_overlap(intervals) >= 40, intervals
+    assert max(held) <= POOL_SIZE, held
+
+
+def test_an_async_body_is_cancelled_at_its_deadline(lane):
+    token = uuid.uuid4().hex[:12]
+    run_id = (queuety.workflow("lane_async_timeout")
+              .then(lane_steps.await_too_long, timeout=1, queue=lane.queue)
+              .dispatch({"token": token, "body": 5}))
+    status = wait_for(run_id, timeout=30, worker=lane)
+    assert status.status == "failed"
+    assert status.error["type"] == "queuety.exceptions.StepTimeout"
+    failed = Event.objects.get(run_id=run_id, kind="step_failed")
+    claimed = StepRun.objects.get(pk=failed.step_run_id).claimed_at
+    assert 1.0 <= (failed.created_at - claimed).total_seconds() <= 3.0
+    time.sleep(5)
+    assert marks(f"{token}-after") == []  # cancelled: the body never went on
+
+
+def test_an_async_body_that_swallows_its_cancellation_is_timed_out_and_not_merged(lane):
+    run_id = (queuety.workflow("lane_swallow")
+              .then(lane_steps.swallows_cancellation, timeout=1, queue=lane.queue)
+              .dispatch({"token": uuid.uuid4().hex[:12], "body": 5}))
+    status = wait_for(run_id, timeout=30, worker=lane)
+    assert status.status == "failed"
+    assert status.error["type"] == "queuety.exceptions.StepTimeout"
+    assert "late" not in status.state
+    failed = Event.objects.get(run_id=run_id, kind="step_failed")
+    assert failed.data["discarded"] == {"output": {"late": True}}
+
+
+def test_an_uninterruptible_sync_body_times_out_at_its_deadline_and_its_thread_is_counted(
+        lane):
+    token = uuid.uuid4().hex[:12]
+    run_id = (queuety.workflow("lane_sync_timeout")
+              .then(lane_steps.sync_uninterruptible, timeout=1, queue=lane.queue)
+              .then(lane_steps.next_step)
+              .dispatch({"token": token, "body": 4}))
+    status = wait_for(run_id, timeout=30, worker=lane)
+    assert status.status == "failed"
+    assert status.error["type"] == "queuety.exceptions.StepTimeout"
+    failed = Event.objects.get(run_id=run_id, kind="step_failed")
+    claimed = StepRun.objects.get(pk=failed.step_run_id).claimed_at
+    assert 1.0 <= (failed.created_at - claimed).total_seconds() <= 3.0
+    assert marks(f"{token}-after") == []  # recorded while the body still ran
+    time.sleep(5)
+    assert len(marks(f"{token}-after")) == 1  # the thread ran on, and ended
+    log = lane.log()
+    assert f"queuety-lane-body-{failed.step_run_id} runs on until its call returns" in log
+    assert f"Abandoned thread queuety-lane-body-{failed.step_run_id} ended" in log
+    assert "late" not in queuety.workflow_status(run_id).state  # never merged
+
+
+def test_a_body_that_blocks_the_event_loop_is_reported_by_name(lane):
+    token = uuid.uuid4().hex[:12]
+    run_id = (queuety.workflow("lane_blocker")
+              .then(lane_steps.blocks_the_loop, queue=lane.queue)
+              .dispatch({"token": token, "body": 1.5}))
+    assert wait_for(run_id, timeout=30, worker=lane).status == "completed"
+    report = Event.objects.get(run_id=run_id, kind="loop_blocked")
+    assert report.step_name == "blocks_the_loop"
+    assert report.data["blocked_seconds"] >= 0.5
+    assert "Step 'blocks_the_loop' of run" in lane.log()
+
+
+def test_a_killed_lane_workers_in_flight_steps_are_all_recovered(db_session, worker, tmp_path):
+    lane = LaneWorker(tmp_path, queue=f"io-kill-{uuid.uuid4().hex[:6]}", concurrency=40,
+                      app_name=f"lane-kill-{uuid.uuid4().hex[:8]}")
+    lane.start()
+    tokens = [uuid.uuid4().hex[:12] for _ in range(20)]
+    flow = (queuety.workflow("lane_killed").then(lane_steps.await_network, queue=lane.queue)
+            .then(lane_steps.next_step))
+    runs = [flow.dispatch({"token": token, "body": 3}) for token in tokens]
+    try:
+        deadline = time.monotonic() + 30
+        while sum(bool(marks(f"{t}-start")) for t in tokens) < len(tokens):
+            assert time.monotonic() < deadline, lane.log()[-3000:]
+            time.sleep(0.1)
+        lane.stop(signal.SIGKILL)
+        lane.start()
+        statuses = [wait_for(run_id, timeout=90, worker=lane) for run_id in runs]
+    finally:
+        lane.stop()
+        wait_gone(lane.app_name)
+    assert [s.status for s in statuses] == ["completed"] * len(runs)
+    for run_id in runs:
+        kinds = list(Event.objects.filter(run_id=run_id).values_list("kind", "step_name"))
+        # Exactly one transition per step, though the first ran twice.
+        assert kinds.count(("step_completed", "await_network")) == 1, kinds
+        assert kinds.count(("step_completed", "next_step")) == 1, kinds
+        assert ("step_retried", "await_network") in kinds or \
+            ("step_failed", "await_network") not in kinds
+    lost = Event.objects.filter(run_id__in=runs, data__error__type="queuety.exceptions.WorkerLost")
+    assert lost.count() >= len(runs) - 2  # each in-flight attempt recorded as lost
+
+
+def test_the_lane_refuses_to_start_on_the_embedded_default(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from tests.integration.conftest import ROOT
+
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("DATABASE_URL", "CELERY_BROKER_URL")}
+    env.update({"DJANGO_SETTINGS_MODULE": "project.settings", "PYTHONPATH": str(ROOT),
+                "QUEUETY_VAR_DIR": str(tmp_path)})
+    done = subprocess.run([sys.executable, "-m", "celery", "-A", "project", "worker",
+                           "--pool", "threads", "-c", "4", "-Q", "nothing-here"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0
+    assert "The Queuety I/O lane (a worker with --pool threads) needs PostgreSQL" in done.stderr
+    assert "and a real broker (the broker is filesystem://" in done.stderr
+
+
+def test_too_many_abandoned_threads_make_the_lane_worker_replace_itself(
+        db_session, worker, tmp_path):
+    lane = LaneWorker(tmp_path, queue=f"io-stuck-{uuid.uuid4().hex[:6]}", concurrency=8,
+                      app_name=f"lane-stuck-{uuid.uuid4().hex[:8]}")
+    lane.env["QUEUETY_TEST_LANE_MAX_ABANDONED"] = "0"
+    lane.start()
+    token = uuid.uuid4().hex[:12]
+    try:
+        run_id = (queuety.workflow("lane_stuck")
+                  .then(lane_steps.sync_uninterruptible, timeout=1, queue=lane.queue)
+                  .dispatch({"token": token, "body": 8}))
+        status = wait_for(run_id, timeout=30, worker=lane)
+        assert status.status == "failed"
+        assert status.error["type"] == "queuety.exceptions.StepTimeout"
+        deadline = time.monotonic() + 30
+        while lane.log().count(" ready.") < 2:
+            assert time.monotonic() < deadline, lane.log()[-3000:]
+            time.sleep(0.2)
+        assert "more than QUEUETY['LANE_MAX_ABANDONED'] = 0" in lane.log()
+        # The worker came back (Celery re-executed it) and runs steps again.
+        after = (queuety.workflow("lane_after_restart")
+                 .then(lane_steps.await_network, queue=lane.queue)
+                 .dispatch({"token": uuid.uuid4().hex[:12], "body": 0.1}))
+        assert wait_for(after, timeout=60, worker=lane).status == "completed"
+        started = times(token, "start")[0]
+        time.sleep(max(0.0, started + 9 - time.time()))
+        assert marks(f"{token}-after") == []  # the restart ended the stuck thread
+    finally:
+        lane.stop()
+        wait_gone(lane.app_name)
