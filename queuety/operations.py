@@ -191,7 +191,8 @@ def retry(run_id: int, *, actor: str = "") -> None:
             deadline = now + timedelta(seconds=spec.deadline_seconds)
         WorkflowRun.objects.filter(pk=run.pk).update(
             status=RunStatus.PAUSED, error=None, finished_at=None, updated_at=now,
-            deadline_at=deadline, revision=F("revision") + 1)
+            deadline_at=deadline, revision=F("revision") + 1,
+            wait_expires_at=None)  # a timed wait retried waits its whole timeout again
         kind = spec.steps[run.current_step].kind
         if kind in ("parallel", "for_each"):
             # Only the branches or items that did not succeed run again.
@@ -243,6 +244,7 @@ def rewind(run_id: int, step: int | str, *, actor: str = "") -> None:
         WorkflowRun.objects.filter(pk=run.pk).update(
             state=state, current_step=target, status=RunStatus.PAUSED, error=None,
             finished_at=None, transitions=F("transitions") + 1, updated_at=now,
+            wait_expires_at=None,
             revision=F("revision") + 1)
         run.refresh_from_db()
         _continue(run, spec, now, paused=was_paused)

@@ -116,6 +116,14 @@ def emit(name: str, **arguments: Any) -> None:
         transaction.on_commit(partial(_send, name, arguments), robust=True)
 
 
+def emit_to_receivers(name: str, **arguments: Any) -> None:
+    """:func:`emit` without the sinks: for an event whose transaction committed although its
+    answer was lost, so its sinks' rows (the webhook deliveries) are already stored, but
+    receivers were never sent it (on-commit callbacks do not run when the commit raises)."""
+    if EVENTS[name].signal.receivers:
+        transaction.on_commit(partial(_send, name, arguments), robust=True)
+
+
 def _send(name: str, arguments: dict[str, Any]) -> None:
     from queuety.models import WorkflowRun  # the sender; imported late, as signals load early
 

@@ -161,11 +161,19 @@ def replayable(request: Request, answer: Callable[[], Response]) -> Response:
                                             status_code=0, body={})
             except IntegrityError:
                 raise _Replay from None
-            response = answer()
-            ApiReply.objects.filter(user_id=request.user.pk, key=key).update(
-                status_code=response.status_code,
-                body=json.loads(json.dumps(response.data, cls=DjangoJSONEncoder)))
-            return response
+            try:
+                response = answer()
+            except exceptions.WaitExpired as error:
+                # The reply found the wait past its timeout and settled it by the timeout:
+                # that must commit; the refusal is not an answer to store.
+                ApiReply.objects.filter(user_id=request.user.pk, key=key).delete()
+                expired = error
+            else:
+                ApiReply.objects.filter(user_id=request.user.pk, key=key).update(
+                    status_code=response.status_code,
+                    body=json.loads(json.dumps(response.data, cls=DjangoJSONEncoder)))
+                return response
+        raise expired
     except _Replay:
         stored = ApiReply.objects.get(user_id=request.user.pk, key=key)
         if stored.path != request.path:

@@ -1,8 +1,7 @@
 """Progress reported with heartbeats, prune_state_after's bookkeeping, and wait timeouts.
 
-Three nullable (or defaulted) columns, so adding them rewrites no table; the partial index
-holds only the runs parked at a wait with a timeout, which keeps the sweeper's expiry scan
-cheap however many runs the table has.
+Three nullable (or defaulted) columns, so adding them rewrites no table. The partial index of
+the runs parked at a wait with a timeout is 0008's, built without locking the runs table.
 """
 
 from django.db import migrations, models
@@ -29,12 +28,5 @@ class Migration(migrations.Migration):
             model_name="workflowrun",
             name="wait_expires_at",
             field=models.DateTimeField(blank=True, null=True),
-        ),
-        migrations.AddIndex(
-            model_name="workflowrun",
-            index=models.Index(
-                condition=models.Q(("status", "waiting_for_signal"),
-                                   ("wait_expires_at__isnull", False)),
-                fields=["wait_expires_at"], name="queuety_run_wait_expiry"),
         ),
     ]

@@ -95,8 +95,17 @@ def settle_by_timeout(spec: WorkflowSpec, run: WorkflowRun, now: datetime) -> st
                                                 attempt=None, max_attempts=None))
     logger.info("Wait %r of run id=%s timed out; on_timeout=%r", step.name, run.pk,
                 wait.on_timeout)
-    return land(spec, run.pk, target, engine.public(state), settled_usage, now, [event],
-                writes=writes)
+    try:
+        with transaction.atomic():  # a savepoint: what land() wrote before refusing goes
+            return land(spec, run.pk, target, engine.public(state), settled_usage, now,
+                        [event], writes=writes)
+    except (exceptions.BudgetExceeded, exceptions.WorkflowDefinitionError) as refused:
+        # The step after the timeout cannot be entered (a for_each whose items the timeout
+        # left missing, a budget a start step would pass): the run fails at the wait, once,
+        # instead of the sweeper trying it again every sweep.
+        return fail_at_wait(spec, run.pk, index, run.state, usage, now, [event],
+                            flow.failure_record(refused, step=step.name, step_index=index,
+                                                attempt=None, max_attempts=None))
 
 
 def expire_due(now: datetime, limit: int = 100) -> int:

@@ -260,15 +260,18 @@ def land(spec: WorkflowSpec, run_id: int, index: int | None, state: dict[str, An
             result = waits.evaluate(step.wait, stored, state)
             if not result.settled:
                 status = RunStatus.WAITING_FOR_SIGNAL
-                expires_at = _wait_expiry(spec, run_id, index, now)
+                parked = _parked_here(spec, run_id, index, usage)
+                expires_at = _wait_expiry(spec, index, now, parked)
                 events.append(Event(run_id=run_id, kind="workflow_waiting", step_index=index,
                                     step_name=step.name, data={
                                         "waiting_for": list(step.wait.signals),
                                         "matched": result.matched, **({} if expires_at is None
                                         else {"expires_at": expires_at.isoformat()})}))
-                signals.emit("run_waiting", run_id=run_id, workflow=spec.name, step=step.name,
-                             waiting_for=list(step.wait.signals),
-                             kind=step.wait.human or "signal")
+                if parked is None or parked[0] != RunStatus.WAITING_FOR_SIGNAL:
+                    # Not for a signal that left the wait open: the run was waiting already.
+                    signals.emit("run_waiting", run_id=run_id, workflow=spec.name,
+                                 step=step.name, waiting_for=list(step.wait.signals),
+                                 kind=step.wait.human or "signal")
                 break
             output = result.output
             used = {"signals": [name for name, _ in result.chosen],
@@ -330,18 +333,33 @@ def _timed_wait(spec: WorkflowSpec, index: int | None) -> float | None:
     return None if wait is None or spec.steps[index].kind != "wait" else wait.timeout
 
 
-def _wait_expiry(spec: WorkflowSpec, run_id: int, index: int, now: datetime
-                 ) -> datetime | None:
-    """When the wait at ``index`` the run parks at expires: ``now`` plus its timeout, or the
-    expiry it already had when it was parked (or paused) at that very wait."""
+def _parked_here(spec: WorkflowSpec, run_id: int, index: int, usage: budgets.Usage
+                 ) -> tuple[str, datetime | None] | None:
+    """The run's status and wait expiry when this is the visit it is already parked (or
+    paused) at, at wait ``index``: a signal that did not settle the wait, or a resume. None
+    when the run arrives at the wait by a transition (the row's count of transitions is
+    behind ``usage``): a loop back to it, a timeout jumping to it, its first visit.
+
+    Read only when it matters (a timed wait, or someone listening to ``run_waiting``)."""
+    if _timed_wait(spec, index) is None and not signals.wanted("run_waiting"):
+        return None
+    status, current, transitions, expires_at = WorkflowRun.objects.values_list(
+        "status", "current_step", "transitions", "wait_expires_at").get(pk=run_id)
+    if current == index and transitions == usage.transitions and status in (
+            RunStatus.WAITING_FOR_SIGNAL, RunStatus.PAUSED):
+        return status, expires_at
+    return None
+
+
+def _wait_expiry(spec: WorkflowSpec, index: int, now: datetime,
+                 parked: tuple[str, datetime | None] | None) -> datetime | None:
+    """When the wait at ``index`` the run parks at expires: the expiry of the visit it is
+    already parked at (``parked``), else ``now`` plus its timeout."""
     timeout = _timed_wait(spec, index)
     if timeout is None:
         return None
-    status, current, expires_at = WorkflowRun.objects.values_list(
-        "status", "current_step", "wait_expires_at").get(pk=run_id)
-    if expires_at is not None and current == index and status in (
-            RunStatus.WAITING_FOR_SIGNAL, RunStatus.PAUSED):
-        return expires_at
+    if parked is not None and parked[1] is not None:
+        return parked[1]
     return now + timedelta(seconds=timeout)
 
 

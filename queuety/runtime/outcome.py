@@ -172,8 +172,9 @@ def _after_lost_answer(held: Claim, spec: WorkflowSpec, next_index: int | None) 
     broker a row that try had claimed for this process to run inline (nobody runs it now)."""
     if next_index is None:
         notify_finished(held.run_id)
-        signals.emit("run_completed", run_id=held.run_id, workflow=spec.name,
-                     version=spec.version)
+        # The transition's delivery rows committed with it; only receivers are still owed.
+        signals.emit_to_receivers("run_completed", run_id=held.run_id, workflow=spec.name,
+                                  version=spec.version)
         return
     now = timezone.now()
     following = StepRun.objects.filter(run_id=held.run_id, kind="step",
@@ -354,7 +355,7 @@ def _schedule_retry(held: Claim, spec: WorkflowSpec, event: Event, record: dict[
     on_broker = delay <= settings.MAX_ETA
     if not owned(held).update(status=StepStatus.PENDING, available_at=due,
                               published_at=due if on_broker else None, error=record,
-                              claimed_at=None, heartbeat_at=None):
+                              claimed_at=None, heartbeat_at=None, progress=None):
         return False
     event.kind = f"{held.kind}_retried"
     event.data = {"error": record, "retry_in": round(delay, 6),

@@ -112,7 +112,7 @@ class Heartbeats:
             except Exception:  # noqa: BLE001 - beat again next time, on a new connection
                 logger.exception("Heartbeat of step runs %s failed", live)
                 connection.close()
-            if progress:
+            if progress or beat_now:
                 time.sleep(settings.PROGRESS_INTERVAL)  # reports meanwhile are coalesced
 
 

@@ -15,6 +15,7 @@ import logging
 import urllib.error
 import urllib.request
 from datetime import datetime, timedelta
+from typing import Any
 from urllib.parse import urlsplit
 
 from django.db.models import F, Q
@@ -30,6 +31,18 @@ logger = logging.getLogger("queuety")
 #: Characters of an error kept on the row.
 ERROR_CHARS = 500
 
+
+
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """Refuse redirects: urllib would turn a redirected POST into a GET without the body (and
+    send the signature to another address), and the GET's 2xx would count as delivered."""
+
+    def redirect_request(self, req: urllib.request.Request, fp: Any, code: int, msg: str,
+                         headers: Any, newurl: str) -> None:
+        return None  # the 3xx then raises HTTPError: a failed attempt, retried
+
+
+_OPENER = urllib.request.build_opener(_NoRedirects)
 
 def deliver(delivery_id: int) -> str | None:
     """Send delivery ``delivery_id`` if it is due and nobody else is sending it; return its
@@ -55,7 +68,7 @@ def deliver(delivery_id: int) -> str | None:
     code: int | None = None
     error = ""
     try:
-        with urllib.request.urlopen(request, timeout=settings.WEBHOOK_TIMEOUT) as response:
+        with _OPENER.open(request, timeout=settings.WEBHOOK_TIMEOUT) as response:
             code = response.status
     except urllib.error.HTTPError as refused:
         code = refused.code

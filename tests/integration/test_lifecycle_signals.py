@@ -252,3 +252,54 @@ def test_an_idle_worker__logs_no_sweeps(observed):
     time.sleep(3.5)  # three sweeps at SWEEP_INTERVAL=1
     new = observed.log().splitlines()[before:]
     assert [line for line in new if "queuety.sweep" in line or "Sweep " in line] == []
+
+
+def test_a_signal_that_leaves_the_wait_open__sends_no_second_run_waiting(received, token):
+    run_id = (queuety.workflow("observed_two_signals").wait_for_signals(["a", "b"])
+              .dispatch({"token": token}))
+    assert len(received.of("run_waiting", run_id)) == 1
+    queuety.signal(run_id, "a", {})  # the wait stays open: the run was waiting already
+    assert len(received.of("run_waiting", run_id)) == 1
+    queuety.signal(run_id, "b", {})
+    assert queuety.workflow_status(run_id).status == "completed"
+    assert len(received.of("run_waiting", run_id)) == 1
+    assert len(received.of("run_completed", run_id)) == 1
+
+
+class Redirecting(BaseHTTPRequestHandler):
+    """Answers each POST with a redirect to a path that would answer 200."""
+
+    def do_POST(self):  # noqa: N802 - http.server's name
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.send_response(302)
+        self.send_header("Location", "/elsewhere")
+        self.end_headers()
+
+    def do_GET(self):  # noqa: N802
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+def test_webhooks__a_redirect_is_a_failed_attempt_not_a_delivery(token):
+    from django.utils import timezone
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Redirecting)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    endpoint = WebhookEndpoint.objects.create(
+        url=f"http://127.0.0.1:{server.server_address[1]}/hooks", secret=SECRET,
+        events=["run.failed"])
+    try:
+        row = WebhookDelivery.objects.create(
+            endpoint=endpoint, event="run.failed", event_id=uuid.uuid4(), payload={"t": token},
+            next_attempt_at=timezone.now())
+        delivery.deliver(row.pk)
+        row.refresh_from_db()
+        assert row.status != WebhookDelivery.DELIVERED
+        assert (row.attempts, row.last_status_code) == (1, 302)
+    finally:
+        endpoint.delete()
+        server.shutdown()
+        server.server_close()

@@ -262,3 +262,34 @@ def test_signal_for_the_next_wait__past_due_wait_times_out_first_and_it_is_deliv
     status = wait_for(run_id, worker=worker)
     assert status.status == "completed" and status.state["second"] == {"n": 2}
     assert kinds(run_id).count("wait_timed_out") == 1
+
+
+def test_retry_after_a_timeout__waits_its_whole_timeout_again(worker, token):
+    run_id = (queuety.workflow("timed_retry").then(workflows.step_a)
+              .wait_for_approval(timeout=timedelta(seconds=1)).then(workflows.step_b)
+              .dispatch({"token": token}))
+    assert wait_for(run_id, ("failed",), timeout=20, worker=worker).error["type"] == \
+        "queuety.exceptions.WaitExpired"
+    retried_at = timezone.now()
+    queuety.retry(run_id)
+    parked = wait_for(run_id, PARKED, worker=worker)
+    expires = timezone.datetime.fromisoformat(parked.wait_details["expires_at"])
+    assert expires >= retried_at + timedelta(seconds=1)  # a new deadline, not the past one
+    queuety.approve(run_id, {"by": "ada"})  # accepted: the retried wait has not expired
+    assert wait_for(run_id, ("completed",), worker=worker).status == "completed"
+    assert len(workflows.marks(f"{token}-b")) == 1
+
+
+def test_a_timeout_whose_next_step_cannot_start__fails_the_run_once(worker, token):
+    # on_timeout="continue" leads to a for_each whose items the timeout did not provide: the
+    # run fails at the wait (once) instead of the sweeper retrying it every sweep.
+    run_id = (queuety.workflow("timed_dead_end")
+              .wait_for_signal("items", result_key="payload", timeout=timedelta(seconds=1),
+                               on_timeout="continue")
+              .for_each("missing_items", workflows.run_task)
+              .dispatch({"token": token}))
+    failed = wait_for(run_id, ("failed",), timeout=20, worker=worker)
+    assert "missing_items" in failed.error["message"]
+    time.sleep(2.5)  # two more sweeps: nothing more happens to the run
+    assert kinds(run_id).count("wait_timed_out") == 1
+    assert WorkflowRun.objects.get(pk=run_id).status == "failed"
