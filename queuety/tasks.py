@@ -13,7 +13,7 @@ from celery import shared_task, signals
 from celery.worker.request import Request
 from django.db import close_old_connections
 
-from queuety.runtime import attempt, recovery, settle, sweeper
+from queuety.runtime import attempt, gates, recovery, settle, sweeper
 from queuety.runtime.claim import worker_id
 from queuety.runtime.workers import MainProcessBeat
 
@@ -122,3 +122,10 @@ def resume_parent(run_id: int) -> None:
     """Move a run on once a run it waits for (its child, or one it awaits) finished; the
     sweeper is the backstop."""
     settle.resume_waiting(run_id)
+
+
+@shared_task(name="queuety.wake_group", ignore_result=True)
+def wake_group(group: str) -> int:
+    """Start concurrency group ``group``'s throttled steps into its free slots (sent when a
+    rate limit's window reopens; the sweeper is the backstop)."""
+    return gates.wake_group(group)

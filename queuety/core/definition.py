@@ -65,6 +65,18 @@ class StepSpec:
     repeat: dict[str, Any] | None = None
     """For ``repeat`` steps: ``{mode, target, state_key, expected, condition,
     max_iterations}``."""
+    concurrency_group: str | None = None
+    """The group whose limits bound this step across all runs (``"openai"``), perhaps keyed
+    by the run's state (``"tenant:{tenant_id}"``). See ``queuety.core.resources``."""
+    concurrency_limit: int | None = None
+    """Attempts of the group in flight at once, unless ``QUEUETY["CONCURRENCY_LIMITS"]``
+    says otherwise."""
+    rate_limit: tuple[int, float] | None = None
+    """``(starts, seconds)``: at most that many starts in the group in any such period."""
+    queue: str | None = None
+    """This step's Celery queue (``None``: the workflow's)."""
+    priority: str | None = None
+    """``high``, ``normal`` or ``low`` (``None``: the workflow's, else normal)."""
 
     def to_dict(self) -> dict[str, Any]:
         """Return the JSON form."""
@@ -85,6 +97,12 @@ class StepSpec:
             **({} if self.child is None else {"child": self.child}),
             **({} if self.start is None else {"start": self.start.to_dict()}),
             **({} if self.workflows is None else {"workflows": self.workflows.to_dict()}),
+            # Stored only when set, so definitions without them keep their hash.
+            **{key: value for key, value in (
+                ("concurrency_group", self.concurrency_group),
+                ("concurrency_limit", self.concurrency_limit),
+                ("rate_limit", None if self.rate_limit is None else list(self.rate_limit)),
+                ("queue", self.queue), ("priority", self.priority)) if value is not None},
         }
 
     @classmethod
@@ -110,6 +128,12 @@ class StepSpec:
             start=StartSpec.from_dict(data["start"]) if data.get("start") else None,
             workflows=WaitWorkflowsSpec.from_dict(data["workflows"]) if data.get("workflows")
             else None,
+            concurrency_group=data.get("concurrency_group"),
+            concurrency_limit=data.get("concurrency_limit"),
+            rate_limit=None if data.get("rate_limit") is None
+            else (int(data["rate_limit"][0]), float(data["rate_limit"][1])),
+            queue=data.get("queue"),
+            priority=data.get("priority"),
         )
 
 
@@ -134,6 +158,9 @@ class WorkflowSpec:
     """The run fails if it has not completed this many seconds after dispatch."""
     on_deadline: str | None = None
     """Dotted path of a handler called (durably) when the deadline fails the run."""
+    priority: str | None = None
+    """The priority of steps that set none (``with_priority()``): ``high``, ``normal``,
+    ``low``."""
     _index: dict[str, int] = field(default_factory=dict, init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -203,6 +230,16 @@ class WorkflowSpec:
             return step.fanout.timeout_of(branch, step.timeout)
         return step.timeout
 
+    def queue_of(self, index: int) -> str | None:
+        """The Celery queue of step ``index``'s messages: its own, else the workflow's
+        (``None``: ``QUEUETY["QUEUE"]``)."""
+        return self.steps[index].queue or self.queue
+
+    def priority_of(self, index: int) -> str | None:
+        """The priority of step ``index``: its own, else the workflow's; ``None`` when neither
+        sets one (normal, and its messages carry no priority)."""
+        return self.steps[index].priority or self.priority
+
     def next_index(self, index: int) -> int | None:
         """Return the position of the step after ``index``, or ``None`` after the last one
         (the run then completes)."""
@@ -237,6 +274,7 @@ class WorkflowSpec:
             "on_deadline": self.on_deadline,
             "retry": None if self.retry is None else self.retry.to_dict(),
             "steps": [step.to_dict() for step in self.steps],
+            **({} if self.priority is None else {"priority": self.priority}),
         }
 
     @classmethod
@@ -259,6 +297,7 @@ class WorkflowSpec:
             on_cancel=data.get("on_cancel"),
             deadline_seconds=data.get("deadline_seconds"),
             on_deadline=data.get("on_deadline"),
+            priority=data.get("priority"),
         )
 
     def canonical_json(self) -> str:

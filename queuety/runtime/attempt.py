@@ -27,6 +27,7 @@ from queuety.core import engine, flow
 from queuety.core.definition import StepSpec, WorkflowSpec
 from queuety.core.handlers import StepContext, call_handler, call_item_handler
 from queuety.models import Event, StepRun, StepStatus
+from queuety.runtime import gates
 from queuety.runtime.claim import Claim, claim, owned
 from queuety.runtime.finish import fail_unloadable
 from queuety.runtime.outcome import record_failure, record_success_retrying
@@ -74,16 +75,53 @@ def execute_step(step_run_id: int, *, inline: bool = True) -> AttemptReport:
         _execute_cleanup(held, spec)
         return AttemptReport(claimed=True)
     step = spec.steps[held.step_index]
+    passage = _pass_gate(held, spec)
+    if passage is None:
+        return AttemptReport(claimed=False)
     if step.kind in ("parallel", "for_each"):
-        return _execute_branch(held, spec, step, _context(spec, held))
+        try:
+            return _execute_branch(held, spec, step, _context(spec, held))
+        finally:
+            _release(passage)
     steps_left = settings.INLINE_STEPS if inline else 1
     until = time.monotonic() + settings.INLINE_SECONDS
     following: Claim | None = held
+    report = AttemptReport(claimed=True)
     while following is not None:
         steps_left -= 1
-        report, following = _execute_task_step(following, spec,
-                                               inline_until=until if steps_left else None)
+        if following is not held:
+            # A step the transition handed this process passes its own gate, like any claim.
+            passage = _pass_gate(following, spec)
+            if passage is None:
+                break
+        try:
+            report, following = _execute_task_step(following, spec,
+                                                   inline_until=until if steps_left else None)
+        finally:
+            _release(passage)
     return report
+
+
+def _pass_gate(held: Claim, spec: WorkflowSpec) -> gates.Passage | None:
+    """The claimed attempt's passage through its resource gate; None when it must not run
+    (throttled or deferred, its attempt handed back; or failed, its group unresolvable)."""
+    try:
+        passage = gates.enter(held, spec)
+    except exceptions.WorkflowDefinitionError as error:
+        record_failure(held, spec, error, None)
+        return None
+    return passage if passage.started else None
+
+
+def _release(passage: gates.Passage) -> None:
+    """Give back the slot an attempt held, waking the next waiting steps of its group."""
+    if passage.limits is None:
+        return
+    try:
+        gates.release(passage.limits)
+    except DatabaseError:
+        logger.exception("Could not wake the steps waiting for group %r; the sweeper will.",
+                         passage.limits.group)
 
 
 def _execute_task_step(held: Claim, spec: WorkflowSpec, *, inline_until: float | None
@@ -228,10 +266,13 @@ def _ms_since(started: float) -> float:
 
 def _requeue_if_early(step_run_id: int) -> None:
     row = (StepRun.objects.filter(pk=step_run_id, status=StepStatus.PENDING)
-           .values("available_at", "timeout", "run__definition_id").first())
+           .values("available_at", "timeout", "step_index", "kind", "run__definition_id")
+           .first())
     if row is None:
         return
     wait = (row["available_at"] - timezone.now()).total_seconds()
     if 0 < wait <= settings.MAX_ETA:
         spec = load_spec(row["run__definition_id"])
-        publish.publish([publish.Message(step_run_id, wait, row["timeout"], spec.queue)])
+        publish.publish([publish.step_message(spec, step_run_id, row["step_index"],
+                                              row["timeout"], wait) if row["kind"] == "step"
+                         else publish.Message(step_run_id, wait, row["timeout"], spec.queue)])

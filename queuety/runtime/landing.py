@@ -340,7 +340,7 @@ def fan_out(spec: WorkflowSpec, run_id: int, index: int, state: dict[str, Any], 
         for row in new[spread.max_concurrency:]:  # they start as running ones finish
             row.status, row.published_at = StepStatus.HELD, None
     created = StepRun.objects.bulk_create(new)
-    publish.publish_on_commit([publish.Message(row.pk, None, row.timeout, spec.queue)
+    publish.publish_on_commit([publish.step_message(spec, row.pk, index, row.timeout)
                                for row in created if row.status == StepStatus.PENDING])
 
 
@@ -362,6 +362,6 @@ def release_held(spec: WorkflowSpec, run_id: int, seq: int, index: int, now: dat
     if released:
         StepRun.objects.filter(pk__in=[pk for pk, _ in released]).update(
             status=StepStatus.PENDING, available_at=now, published_at=now)
-        publish.publish_on_commit([publish.Message(pk, None, timeout, spec.queue)
+        publish.publish_on_commit([publish.step_message(spec, pk, index, timeout)
                                    for pk, timeout in released])
     return len(released)

@@ -164,10 +164,10 @@ def _after_lost_answer(held: Claim, spec: WorkflowSpec, next_index: int | None) 
                               claimed_at=None, heartbeat_at=None, published_at=now)
     # Every due row that transition created (a fan-out creates several); a second message for
     # a row already published is harmless, as the claim drops it. Later ones are the sweeper's.
-    publish.publish_on_commit([publish.Message(pk, None, timeout, spec.queue)
-                               for pk, timeout in following.filter(
+    publish.publish_on_commit([publish.step_message(spec, pk, index, timeout)
+                               for pk, timeout, index in following.filter(
                                    status=StepStatus.PENDING, available_at__lte=now)
-                               .values_list("pk", "timeout")])
+                               .values_list("pk", "timeout", "step_index")])
 
 
 def _transition_locked(held: Claim, spec: WorkflowSpec, output: dict[str, Any],
@@ -321,8 +321,8 @@ def _schedule_retry(held: Claim, spec: WorkflowSpec, event: Event, record: dict[
                   "retry_at": due.isoformat(), "max_attempts": max_attempts, **discarded}
     event.save()
     if on_broker:
-        publish.publish_on_commit([publish.Message(held.step_run_id, delay, held.timeout,
-                                                   spec.queue)])
+        publish.publish_on_commit([publish.step_message(spec, held.step_run_id,
+                                                        held.step_index, held.timeout, delay)])
     logger.info("Step run id=%s attempt=%s failed (%s); retry in %.3fs",
                 held.step_run_id, held.attempt, record["type"], delay)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from queuety import exceptions
 from queuety.models import StepRun, StepStatus
+from queuety.runtime import gates
 from queuety.runtime.claim import claim_of
 from queuety.runtime.outcome import record_failure
 from queuety.store.definitions import load_spec
@@ -27,12 +28,17 @@ def recover_attempt(step_run_id: int, claimed_by: str, *, hard_timeout: bool) ->
         status=StepStatus.PROCESSING, claimed_by=claimed_by)
         .select_related("run").order_by("pk"))
     recorded = False
+    freed: set[str] = set()
     for row in held_rows:
         # The row still processing is the step that was running when the process was killed
         # (the message's own, or an inline one under a site-wide time limit): the limit hit it.
         record_failure(claim_of(row), load_spec(row.run.definition_id),
                        interruption(row, hard_timeout), None)
         recorded = True
+        if row.concurrency_group:
+            freed.add(row.concurrency_group)
+    for group in sorted(freed):  # its slot is free again: the next waiting step starts
+        gates.wake_group(group)
     return recorded
 
 

@@ -325,16 +325,17 @@ def lock_live_step(step_run_id: int) -> StepRun | None:
 
 
 def lock_due_unpublished(now: datetime, silent_since: datetime,
-                         limit: int = 1000) -> list[tuple[int, int, float | None]]:
+                         limit: int = 1000) -> list[tuple[int, int, float | None, int, str]]:
     """Lock (skipping rows another sweeper holds) the due pending rows of running runs, and
     the due cleanup rows, whose message never went out or went out before ``silent_since``;
-    return ``(id, definition id, timeout)`` of each. Call in a transaction."""
+    return ``(id, definition id, timeout, step index, kind)`` of each. Call in a
+    transaction."""
     return list(
         StepRun.objects.select_for_update(skip_locked=True, of=("self",))
         .filter(Q(run__status=RunStatus.RUNNING) | ~Q(kind="step"),
                 status=StepStatus.PENDING, available_at__lte=now)
         .filter(Q(published_at__isnull=True) | Q(published_at__lt=silent_since))
-        .values_list("pk", "run__definition_id", "timeout")[:limit])
+        .values_list("pk", "run__definition_id", "timeout", "step_index", "kind")[:limit])
 
 
 def new_step_run(run_pk: int, spec: WorkflowSpec, index: int, *, seq: int, now: datetime,
@@ -398,15 +399,18 @@ def lock_lost_workers(lost_after: timedelta, limit: int) -> list[Worker]:
 
 
 def lock_pending_sent_before(moment: datetime,
-                             limit: int = 1000) -> list[tuple[int, int, float | None, datetime]]:
+                             limit: int = 1000
+                             ) -> list[tuple[int, int, float | None, datetime, int, str]]:
     """Lock (skipping rows another sweeper holds) the pending rows of running runs, and the
     pending cleanup rows, whose message a worker lost at ``moment`` may have held: sent by
     then (``published_at`` is the send time of a due row's message) or due after it (a
     back-off's or a delay's message waits in the worker that reserved it, and its
-    ``published_at`` is its due time). Return ``(id, definition id, timeout, due at)``."""
+    ``published_at`` is its due time). Return ``(id, definition id, timeout, due at, step
+    index, kind)``."""
     return list(
         StepRun.objects.select_for_update(skip_locked=True, of=("self",))
         .filter(Q(run__status=RunStatus.RUNNING) | ~Q(kind="step"),
                 status=StepStatus.PENDING, published_at__isnull=False)
         .filter(Q(published_at__lte=moment) | Q(available_at__gt=moment))
-        .values_list("pk", "run__definition_id", "timeout", "available_at")[:limit])
+        .values_list("pk", "run__definition_id", "timeout", "available_at", "step_index",
+                     "kind")[:limit])

@@ -173,3 +173,13 @@ WITH owned AS (
 )
 SELECT EXISTS (SELECT 1 FROM owned), EXISTS (SELECT 1 FROM run), (SELECT id FROM following)
 """
+
+# -- resource control -------------------------------------------------------------------------
+
+#: First keys of the advisory locks that serialise the admissions of one concurrency group and
+#: of one queue's cost budget (second key: the name's hash).
+GROUP_LOCK_KEY = 7_402
+QUEUE_LOCK_KEY = 7_403
+
+#: Serialises the admissions of one group (or queue) until the transaction ends.
+GROUP_LOCK = "SELECT pg_advisory_xact_lock(%s, hashtext(%s))"
