@@ -9,8 +9,8 @@ from django.db.models import Count, Min
 from django.utils import timezone
 
 from queuety import exceptions
-from queuety.core import budget as budgets
 from queuety.conf import settings
+from queuety.core import budget as budgets
 from queuety.core import resources, waits
 from queuety.core.definition import WorkflowSpec
 from queuety.core.status import FINISHED, WorkflowStatus
@@ -96,11 +96,11 @@ def status_of(run: WorkflowRun) -> WorkflowStatus:
 
 
 def throttled_by(run: WorkflowRun, spec: WorkflowSpec) -> dict[str, Any] | None:
-    """Why the run's current step waits for resources (its row's ``throttled_by``), or None.
-    Read only for a step with a concurrency group or on a site with worker admission."""
-    step = spec.steps[run.current_step]
-    if step.concurrency_group is None and not settings.ADMISSION and \
-            (spec.queue_of(run.current_step) or settings.QUEUE) not in settings.QUEUE_COST_BUDGETS:
+    """Why the run's current step waits for resources (its row's ``throttled_by``: a
+    concurrency group's throttle, or a worker's memory deferral), or None. Read for a running
+    run at a step workers run (the worker's settings, not the reader's, decided it)."""
+    if run.status != RunStatus.RUNNING or \
+            spec.steps[run.current_step].kind not in ("task", "parallel", "for_each"):
         return None
     record: dict[str, Any] | None = (
         StepRun.objects.filter(run_id=run.pk, kind="step", step_index=run.current_step,

@@ -14,9 +14,11 @@ Pages:
   and the actions valid in the run's status);
 - ``approvals/``: every run waiting on a person, oldest first, answerable inline;
 - ``<id>/export/``: the run's JSON export (``export.export()``);
-- the definitions changelist with run counts per status.
+- the definitions changelist with run counts per status;
+- the concurrency groups page: in flight against the limit, waiting steps, starts against the
+  rate limit, running cost against the budget (``admin/groups.py``).
 """
 
-from queuety.admin import definitions, runs
+from queuety.admin import definitions, groups, runs
 
-__all__ = ["definitions", "runs"]
+__all__ = ["definitions", "groups", "runs"]
