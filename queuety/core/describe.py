@@ -173,15 +173,17 @@ def throttle_words(record: dict[str, Any]) -> str:
     """One line saying why a step waits for resources (its ``throttled_by``), as the CLI and
     the admin show it: ``group 'openai': concurrency 8/8 in flight``."""
     reason = record.get("reason")
-    where = f"group {record.get('group')!r}" if record.get("group") else "worker"
+    where = (f"group {record.get('group')!r}" if record.get("group")
+             else f"queue {record.get('queue')!r}" if reason == "queue_cost" else "worker")
     if reason == "concurrency":
         detail = f"concurrency {record.get('in_flight')}/{record.get('limit')} in flight"
     elif reason == "rate":
         detail = (f"rate {record.get('starts')}/{record.get('limit')} starts in "
                   f"{record.get('per_seconds'):g} s")
     elif reason in ("group_cost", "queue_cost"):
-        budget = "queue " + repr(record.get("queue")) if reason == "queue_cost" else "group"
-        detail = (f"{budget} cost budget {record.get('running_cost')} running + "
+        budget = f"queue {record.get('queue')!r} " if reason == "queue_cost" and \
+            record.get("group") else ""
+        detail = (f"{budget}cost budget {record.get('running_cost')} running + "
                   f"{record.get('cost')} > {record.get('budget')}")
     elif reason == "memory":
         detail = f"deferred: {record.get('detail')}"

@@ -126,8 +126,8 @@ def _defer(held: Claim, spec: WorkflowSpec, problem: str) -> None:
         if not groups.defer(held.step_run_id, held.attempt, held.claimed_by,
                             now + timedelta(seconds=wait), record):
             return
-        publish.publish_on_commit([publish.message_for(spec, held.step_run_id,
-                                                       held.step_index, wait)])
+        publish.publish_on_commit([publish.step_message(spec, held.step_run_id,
+                                                        held.step_index, held.timeout, wait)])
     logger.warning("Step %r of run id=%s deferred for %.1f s: %s.",
                    spec.steps[held.step_index].name, held.run_id, wait, problem)
 

@@ -93,8 +93,10 @@ ATTEMPTS_LOCK = "SELECT pg_advisory_xact_lock(%s, %s)"
 
 # -- the claim --------------------------------------------------------------------------------
 
+# A claim also forgets why the row waited (a worker's memory deferral): ``throttled_by`` is
+# what it waits for now, and a claimed row waits for nothing until its gate says otherwise.
 _CLAIM_SET = ("status = 'processing', attempt = attempt + 1, claimed_at = %s, heartbeat_at = %s, "
-              "claimed_by = %s")
+              "claimed_by = %s, throttled_by = NULL")
 
 #: Claims a due pending step row of a running run (or a cleanup row) and reads back what the
 #: attempt needs, in one statement: a message for a row it cannot claim changes nothing.

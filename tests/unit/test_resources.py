@@ -184,3 +184,18 @@ def test_the_issues_settings_are_accepted():
         settings.validate()
         assert settings.CONCURRENCY_LIMITS["tenant:*"] == 2
     settings.reload()
+
+
+def test_throttle_words_say_the_group_and_the_numbers():
+    from queuety.core.describe import throttle_words
+
+    assert throttle_words({"group": "openai", "reason": "concurrency", "limit": 8,
+                           "in_flight": 8}) == "group 'openai': concurrency 8/8 in flight"
+    assert throttle_words({"group": "openai", "reason": "rate", "limit": 60,
+                           "per_seconds": 60.0, "starts": 60}) == \
+        "group 'openai': rate 60/60 starts in 60 s"
+    assert throttle_words({"group": None, "reason": "queue_cost", "queue": "llm",
+                           "budget": 20, "running_cost": 18, "cost": 5}) == \
+        "queue 'llm': cost budget 18 running + 5 > 20"
+    assert throttle_words({"group": None, "reason": "memory", "detail": "low"}) == \
+        "worker: deferred: low"
