@@ -61,32 +61,51 @@ def execute_step(step_run_id: int, *, inline: bool = True) -> AttemptReport:
     ``QUEUETY["INLINE_STEPS"]`` steps run so in a row, and none starts after
     ``QUEUETY["INLINE_SECONDS"]``; the next one is then published as usual. The caller passes
     ``inline=False`` when a time limit covers the whole call (Celery's limits are per task).
+
+    Likewise, when a step in a concurrency group ends, the best waiting step of its group
+    that has no timeout is handed to this process (*direct hand-off*, with ``inline``): it runs
+    here next, with no broker hop, until ``INLINE_SECONDS`` have passed; then it is published.
     """
+    until = time.monotonic() + settings.INLINE_SECONDS
+    report, kept = _attempt(step_run_id, inline=inline)
+    while kept is not None:
+        if not inline or report.timed_out or time.monotonic() >= until:
+            _hand_back(kept)
+            break
+        report, kept = _attempt(kept, inline=inline)
+    return report
+
+
+def _attempt(step_run_id: int, *, inline: bool) -> tuple[AttemptReport, int | None]:
+    """One message's work (see :func:`execute_step`); also the id of a waiting step this
+    process was handed when a slot of its group freed, or None."""
     held = claim(step_run_id)
     if held is None:
         _requeue_if_early(step_run_id)
-        return AttemptReport(claimed=False)
+        return AttemptReport(claimed=False), None
     try:
         spec = load_spec(held.definition_id)
     except Exception as error:  # noqa: BLE001 - e.g. a retry_on class a deploy removed
         fail_unloadable(held.step_run_id, held.run_id, error)
-        return AttemptReport(claimed=True)
+        return AttemptReport(claimed=True), None
     if held.kind != "step":
         _execute_cleanup(held, spec)
-        return AttemptReport(claimed=True)
+        return AttemptReport(claimed=True), None
     step = spec.steps[held.step_index]
     passage = _pass_gate(held, spec)
     if passage is None:
-        return AttemptReport(claimed=False)
+        return AttemptReport(claimed=False), None
     if step.kind in ("parallel", "for_each"):
         try:
-            return _execute_branch(held, spec, step, _context(spec, held))
+            report = _execute_branch(held, spec, step, _context(spec, held))
         finally:
-            _release(passage)
+            kept = _release(passage, keep=inline)
+        return report, kept
     steps_left = settings.INLINE_STEPS if inline else 1
     until = time.monotonic() + settings.INLINE_SECONDS
     following: Claim | None = held
     report = AttemptReport(claimed=True)
+    kept = None
     while following is not None:
         steps_left -= 1
         if following is not held:
@@ -98,8 +117,10 @@ def execute_step(step_run_id: int, *, inline: bool = True) -> AttemptReport:
             report, following = _execute_task_step(following, spec,
                                                    inline_until=until if steps_left else None)
         finally:
-            _release(passage)
-    return report
+            # One hand-off at a time: while this run goes on inline, others are published.
+            handed = _release(passage, keep=inline and kept is None and following is None)
+            kept = kept if handed is None else handed
+    return report, kept
 
 
 def _pass_gate(held: Claim, spec: WorkflowSpec) -> gates.Passage | None:
@@ -113,15 +134,25 @@ def _pass_gate(held: Claim, spec: WorkflowSpec) -> gates.Passage | None:
     return passage if passage.started else None
 
 
-def _release(passage: gates.Passage) -> None:
-    """Give back the slot an attempt held, waking the next waiting steps of its group."""
+def _release(passage: gates.Passage, *, keep: bool = False) -> int | None:
+    """Give back the slot an attempt held, waking the next waiting steps of its group; with
+    ``keep``, return the one handed to this process to run next (see :func:`execute_step`)."""
     if passage.limits is None:
-        return
+        return None
     try:
-        gates.release(passage.limits)
+        return gates.release(passage.limits, keep=keep)
     except DatabaseError:
         logger.exception("Could not wake the steps waiting for group %r; the sweeper will.",
                          passage.limits.group)
+        return None
+
+
+def _hand_back(step_run_id: int) -> None:
+    """Publish a waiting step this process was handed but will not run now."""
+    try:
+        gates.hand_back(step_run_id)
+    except DatabaseError:  # its row is pending and woken: the sweeper publishes it again
+        logger.exception("Could not publish step run id=%s; the sweeper will.", step_run_id)
 
 
 def _execute_task_step(held: Claim, spec: WorkflowSpec, *, inline_until: float | None

@@ -158,31 +158,35 @@ def _set_timer(group: str, period: float, now: datetime) -> None:
         publish.wake_group_on_commit(group, max((at - now).total_seconds(), 0) + 0.005)
 
 
-def release(limits: resources.Limits | None) -> int:
+def release(limits: resources.Limits | None, *, keep: bool = False) -> int | None:
     """An admitted attempt under ``limits`` ended (completed, failed, retried or recovered):
-    wake the throttled steps its slot, and any other free one, lets start. Returns how many.
+    wake the throttled steps its slot, and any other free one, lets start.
 
-    Call after the attempt's outcome committed, so the count sees its slot free.
+    With ``keep``, the best woken step without a timeout is not published but returned: the
+    caller (the worker process whose slot it takes) runs it next, with no broker hop, or
+    hands it back with :func:`hand_back`. Call after the attempt's outcome committed, so the
+    count sees its slot free.
     """
     if limits is None:
-        return 0
-    woken = 0 if limits.group is None else wake_group(limits.group, limits)
+        return None
+    kept = None if limits.group is None else wake_group(limits.group, limits, keep=keep)
     if limits.queue is not None and limits.queue_cost is not None:
-        woken += wake_queue(limits.queue)
-    return woken
+        wake_queue(limits.queue)
+    return kept
 
 
 def wake_group(group: str, limits: resources.Limits | None = None,
-               now: datetime | None = None) -> int:
+               now: datetime | None = None, *, keep: bool = False) -> int | None:
     """Wake as many of ``group``'s throttled steps as its free slots allow, best first, and
-    publish them; returns how many. ``limits``: as the caller knows them, else as the best
-    waiting row was throttled under."""
+    publish them. ``limits``: as the caller knows them, else as the best waiting row was
+    throttled under. With ``keep``, the best woken step without a timeout is returned instead
+    of published (see :func:`release`); otherwise, how many were woken."""
     now = now or timezone.now()
     with transaction.atomic():
         groups.lock(group, None)
         best = groups.waiting([group], 1)
         if not best:
-            return 0
+            return None if keep else 0
         if limits is None:
             limits = limits_from_record(group, groups.throttle_record(best[0].id))
         load = groups.load(limits, now)
@@ -190,11 +194,12 @@ def wake_group(group: str, limits: resources.Limits | None = None,
         if free <= 0:
             if limits.rate is not None and load.starts_in_window >= limits.rate[0]:
                 _set_timer(group, limits.rate[1], now)
-            return 0
+            return None if keep else 0
         order = resources.wake_order(groups.waiting([group], free), {group: free})
         woken = groups.wake(order, now)
-        _publish_woken(woken)
-    return len(woken)
+        kept = next((row[0] for row in woken if row[3] is None), None) if keep else None
+        _publish_woken([row for row in woken if row[0] != kept])
+    return kept if keep else len(woken)
 
 
 def wake_queue(queue: str, now: datetime | None = None) -> int:
@@ -222,20 +227,27 @@ def wake_queue(queue: str, now: datetime | None = None) -> int:
     return len(chosen)
 
 
+def hand_back(step_run_id: int) -> None:
+    """Publish a woken step a worker process kept (:func:`release`) but will not run now."""
+    row = groups.woken_row(step_run_id)
+    if row is not None:
+        _publish_woken([row])
+
+
 def wake_all(now: datetime) -> int:
     """Wake every group's throttled steps into their free slots (the sweeper's backstop for
     a wake-up that was lost, or a limit the site raised); returns how many were woken."""
     woken = 0
     for group in groups.throttled_groups():
-        woken += wake_group(group, now=now)
+        woken += wake_group(group, now=now) or 0
     for queue in groups.throttled_queues():
         woken += wake_queue(queue, now)
     return woken
 
 
-def _publish_woken(woken: list[tuple[int, int, int]]) -> None:
+def _publish_woken(woken: list[tuple[int, int, int, float | None]]) -> None:
     messages = []
-    for pk, definition_pk, index in woken:
+    for pk, definition_pk, index, timeout in woken:
         spec = load_spec(definition_pk)
-        messages.append(publish.message_for(spec, pk, index))
+        messages.append(publish.step_message(spec, pk, index, timeout))
     publish.publish_on_commit(messages)

@@ -6,6 +6,8 @@ attempt another process owns.
 
 from __future__ import annotations
 
+from django.db.models import Q
+
 from queuety import exceptions
 from queuety.models import StepRun, StepStatus
 from queuety.runtime import gates
@@ -20,12 +22,14 @@ def recover_attempt(step_run_id: int, claimed_by: str, *, hard_timeout: bool) ->
     Called by the worker's main process when a pool process was killed at the hard time limit
     (``hard_timeout``: recorded as :class:`StepTimeout`) or died otherwise (:class:`WorkerLost`).
     The task may have been running a later step of the same run inline (see
-    ``queuety.runtime.attempt.execute_step``), so every processing row of that run the dead
-    process held is recorded. Returns True when an attempt was recorded.
+    ``queuety.runtime.attempt.execute_step``), or a step of a concurrency group it was handed,
+    so every such processing row the dead process held is recorded. Returns True when an attempt was recorded.
     """
+    # Also a step of a concurrency group the process was handed when a slot freed (a direct
+    # hand-off, queuety.runtime.attempt.execute_step), whatever its run.
     held_rows = (StepRun.objects.filter(
-        run_id__in=StepRun.objects.filter(pk=step_run_id).values("run_id"),
-        status=StepStatus.PROCESSING, claimed_by=claimed_by)
+        Q(run_id__in=StepRun.objects.filter(pk=step_run_id).values("run_id"))
+        | ~Q(concurrency_group=""), status=StepStatus.PROCESSING, claimed_by=claimed_by)
         .select_related("run").order_by("pk"))
     recorded = False
     freed: set[str] = set()

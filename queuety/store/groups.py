@@ -147,17 +147,28 @@ def throttle_record(step_run_id: int) -> dict[str, Any] | None:
     return record
 
 
-def wake(ids: list[int], now: datetime) -> list[tuple[int, int, int]]:
+def wake(ids: list[int], now: datetime) -> list[tuple[int, int, int, float | None]]:
     """Make throttled rows ``ids`` pending and woken (each then holds its slot until its gate
-    admits it); return ``(id, definition id, step index)`` of each one woken."""
+    admits it); return ``(id, definition id, step index, timeout)`` of each one woken, in
+    the order of ``ids``."""
     if not ids:
         return []
-    woken = list(StepRun.objects.filter(pk__in=ids, status=StepStatus.THROTTLED)
-                 .values_list("pk", "run__definition_id", "step_index"))
-    StepRun.objects.filter(pk__in=[pk for pk, _, _ in woken], status=StepStatus.THROTTLED
+    found = {row[0]: row for row in StepRun.objects.filter(
+        pk__in=ids, status=StepStatus.THROTTLED).values_list(
+        "pk", "run__definition_id", "step_index", "timeout")}
+    StepRun.objects.filter(pk__in=list(found), status=StepStatus.THROTTLED
                            ).update(status=StepStatus.PENDING, woken=True, available_at=now,
                                     published_at=now)
-    return woken
+    return [found[pk] for pk in ids if pk in found]
+
+
+def woken_row(step_run_id: int) -> tuple[int, int, int, float | None] | None:
+    """``(id, definition id, step index, timeout)`` of row ``step_run_id`` while it is woken
+    and pending (a kept hand-off not yet claimed); None otherwise."""
+    row: tuple[int, int, int, float | None] | None = (
+        StepRun.objects.filter(pk=step_run_id, status=StepStatus.PENDING, woken=True)
+        .values_list("pk", "run__definition_id", "step_index", "timeout").first())
+    return row
 
 
 def release_stale_woken(older_than: datetime) -> int:
