@@ -114,6 +114,19 @@ def _wait_done(run_ids, timeout: float) -> None:
         time.sleep(0.1)
 
 
+def baseline(ledger_dir: str, runs: int, nap: float, name: str) -> dict:
+    """The same runs with no group at all: what these 8 processes do on this machine now."""
+    import queuety
+
+    flow = queuety.workflow(f"res_bench_{name}").then("qbench.resource_steps.ledgered")
+    ids = [flow.dispatch({"nap": nap, "ledger": name}) for _ in range(runs)]
+    _wait_done(ids, 60 + runs * nap)
+    spans = _ledger(ledger_dir, name)
+    elapsed = max(e for _, e, _ in spans) - min(s for s, _, _ in spans)
+    return {"runs": runs, "nap": nap, "peak": peak(spans),
+            "throughput_per_s": round(len(spans) / elapsed, 2)}
+
+
 def group_workload(ledger_dir: str, runs: int, nap: float) -> dict:
     import queuety
     from queuety.models import StepRun
@@ -248,9 +261,12 @@ def main() -> None:
                                     environ=environ, cwd=ROOT))
         time.sleep(8)  # both nodes up (their 4 pool processes each forked and connected)
         results = {"round_trips": round_trips(),
+                   "plain": baseline(ledger_dir, args.runs, args.nap, "plain"),
                    "group": group_workload(ledger_dir, args.runs, args.nap),
+                   "plain_fast": baseline(ledger_dir, args.runs, 0.01, "plain_fast"),
                    "rate": rate_workload(ledger_dir, args.runs),
                    "tenants": tenant_workload(ledger_dir, args.tenant_nap)}
+        results["load_average"] = os.getloadavg()
     finally:
         for proc in nodes:
             util.stop(proc)
@@ -261,13 +277,20 @@ def main() -> None:
 
 def report(r: dict) -> str:
     g, rate, t, rt = r["group"], r["rate"], r["tenants"], r["round_trips"]
+    plain, fast = r["plain"], r["plain_fast"]
     lines = [
+        f"Load average during the run: {', '.join(f'{x:.1f}' for x in r['load_average'])}"
+        f" ({os.cpu_count()} CPUs).",
+        "",
         "| workload | measured | bound |",
         "|---|---|---|",
         f"| {g['runs']} runs of a {g['nap']} s step, group limit 8, 2 nodes x 4 processes: "
         f"peak concurrency | {g['peak']} | ≤ 8 |",
         f"| ... throughput | {g['throughput_per_s']}/s = {g['of_ideal']:.0%} of the ideal "
         f"{g['ideal_per_s']}/s | ≥ 90% |",
+        f"| ... the same runs in no group, same workers (peak {plain['peak']}) | "
+        f"{plain['throughput_per_s']}/s: the group reaches "
+        f"{g['throughput_per_s'] / plain['throughput_per_s']:.0%} of it | |",
         f"| ... slot released → next waiting step started | p50 {g['handoff_ms_p50']} ms, "
         f"p95 {g['handoff_ms_p95']} ms | |",
         f"| ... attempts per step | {g['attempts_seen']} | [1] |",
@@ -275,6 +298,8 @@ def report(r: dict) -> str:
         f"{rate['max_admissions_in_1s']} (handler starts: {rate['max_handler_starts_in_1s']})"
         " | ≤ 20 |",
         f"| ... sustained | {rate['sustained_per_s']}/s | ≥ 18/s |",
+        f"| ... the same 10 ms runs in no group, same workers | {fast['throughput_per_s']}/s "
+        "| |",
     ]
     for tenant, row in t["tenants"].items():
         lines.append(f"| tenant {tenant} ({row['queued']} queued, limit 2): peak, finished | "
