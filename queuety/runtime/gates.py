@@ -7,9 +7,9 @@ claimed step is decided under its group's lock (``queuety.store.groups.lock``): 
 load is counted from live step rows, and the step either starts, holding a slot, or is handed
 back *throttled*: its attempt is not counted, its row holds no worker and no message, and
 ``throttled_by`` says why. When an admitted attempt ends, :func:`release` wakes the best
-throttled steps of its group into the slots it left (highest priority, then round-robin across
-a family's keys, then oldest); the sweeper does the same for every group as a backstop, and a
-rate-limited group gets one timer for the moment its window reopens.
+throttled steps of its group into the slots it left (highest priority, then oldest), handing
+the first to the releasing process; the sweeper does the same for every group as a backstop,
+and a rate-limited group gets one timer for the moment its window reopens.
 """
 
 from __future__ import annotations
