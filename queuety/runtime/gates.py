@@ -184,15 +184,16 @@ def wake_group(group: str, limits: resources.Limits | None = None,
     now = now or timezone.now()
     with transaction.atomic():
         groups.lock(group, None)
-        best = groups.waiting([group], 1)
-        if not best:
-            return None if keep else 0
         if limits is None:
+            best = groups.waiting([group], 1)
+            if not best:
+                return None if keep else 0
             limits = limits_from_record(group, groups.throttle_record(best[0].id))
         load = groups.load(limits, now)
         free = resources.free_slots(limits, load)
         if free <= 0:
-            if limits.rate is not None and load.starts_in_window >= limits.rate[0]:
+            if limits.rate is not None and load.starts_in_window >= limits.rate[0] and \
+                    groups.waiting([group], 1):
                 _set_timer(group, limits.rate[1], now)
             return None if keep else 0
         order = resources.wake_order(groups.waiting([group], free), {group: free})

@@ -153,6 +153,11 @@ def wake(ids: list[int], now: datetime) -> list[tuple[int, int, int, float | Non
     the order of ``ids``."""
     if not ids:
         return []
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(sql.WAKE_THROTTLED, [now, now, ids])
+            returned = {row[0]: tuple(row) for row in cursor.fetchall()}
+        return [returned[pk] for pk in ids if pk in returned]
     found = {row[0]: row for row in StepRun.objects.filter(
         pk__in=ids, status=StepStatus.THROTTLED).values_list(
         "pk", "run__definition_id", "step_index", "timeout")}

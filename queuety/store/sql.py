@@ -185,3 +185,13 @@ QUEUE_LOCK_KEY = 7_403
 
 #: Serialises the admissions of one group (or queue) until the transaction ends.
 GROUP_LOCK = "SELECT pg_advisory_xact_lock(%s, hashtext(%s))"
+
+#: Wakes throttled rows (pending, woken, due now) and reads back what their messages need, in
+#: one statement: ``(id, definition id, step index, timeout)``.
+WAKE_THROTTLED = """
+UPDATE queuety_steprun AS s
+   SET status = 'pending', woken = true, available_at = %s, published_at = %s
+  FROM queuety_workflowrun AS r
+ WHERE s.id = ANY(%s) AND s.status = 'throttled' AND r.id = s.run_id
+RETURNING s.id, r.definition_id, s.step_index, s.timeout
+"""
