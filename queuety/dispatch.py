@@ -11,10 +11,11 @@ from typing import Any
 from django.db import connection, transaction
 from django.utils import timezone
 
-from queuety import exceptions, publish
+from queuety import exceptions
 from queuety.core import budget as budgets
 from queuety.core.definition import WorkflowSpec, canonical_json, check_payload
 from queuety.models import DispatchKey, Event, RunStatus, WorkflowRun
+from queuety.runtime import gates
 from queuety.runtime.landing import begin
 from queuety.store import rows, sql
 from queuety.store.definitions import definition_id, effective_policy
@@ -100,7 +101,7 @@ def _dispatch_postgres(spec: WorkflowSpec, definition_pk: int, state: dict[str, 
                              "state": state, "idempotency_key": None}),
     }
     run_pk, step_run_pk = rows.execute_hot(sql.DISPATCH_POSTGRES, params)
-    publish.publish_on_commit([publish.message_for(spec, step_run_pk, 0)])
+    gates.publish_landed(spec, step_run_pk, 0, int(run_pk), state)
     return int(run_pk)
 
 

@@ -22,7 +22,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from queuety import publish
+from queuety import exceptions, publish
 from queuety.conf import settings
 from queuety.core import resources
 from queuety.core.definition import WorkflowSpec
@@ -59,17 +59,65 @@ def limits_of(spec: WorkflowSpec, held: Claim) -> resources.Limits | None:
     Raises:
         WorkflowDefinitionError: the step's group names a state key the run lacks.
     """
-    step = spec.steps[held.step_index]
-    queue = spec.queue_of(held.step_index) or settings.QUEUE
+    return limits_at(spec, held.step_index, held.state, held.run_id)
+
+
+def limits_at(spec: WorkflowSpec, index: int, state: dict[str, Any], run_id: int
+              ) -> resources.Limits | None:
+    """The limits that bound step ``index`` of run ``run_id`` (whose state is ``state``), or
+    None when nothing does: decided from what is in memory, with no query.
+
+    Raises:
+        WorkflowDefinitionError: the step's group names a state key the run lacks.
+    """
+    step = spec.steps[index]
+    queue = spec.queue_of(index) or settings.QUEUE
     if step.concurrency_group is None and (not queue or queue not in
                                            settings.QUEUE_COST_BUDGETS):
         return None
     group = None if step.concurrency_group is None else resources.group_key(
-        step.concurrency_group, held.state, step_name=step.name, run_id=held.run_id)
+        step.concurrency_group, state, step_name=step.name, run_id=run_id)
     limits = resources.limits_for(group=group, step_limit=step.concurrency_limit,
                                   step_rate=step.rate_limit, cost=step.cost_units, queue=queue,
                                   tables=_tables())
     return limits if limits.gated else None
+
+
+def publish_landed(spec: WorkflowSpec, step_run_id: int, index: int, run_id: int,
+                   state: dict[str, Any]) -> bool:
+    """Publish the message of the task row ``step_run_id`` a run just landed on (in the
+    transaction that created it), or park the row throttled when its group or queue budget
+    is already full: then no message exists until a release wakes it, so the broker never
+    holds a backlog that every worker must claim and throttle in turn. A row published here
+    is marked woken, so it holds its slot until its gate admits it and later landings see
+    the group as it will be. Returns whether the row was parked.
+
+    A step in no group and under no queue budget is published with no query.
+    """
+    try:
+        limits = limits_at(spec, index, state, run_id)
+    except exceptions.WorkflowDefinitionError:
+        limits = None  # the gate fails the attempt with the error, as for any claim
+    if limits is None:
+        publish.publish_on_commit([publish.message_for(spec, step_run_id, index)])
+        return False
+    priority = resources.PRIORITIES[spec.priority_of(index) or resources.NORMAL]
+    now = timezone.now()
+    with transaction.atomic():
+        groups.lock(limits.group, limits.queue if limits.queue_cost is not None else None)
+        load = groups.load(limits, now, excluding=step_run_id)
+        why = resources.verdict(limits, load)
+        if why is None:
+            groups.reserve(step_run_id, limits, priority, now)
+            publish.publish_on_commit([publish.message_for(spec, step_run_id, index)])
+            return False
+        record = {**resources.describe_throttle(limits, why, load),
+                  "since": now.isoformat(), "limits": _limits_record(limits)}
+        groups.park(step_run_id, limits, priority, record)
+        if why == resources.RATE and limits.group is not None and limits.rate is not None:
+            _set_timer(limits.group, limits.rate[1], now)
+    _log_throttled(spec.steps[index].name, run_id, step_run_id, record)
+    return True
 
 
 def enter(held: Claim, spec: WorkflowSpec) -> Passage:
@@ -111,9 +159,12 @@ def became_throttled(held: Claim, spec: WorkflowSpec, record: dict[str, Any]) ->
     """A step was not started because of its resources and now waits, throttled (called in
     the transaction that throttled it; ``record`` is its ``throttled_by``). The one place a
     step becomes throttled: a ``run_throttled`` signal belongs here."""
+    _log_throttled(spec.steps[held.step_index].name, held.run_id, held.step_run_id, record)
+
+
+def _log_throttled(step: str, run_id: int, step_run_id: int, record: dict[str, Any]) -> None:
     logger.info("Step %r of run id=%s (step run id=%s) is throttled by group %r: %s.",
-                spec.steps[held.step_index].name, held.run_id, held.step_run_id,
-                record.get("group"), record.get("reason"))
+                step, run_id, step_run_id, record.get("group"), record.get("reason"))
 
 
 def _defer(held: Claim, spec: WorkflowSpec, problem: str) -> None:

@@ -30,6 +30,7 @@ from queuety.models import (
     WorkflowDependency,
     WorkflowRun,
 )
+from queuety.runtime import gates
 from queuety.runtime.finish import fail_at_wait, notify_finished
 from queuety.store import rows
 from queuety.store.definitions import definition_id, effective_policy
@@ -58,7 +59,7 @@ def begin(spec: WorkflowSpec, run: WorkflowRun, state: dict[str, Any], now: date
             return
         step_run = rows.new_step_run(run.pk, spec, 0, seq=0, now=now)
         started.save()
-        publish.publish_on_commit([publish.message_for(spec, step_run.pk, 0)])
+        gates.publish_landed(spec, step_run.pk, 0, run.pk, state)
     else:
         land(spec, run.pk, 0, state, budgets.Usage(), now, [started])
 
@@ -311,7 +312,7 @@ def _enter(spec: WorkflowSpec, run_id: int, index: int, status: str, state: dict
                                                            wait or None)])
     elif status == RunStatus.RUNNING:
         following = rows.new_step_run(run_id, spec, index, seq=usage.transitions, now=now)
-        publish.publish_on_commit([publish.message_for(spec, following.pk, index)])
+        gates.publish_landed(spec, following.pk, index, run_id, state)
     elif status == RunStatus.PAUSED and step.kind == "task":
         # Ready for resume(), which publishes it; until then claims skip it.
         rows.new_step_run(run_id, spec, index, seq=usage.transitions, now=now, published=False)

@@ -27,6 +27,7 @@ from queuety.core import engine, fanout, flow
 from queuety.core.definition import WorkflowSpec
 from queuety.core.status import LIVE_OR_HELD
 from queuety.models import Event, RunStatus, StepRun, StepStatus
+from queuety.runtime import gates
 from queuety.runtime.claim import Claim, applied_by, mark_completed, owned
 from queuety.runtime.finish import STEP_FAILS, check_attempts, fail_run, notify_finished
 from queuety.runtime.landing import land, release_held
@@ -237,7 +238,7 @@ def _complete_postgres(held: Claim, spec: WorkflowSpec, outcome: engine.Advance,
             notify_finished(held.run_id)
         return owns, advanced, None
     if not inline:
-        publish.publish_on_commit([publish.message_for(spec, next_id, next_index)])
+        gates.publish_landed(spec, next_id, next_index, held.run_id, outcome.state)
         return owns, advanced, None
     # What a claim would have read back: the state as stored (JSON), the run's counters.
     usage = held.usage

@@ -92,6 +92,22 @@ def admit(step_run_id: int, attempt: int, limits: resources.Limits, priority: in
         GroupStart.objects.create(group=limits.group, started_at=now)
 
 
+def reserve(step_run_id: int, limits: resources.Limits, priority: int, now: datetime) -> None:
+    """Let a just-landed pending row hold its slot until its gate admits it (woken, as if a
+    release had woken it): later landings count it, so they park instead of publishing."""
+    StepRun.objects.filter(pk=step_run_id).update(woken=True, published_at=now,
+                                                  **_gate_fields(limits, priority))
+
+
+def park(step_run_id: int, limits: resources.Limits, priority: int,
+         record: dict[str, Any]) -> None:
+    """Make a just-landed pending row throttled, with no message (its group or queue budget
+    is full): a release wakes and publishes it."""
+    StepRun.objects.filter(pk=step_run_id, status=StepStatus.PENDING).update(
+        status=StepStatus.THROTTLED, published_at=None, woken=False, throttled_by=record,
+        **_gate_fields(limits, priority))
+
+
 def throttle(step_run_id: int, attempt: int, claimed_by: str, limits: resources.Limits,
              priority: int, record: dict[str, Any]) -> bool:
     """Hand a claimed row back as throttled: its attempt is not counted, it holds no worker

@@ -14,6 +14,7 @@ import time
 import pytest
 from django.contrib.auth.models import User
 from django.core.management import call_command
+from django.db import transaction
 from django.test import Client
 
 import queuety
@@ -239,3 +240,55 @@ def test_a_worker_without_memory_headroom_defers_steps_without_using_attempts(
         assert StepRun.objects.get(run_id=run_id).attempt == 1
     finally:
         healthy.stop()
+
+
+def test_a_small_tenant_finishes_before_a_quarter_of_the_big_tenants_backlog(worker, token):
+    # Three tenants, limit 2 each, queued at once: the big tenant's backlog waits in the
+    # database (parked at landing), not in the broker ahead of the others' first steps.
+    template = _group(token) + ":{tenant_id}"
+    flow = queuety.workflow("res_fair").then(resource_steps.ledgered,
+                                             concurrency_group=template, concurrency_limit=2)
+    runs = []
+    with transaction.atomic():  # queued at once: every message is sent at the commit
+        for tenant, count in (("big", 200), ("mid", 20), ("small", 5)):
+            runs += [flow.dispatch({"token": token, "tenant_id": tenant, "label": tenant,
+                                    "nap": 0.1}) for _ in range(count)]
+    queued = time.time()
+    for run_id in runs:
+        assert wait_for(run_id, timeout=120, worker=worker).status == "completed"
+    spans = resource_steps.intervals(token)
+    assert all(resource_steps.peak(spans, tenant) <= 2 for tenant in ("big", "mid", "small"))
+    big_ends = sorted(end for _, end, label in spans if label == "big")
+    small_done = max(end for _, end, label in spans if label == "small")
+    # Its five steps need 0.3 s at two at a time; they used to wait behind most of the big
+    # tenant's messages in the broker. Now they finish before a quarter of that backlog.
+    quarter = big_ends[len(big_ends) // 4 - 1]
+    assert small_done < quarter, (small_done - queued, quarter - queued)
+
+
+def test_a_step_parked_at_landing_has_no_message_and_starts_when_its_slot_frees(worker,
+                                                                                 token):
+    group = _group(token)
+    flow = queuety.workflow("res_parked").then(resource_steps.ledgered, concurrency_group=group,
+                                               concurrency_limit=1,
+                                               retry=queuety.RetryPolicy(max_attempts=1))
+    victim = flow.dispatch({"token": token, "nap": 30, "label": "victim"})
+    _wait_until(lambda: len(resource_steps.starts(token)) == 1, 30, "the victim to start")
+    waiting = [flow.dispatch({"token": token, "nap": 0.05, "label": "next"})
+               for _ in range(3)]
+    # Parked by the dispatch itself: throttled, never published, no attempt, no worker.
+    parked = list(StepRun.objects.filter(run_id__in=waiting).values_list(
+        "status", "published_at", "attempt", "claimed_by"))
+    assert parked == [("throttled", None, 0, "")] * 3
+    assert all(queuety.workflow_status(run_id).throttled_by["reason"] == "concurrency"
+               for run_id in waiting)
+    (_, pid, _), = resource_steps.starts(token)
+    os.kill(pid, signal.SIGKILL)
+    assert wait_for(victim, timeout=30, worker=worker).status == "failed"
+    for run_id in waiting:
+        assert wait_for(run_id, timeout=30, worker=worker).status == "completed"
+    spans = resource_steps.intervals(token)
+    assert [label for _, _, label in spans] == ["next"] * 3
+    assert resource_steps.peak(spans) == 1
+    assert list(StepRun.objects.filter(run_id__in=waiting).values_list("attempt", flat=True)
+                ) == [1] * 3
