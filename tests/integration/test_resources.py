@@ -242,7 +242,7 @@ def test_a_worker_without_memory_headroom_defers_steps_without_using_attempts(
         healthy.stop()
 
 
-def test_a_small_tenant_finishes_before_a_quarter_of_the_big_tenants_backlog(worker, token):
+def test_a_small_tenant_is_not_queued_behind_the_big_tenants_backlog(worker, token):
     # Three tenants, limit 2 each, queued at once: the big tenant's backlog waits in the
     # database (parked at landing), not in the broker ahead of the others' first steps.
     template = _group(token) + ":{tenant_id}"
@@ -260,10 +260,11 @@ def test_a_small_tenant_finishes_before_a_quarter_of_the_big_tenants_backlog(wor
     assert all(resource_steps.peak(spans, tenant) <= 2 for tenant in ("big", "mid", "small"))
     big_ends = sorted(end for _, end, label in spans if label == "big")
     small_done = max(end for _, end, label in spans if label == "small")
-    # Its five steps need 0.3 s at two at a time; they used to wait behind most of the big
-    # tenant's messages in the broker. Now they finish before a quarter of that backlog.
-    quarter = big_ends[len(big_ends) // 4 - 1]
-    assert small_done < quarter, (small_done - queued, quarter - queued)
+    # Its five steps need 0.3 s at two at a time. When every run's message went to the broker,
+    # they waited behind the big tenant's, which each worker claimed and throttled in turn
+    # (about 40 of the big steps ended first); parked at landing, they do not.
+    eighth = big_ends[len(big_ends) // 8 - 1]
+    assert small_done < eighth, (small_done - queued, eighth - queued)
 
 
 def test_a_step_parked_at_landing_has_no_message_and_starts_when_its_slot_frees(worker,
