@@ -137,6 +137,11 @@ def enter(held: Claim, spec: WorkflowSpec) -> Passage:
         return OPEN
     priority = resources.PRIORITIES[spec.priority_of(held.step_index) or resources.NORMAL]
     now = timezone.now()
+    # A woken step's slot is already reserved (a queue's budget counts no reservations, so
+    # a step under one is always decided under the lock).
+    if limits.group is not None and limits.queue_cost is None and \
+            groups.admit_woken(held.step_run_id, held.attempt, limits, priority, now):
+        return Passage(True, limits)
     with transaction.atomic():
         groups.lock(limits.group, limits.queue if limits.queue_cost is not None else None)
         load = groups.load(limits, now, excluding=held.step_run_id)

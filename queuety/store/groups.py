@@ -11,7 +11,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import connection
+from django.db import connection, transaction
 from django.db.models import Count, F, Q, Sum
 from django.db.models.functions import Coalesce
 
@@ -106,6 +106,27 @@ def park(step_run_id: int, limits: resources.Limits, priority: int,
     StepRun.objects.filter(pk=step_run_id, status=StepStatus.PENDING).update(
         status=StepStatus.THROTTLED, published_at=None, woken=False, throttled_by=record,
         **_gate_fields(limits, priority))
+
+
+def admit_woken(step_run_id: int, attempt: int, limits: resources.Limits, priority: int,
+                now: datetime) -> bool:
+    """Admit a claimed row that is still woken, with no lock and no count: its slot was
+    reserved under the group's lock when it was woken or landed, and a woken row is counted
+    as holding it (and as a start of a rate window) until now. One ``UPDATE`` (and the
+    ledger row of a rate-limited group, in the same transaction, so the start is never
+    counted twice or not at all). False when the row is not woken for this group: decide it
+    under the lock (:func:`lock`, :func:`load`)."""
+    rows = StepRun.objects.filter(pk=step_run_id, status=StepStatus.PROCESSING, attempt=attempt,
+                                  woken=True, concurrency_group=limits.group or "")
+    fields = {"admitted_attempt": attempt, "woken": False, "throttled_by": None,
+              **_gate_fields(limits, priority)}
+    if limits.group is None or limits.rate is None:
+        return bool(rows.update(**fields))
+    with transaction.atomic():
+        if not rows.update(**fields):
+            return False
+        GroupStart.objects.create(group=limits.group, started_at=now)
+    return True
 
 
 def throttle(step_run_id: int, attempt: int, claimed_by: str, limits: resources.Limits,
