@@ -252,14 +252,8 @@ def wake_group(group: str, limits: resources.Limits | None = None,
                     groups.waiting([group], 1):
                 _set_timer(group, limits.rate[1], now)
             return None if keep else 0
-        candidates = groups.waiting([group], free + 1)
-        order = resources.wake_order(candidates[:free], {group: free})
+        order = resources.wake_order(groups.waiting([group], free), {group: free})
         woken = groups.wake(order, now)
-        if limits.rate is not None and len(candidates) > free and \
-                load.starts_in_window + len(woken) >= limits.rate[0]:
-            # More wait and the window is full again: wake them the moment it reopens, not
-            # at the next release (a rate-limited group's steps may all be short).
-            _set_timer(group, limits.rate[1], now)
         kept = next((row[0] for row in woken if row[3] is None), None) if keep else None
         _publish_woken([row for row in woken if row[0] != kept])
     return kept if keep else len(woken)
