@@ -100,6 +100,7 @@ __all__ = [
     "put_artifact",
     "reject",
     "replay_workflow",
+    "resource_groups",
     "resume",
     "retry",
     "rewind",
@@ -174,6 +175,15 @@ def list_workflows(status: str | None = None, limit: int = 50) -> list[WorkflowS
     from queuety import queries
 
     return queries.list_workflows(status=status, limit=limit)
+
+
+def resource_groups() -> list[dict[str, Any]]:
+    """Every concurrency group with a step in flight or waiting: ``group``, ``in_flight``,
+    ``limit``, ``waiting``, ``woken``, ``running_cost``, ``cost_budget``, ``rate_limit`` and
+    ``recent_starts`` (docs/guide/resources.md)."""
+    from queuety import queries
+
+    return queries.resource_groups()
 
 
 def signal(run_id: int, name: str, data: Any = None) -> SignalReceipt:

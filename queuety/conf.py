@@ -107,7 +107,64 @@ DEFAULTS: dict[str, Any] = {
     # Trace runs and step attempts with OpenTelemetry (needs queuety-django[otel] and a
     # tracer provider configured by the site).
     "TRACING": False,
+    # Resource control (docs/guide/resources.md). Group name (or pattern such as "tenant:*")
+    # -> attempts in flight at once, across every run, workflow and worker; overrides a
+    # step's concurrency_limit.
+    "CONCURRENCY_LIMITS": {},
+    # Group name or pattern -> (starts, seconds): at most that many starts in any such period.
+    "RATE_LIMITS": {},
+    # Celery queue -> cost units (the steps' cost_units) in flight at once on that queue.
+    "QUEUE_COST_BUDGETS": {},
+    # Group name or pattern -> cost units in flight at once in that group.
+    "GROUP_COST_BUDGETS": {},
+    # Worker admission: before a step starts, a worker process with less headroom than this
+    # defers it (no attempt used). Keys: MAX_RSS_MB (the process's resident memory ceiling),
+    # MIN_AVAILABLE_MB (memory left to the container's cgroup, else the machine),
+    # DEFER_SECONDS (when the step is offered again; default 5). Empty: no check.
+    "ADMISSION": {},
+    # Celery message priority of each priority word; None picks by the broker: Redis (0 is
+    # served first) {"high": 0, "normal": 3, "low": 6}, else (RabbitMQ: higher first)
+    # {"high": 9, "normal": 5, "low": 0}. Only steps that set a priority carry one.
+    "MESSAGE_PRIORITIES": None,
 }
+
+_ADMISSION_KEYS = ("MAX_RSS_MB", "MIN_AVAILABLE_MB", "DEFER_SECONDS")
+
+
+def _check_resources(values: dict[str, Any]) -> None:
+    """Refuse malformed resource-control tables, naming the key and what to give."""
+    for key in ("CONCURRENCY_LIMITS", "QUEUE_COST_BUDGETS", "GROUP_COST_BUDGETS"):
+        table = values[key]
+        if not isinstance(table, dict) or not all(
+                isinstance(name, str) and name and isinstance(limit, int)
+                and not isinstance(limit, bool) and limit >= 1 for name, limit in table.items()):
+            raise ImproperlyConfigured(
+                f"QUEUETY[{key!r}] must be a dict of names to whole numbers of at least 1, "
+                f"such as {{'openai': 8}} (got {table!r}).")
+    rates = values["RATE_LIMITS"]
+    if not isinstance(rates, dict) or not all(
+            isinstance(name, str) and name and isinstance(rate, list | tuple) and len(rate) == 2
+            and isinstance(rate[0], int) and not isinstance(rate[0], bool) and rate[0] >= 1
+            and isinstance(rate[1], int | float) and not isinstance(rate[1], bool)
+            and rate[1] > 0 for name, rate in rates.items()):
+        raise ImproperlyConfigured(
+            "QUEUETY['RATE_LIMITS'] must be a dict of group names to (starts, seconds) pairs, "
+            f"such as {{'openai': (500, 60)}} (got {rates!r}).")
+    admission = values["ADMISSION"]
+    if not isinstance(admission, dict) or any(key not in _ADMISSION_KEYS for key in admission) \
+            or not all(isinstance(v, int | float) and not isinstance(v, bool) and v > 0
+                       for v in admission.values()):
+        raise ImproperlyConfigured(
+            "QUEUETY['ADMISSION'] must be a dict whose keys are among "
+            f"{', '.join(_ADMISSION_KEYS)} and whose values are positive numbers "
+            f"(got {admission!r}).")
+    priorities = values["MESSAGE_PRIORITIES"]
+    if priorities is not None and (not isinstance(priorities, dict) or sorted(priorities) != [
+            "high", "low", "normal"] or not all(isinstance(v, int) and 0 <= v <= 255
+                                                for v in priorities.values())):
+        raise ImproperlyConfigured(
+            "QUEUETY['MESSAGE_PRIORITIES'] must be None or a dict giving 'high', 'normal' and "
+            f"'low' each a Celery priority from 0 to 255 (got {priorities!r}).")
 
 
 class QueuetySettings:
@@ -180,6 +237,7 @@ class QueuetySettings:
                 "QUEUETY['BASE_URL'] must be None or the site's scheme and host, such as "
                 f"'https://shop.example.com' (not {base_url!r}); a site served under a path "
                 "sets FORCE_SCRIPT_NAME for it.")
+        _check_resources(values)
         if values["HEARTBEAT_INTERVAL"] >= values["STALE_AFTER"]:
             raise ImproperlyConfigured(
                 "QUEUETY['HEARTBEAT_INTERVAL'] must be shorter than QUEUETY['STALE_AFTER'], "

@@ -15,6 +15,7 @@ from queuety import exceptions, publish, signals, tracing
 from queuety.core import budget as budgets
 from queuety.core.definition import WorkflowSpec, canonical_json, check_payload
 from queuety.models import DispatchKey, Event, RunStatus, WorkflowRun
+from queuety.runtime import gates
 from queuety.runtime.landing import begin
 from queuety.store import rows, sql
 from queuety.store.definitions import definition_id, effective_policy
@@ -130,7 +131,7 @@ def _dispatch_postgres(spec: WorkflowSpec, definition_pk: int, state: dict[str, 
                              "state": state, "idempotency_key": None}),
     }
     run_pk, step_run_pk = rows.execute_hot(sql.DISPATCH_POSTGRES, params)
-    publish.publish_on_commit([publish.message_for(spec, step_run_pk, 0)])
+    gates.publish_landed(spec, step_run_pk, 0, int(run_pk), state)
     signals.emit("run_started", run_id=int(run_pk), workflow=spec.name, version=spec.version)
     return int(run_pk)
 

@@ -161,6 +161,23 @@ class StepRun(models.Model):
     output = models.JSONField(null=True, blank=True)
     error = models.JSONField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
+    # Resource control (queuety.runtime.gates), written only for steps with limits: plain
+    # rows keep the defaults and are never counted.
+    concurrency_group = models.CharField(max_length=255, blank=True, default="", db_default="",
+                                         help_text="The group key this attempt counts in.")
+    queue = models.CharField(max_length=255, blank=True, default="", db_default="",
+                             help_text="The Celery queue whose cost budget this attempt uses.")
+    cost_units = models.PositiveIntegerField(default=0, db_default=0)
+    priority = models.SmallIntegerField(default=1, db_default=1,
+                                        help_text="2 high, 1 normal, 0 low.")
+    # The attempt a gate admitted: a processing row counts against its group only when this
+    # equals its attempt, so a claimed row not yet through its gate is never counted.
+    admitted_attempt = models.PositiveIntegerField(default=0, db_default=0)
+    # A throttled row a released slot woke: pending, its message on the way; it keeps that
+    # slot reserved until its gate admits it.
+    woken = models.BooleanField(default=False, db_default=False)
+    throttled_by = models.JSONField(null=True, blank=True,
+                                    help_text="Why the step waits: {group, reason, ...}.")
 
     class Meta:
         constraints = [
@@ -176,6 +193,18 @@ class StepRun(models.Model):
             models.Index(
                 fields=["heartbeat_at"], name="queuety_step_live",
                 condition=Q(status="processing"),
+            ),
+            models.Index(
+                fields=["concurrency_group"], name="queuety_step_group_live",
+                condition=Q(status__in=["processing", "pending"]) & ~Q(concurrency_group=""),
+            ),
+            models.Index(
+                fields=["concurrency_group", "-priority", "id"], name="queuety_step_throttled",
+                condition=Q(status="throttled"),
+            ),
+            models.Index(
+                fields=["queue"], name="queuety_step_queue_live",
+                condition=Q(status="processing") & ~Q(queue=""),
             ),
         ]
 
@@ -336,6 +365,8 @@ class WebhookDelivery(models.Model):
 
     def __str__(self) -> str:
         return f"{self.event} -> endpoint {self.endpoint_id} ({self.status})"
+
+
 class Artifact(models.Model):
     """A named output of a run, kept outside its public state (``queuety.put_artifact``).
 
@@ -401,3 +432,27 @@ class StepChunk(models.Model):
 
     def __str__(self) -> str:
         return f"run {self.run_id} step {self.step_name!r} chunk {self.index}"
+
+
+class GroupStart(models.Model):
+    """One start of a step in a concurrency group: the ledger rate limits count."""
+
+    group = models.CharField(max_length=255)
+    started_at = models.DateTimeField()
+
+    class Meta:
+        indexes = [models.Index(fields=["group", "started_at"], name="queuety_group_start")]
+
+    def __str__(self) -> str:
+        return f"{self.group} started at {self.started_at:%H:%M:%S.%f}"
+
+
+class ResourceGroup(models.Model):
+    """A concurrency group that has throttled a step: when its next wake-up is due (a rate
+    limit's window reopening), so one timer is sent per group and period, not one per step."""
+
+    name = models.CharField(max_length=255, unique=True)
+    wake_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return self.name

@@ -153,8 +153,8 @@ def _continue(run: WorkflowRun, spec: WorkflowSpec, now: datetime, paused: bool 
         if pending:
             StepRun.objects.filter(pk__in=[pk for pk, _ in pending]).update(
                 available_at=now, published_at=now)
-            publish.publish_on_commit([publish.Message(pk, None, timeout,
-                                                       spec.queue_of(run.current_step))
+            publish.publish_on_commit([publish.step_message(spec, pk, run.current_step,
+                                                            timeout)
                                        for pk, timeout in pending])
         if step.fanout is not None:  # slots freed while paused go to held rows now
             release_held(spec, run.pk, live[0][2], run.current_step, now)

@@ -26,6 +26,8 @@ EXECUTE_STEP = "queuety.execute_step"
 RESUME_PARENT = "queuety.resume_parent"
 #: The task that sends one webhook delivery row.
 DELIVER_WEBHOOK = "queuety.deliver_webhook"
+#: The task that starts a concurrency group's throttled steps into its free slots.
+WAKE_GROUP = "queuety.wake_group"
 
 
 class Message(NamedTuple):
@@ -37,13 +39,17 @@ class Message(NamedTuple):
     timeout: float | None
     """The step's timeout: the message carries the matching hard time limit."""
     queue: str | None = None
-    """The step's ``queue``, else the workflow's (``.on_queue()``); None: ``QUEUETY["QUEUE"]``."""
+    """The step's or the workflow's queue (``.on_queue()``), else ``QUEUETY["QUEUE"]``."""
+    priority: str | None = None
+    """``high``, ``normal`` or ``low`` when the step or its workflow sets one: the message
+    then carries Celery's priority for it (``QUEUETY["MESSAGE_PRIORITIES"]``)."""
 
 
 def message_for(spec: WorkflowSpec, step_run_id: int, index: int,
                 countdown: float | None = None) -> Message:
     """The message that runs row ``step_run_id`` of step ``index`` of a run of ``spec``."""
-    return Message(step_run_id, countdown, spec.steps[index].timeout, spec.queue_of(index))
+    return Message(step_run_id, countdown, spec.steps[index].timeout, spec.queue_of(index),
+                   spec.priority_of(index))
 
 
 def hard_limit(timeout: float) -> float:
@@ -54,6 +60,27 @@ def hard_limit(timeout: float) -> float:
     hard limit (``queuety.core.inline``)."""
     slack = float(settings.INLINE_SECONDS) if settings.INLINE_STEPS > 1 else 0.0
     return timeout + float(settings.HARD_TIMEOUT_GRACE) + slack
+
+
+def step_message(spec: WorkflowSpec, step_run_id: int, index: int, timeout: float | None,
+                 countdown: float | None = None) -> Message:
+    """The message of a row of step ``index`` whose timeout is the row's own (a fan-out
+    branch's, a retried row's): on the step's queue, with the step's priority."""
+    return Message(step_run_id, countdown, timeout, spec.queue_of(index), spec.priority_of(index))
+
+
+#: Celery priorities by broker: Redis serves 0 first, RabbitMQ the highest number first.
+_REDIS_PRIORITIES = {"high": 0, "normal": 3, "low": 6}
+_AMQP_PRIORITIES = {"high": 9, "normal": 5, "low": 0}
+
+
+def celery_priority(priority: str) -> int:
+    """The Celery message priority of a priority word, for the configured broker."""
+    table = settings.MESSAGE_PRIORITIES
+    if table is None:
+        url = str(current_app.conf.broker_url or "")
+        table = _REDIS_PRIORITIES if url.startswith(("redis", "rediss")) else _AMQP_PRIORITIES
+    return int(table[priority])
 
 
 _override: Callable[[list[Message]], None] | None = None
@@ -87,6 +114,8 @@ def publish(messages: Iterable[Message]) -> None:
             options["queue"] = queue
         if message.countdown:
             options["countdown"] = message.countdown
+        if message.priority:
+            options["priority"] = celery_priority(message.priority)
         if message.timeout:
             # The handler is interrupted at the timeout by the worker itself; this hard limit
             # only kills a process stuck where signals cannot reach (C code).
@@ -108,6 +137,21 @@ def wake(run_ids: list[int]) -> None:
     waiting for a run that finished). A broker error is logged: the sweeper wakes them too."""
     if run_ids:
         transaction.on_commit(partial(_send_wake_ups, list(run_ids)))
+
+
+def wake_group_on_commit(group: str, countdown: float) -> None:
+    """Once this transaction commits, ask a worker to start ``group``'s throttled steps in
+    ``countdown`` seconds (when a rate limit's window reopens). A broker error is logged:
+    the sweeper wakes throttled groups too."""
+    transaction.on_commit(partial(_send_group_wake_up, group, countdown))
+
+
+def _send_group_wake_up(group: str, countdown: float) -> None:
+    options: dict[str, Any] = {"queue": settings.QUEUE} if settings.QUEUE else {}
+    try:
+        _send(WAKE_GROUP, (group,), {**options, "countdown": countdown})
+    except Exception:  # noqa: BLE001 - the sweeper wakes throttled groups anyway
+        logger.exception("Could not publish %s(%r); the sweeper will do it.", WAKE_GROUP, group)
 
 
 def _send_wake_ups(run_ids: list[int]) -> None:

@@ -10,14 +10,16 @@ from django.db.models import Count, Min, Q, QuerySet
 from django.utils import timezone
 
 from queuety import exceptions
+from queuety.conf import settings
 from queuety.core import budget as budgets
-from queuety.core import waits
+from queuety.core import resources, waits
 from queuety.core.definition import WorkflowSpec
 from queuety.core.progress import progress_text
 from queuety.core.status import FINISHED, WorkflowStatus
 from queuety.models import RunStatus, Signal, StepRun, StepStatus, WorkflowDefinition, WorkflowRun
 from queuety.runtime import artifacts
 from queuety.runtime.landing import workflow_wait
+from queuety.store import groups as group_rows
 from queuety.store import rows
 from queuety.store.definitions import definition_hash, effective_policy, load_spec, wait_kinds
 
@@ -115,8 +117,66 @@ def status_of(run: WorkflowRun) -> WorkflowStatus:
         else effective_policy(spec, run.current_step).describe(),
         **wait_info(run, spec), progress=step_progress(run),
         artifact_count=len(keys), artifact_keys=keys,
+        throttled_by=None if finished else throttled_by(run, spec),
         created_at=run.created_at, updated_at=run.updated_at, finished_at=run.finished_at,
     )
+
+
+def throttled_by(run: WorkflowRun, spec: WorkflowSpec) -> dict[str, Any] | None:
+    """Why the run's current step waits for resources (its row's ``throttled_by``: a
+    concurrency group's throttle, or a worker's memory deferral), or None. Read for a running
+    run at a step workers run (the worker's settings, not the reader's, decided it)."""
+    if run.status != RunStatus.RUNNING or \
+            spec.steps[run.current_step].kind not in ("task", "parallel", "for_each"):
+        return None
+    record: dict[str, Any] | None = (
+        StepRun.objects.filter(run_id=run.pk, kind="step", step_index=run.current_step,
+                               status__in=(StepStatus.THROTTLED, StepStatus.PENDING),
+                               throttled_by__isnull=False)
+        .order_by("-pk").values_list("throttled_by", flat=True).first())
+    return record
+
+
+def resource_groups(now: Any = None) -> list[dict[str, Any]]:
+    """Every concurrency group with a step in flight, woken or waiting: ``group``,
+    ``in_flight``, ``limit``, ``waiting``, ``woken``, ``running_cost``, ``cost_budget``,
+    ``rate_limit`` (``[starts, seconds]`` or None) and ``recent_starts`` in its window.
+
+    Limits are the site's settings, else those of the step a live row of the group runs.
+    """
+    now = now or timezone.now()
+    found = []
+    for row in group_rows.overview():
+        limits = _group_limits(row["group"])
+        rate = None if limits is None else limits.rate
+        found.append({
+            "group": row["group"], "in_flight": row["in_flight"],
+            "limit": None if limits is None else limits.concurrency,
+            "waiting": row["waiting"], "woken": row["woken"], "running_cost": row["cost"],
+            "cost_budget": None if limits is None else limits.group_cost,
+            "rate_limit": None if rate is None else [rate[0], rate[1]],
+            "recent_starts": None if rate is None
+            else group_rows.recent_starts(row["group"], rate[1], now),
+        })
+    return found
+
+
+def _group_limits(group: str) -> resources.Limits | None:
+    sample = (StepRun.objects.filter(concurrency_group=group)
+              .exclude(status__in=(StepStatus.COMPLETED, StepStatus.FAILED,
+                                   StepStatus.CANCELLED))
+              .values_list("run__definition_id", "step_index").first())
+    if sample is None:
+        return None
+    try:
+        step = load_spec(sample[0]).steps[sample[1]]
+    except exceptions.WorkflowDefinitionError:
+        return None
+    return resources.limits_for(
+        group=group, step_limit=step.concurrency_limit, step_rate=step.rate_limit,
+        cost=step.cost_units, queue=None,
+        tables={key: getattr(settings, key) for key in (
+            "CONCURRENCY_LIMITS", "RATE_LIMITS", "GROUP_COST_BUDGETS", "QUEUE_COST_BUDGETS")})
 
 
 def _status_unloadable(run: WorkflowRun) -> WorkflowStatus:

@@ -16,7 +16,7 @@ from celery.worker.request import Request
 from django.db import close_old_connections
 
 from queuety import schedules
-from queuety.runtime import attempt, lane, recovery, settle, sweeper
+from queuety.runtime import attempt, gates, lane, recovery, settle, sweeper
 from queuety.runtime.claim import worker_id
 from queuety.runtime.workers import MainProcessBeat
 from queuety.webhooks import delivery
@@ -173,3 +173,8 @@ def fire_schedule(schedule: str, after: int | None = None, **row_kwargs: Any) ->
     kwargs, which ``fire`` reads from the row itself). A buffered fire comes back every
     ``SWEEP_INTERVAL`` until the run it waits for has finished."""
     schedules.fire_and_follow(schedule, after=after)
+@shared_task(name="queuety.wake_group", ignore_result=True)
+def wake_group(group: str) -> int:
+    """Start concurrency group ``group``'s throttled steps into its free slots (sent when a
+    rate limit's window reopens; the sweeper is the backstop)."""
+    return gates.wake_group(group)

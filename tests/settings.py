@@ -40,6 +40,10 @@ if os.environ.get("QUEUETY_TEST_TIMINGS") == "shipped":
 # A lane worker started with QUEUETY_TEST_LANE_MAX_ABANDONED=n replaces itself sooner.
 if os.environ.get("QUEUETY_TEST_LANE_MAX_ABANDONED"):
     QUEUETY["LANE_MAX_ABANDONED"] = int(os.environ["QUEUETY_TEST_LANE_MAX_ABANDONED"])
+# A worker started with QUEUETY_TEST_ADMISSION=starved has no memory headroom by its settings
+# (a 1 MB RSS ceiling): it defers every step it claims (tests/integration/test_resources.py).
+if os.environ.get("QUEUETY_TEST_ADMISSION") == "starved":
+    QUEUETY = {**QUEUETY, "ADMISSION": {"MAX_RSS_MB": 1, "DEFER_SECONDS": 1}}
 LOGGING["loggers"]["queuety"]["level"] = "INFO"  # noqa: F405
 # The API fuzzer authenticates every request with HTTP Basic: a fast hasher keeps a request at
 # milliseconds instead of a PBKDF2 derivation each (tests only).

@@ -16,8 +16,10 @@ Pages:
 - ``<id>/export/``: the run's JSON export (``export.export()``);
 - the definitions changelist with run counts per status;
 - webhook endpoints (the secret write-only) and the delivery log, with a redeliver action.
+- the concurrency groups page: in flight against the limit, waiting steps, starts against the
+  rate limit, running cost against the budget (``admin/groups.py``).
 """
 
-from queuety.admin import definitions, runs, webhooks
+from queuety.admin import definitions, groups, runs, webhooks
 
-__all__ = ["definitions", "runs", "webhooks"]
+__all__ = ["definitions", "groups", "runs", "webhooks"]

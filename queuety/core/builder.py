@@ -6,7 +6,7 @@ from dataclasses import replace
 from typing import Any
 
 from queuety import exceptions
-from queuety.core import engine, waits
+from queuety.core import engine, resources, waits
 from queuety.core.budget import Budget
 from queuety.core.definition import StepSpec, WorkflowSpec
 from queuety.core.dependencies import StartSpec, WaitWorkflowsSpec
@@ -66,7 +66,11 @@ class WorkflowBuilder:
         retry: RetryPolicy | None = None,
         timeout: float | None = None,
         cost_units: int | None = None,
+        concurrency_group: str | None = None,
+        concurrency_limit: int | None = None,
+        rate_limit: tuple[int, float] | None = None,
         queue: str | None = None,
+        priority: str | None = None,
     ) -> WorkflowBuilder:
         """Add a step run after the previous one.
 
@@ -81,8 +85,21 @@ class WorkflowBuilder:
             timeout: seconds an attempt may run (default: the step class's ``timeout``).
             cost_units: units this step adds to the run's ``cost_units`` when it completes;
                 0 is allowed here only (default: the step class's ``cost_units``, else 1).
+            concurrency_group: the group whose limits this step shares with every run,
+                workflow and worker (``"openai"``), or a keyed family formatted from the run's
+                state when the step is reached (``"tenant:{tenant_id}"``).
+            concurrency_limit: attempts of the group in flight at once (unless
+                ``QUEUETY["CONCURRENCY_LIMITS"]`` names the group).
+            rate_limit: ``(starts, seconds)``: at most that many starts of the group in any
+                such period (unless ``QUEUETY["RATE_LIMITS"]`` names it).
             queue: the Celery queue this step's messages go to, e.g. ``"io"`` for the I/O
-                lane's workers (default: the step class's ``queue``, else the workflow's).
+                lane's workers (default: the step class's ``queue``, else the workflow's
+                ``on_queue()``).
+            priority: ``"high"``, ``"normal"`` or ``"low"`` (default: the workflow's
+                ``with_priority()``, else normal).
+
+        Each of these defaults to the step class's attribute of the same name
+        (docs/guide/resources.md).
         """
         path, obj = resolve_handler(step)
         step_name = name if name is not None else path.rsplit(".", 1)[-1]
@@ -91,16 +108,18 @@ class WorkflowBuilder:
                 f"Step names must be non-blank strings (got {name!r} for {path!r})."
             )
         options = step_options(step_name, obj, retry=retry, timeout=timeout,
-                               cost_units=cost_units, queue=queue)
+                               cost_units=cost_units, concurrency_group=concurrency_group,
+                               concurrency_limit=concurrency_limit, rate_limit=rate_limit,
+                               queue=queue, priority=priority)
         spec = StepSpec(name=step_name.strip(), handler=path, retry=options.retry,
                         timeout=options.timeout, cost_units=options.cost_units,
-                        queue=options.queue)
+                        **options.resource_fields())
         _check_name(self._name, self._steps, spec)
         return self._copy(steps=self._steps + (spec,))
 
     def route(self, step: Any, routes: dict[Any, str], name: str | None = None, *,
               retry: RetryPolicy | None = None, timeout: float | None = None,
-              cost_units: int | None = None, queue: str | None = None) -> WorkflowBuilder:
+              cost_units: int | None = None, **hints: Any) -> WorkflowBuilder:
         """Add a step that picks the next step: it returns a label (a string), or
         ``queuety.Route(label, output={...})`` to merge output too.
 
@@ -108,6 +127,8 @@ class WorkflowBuilder:
             routes: ``{"label": "target step name", ..., queuety.DEFAULT: "target"}``. A label
                 matching none, with no DEFAULT, fails the run with ``UnmatchedRoute``. Targets
                 are checked when the workflow is built, as is that every step stays reachable.
+            hints: ``concurrency_group``, ``concurrency_limit``, ``rate_limit``, ``queue``
+                and ``priority``, as for :meth:`then`.
         """
         if not isinstance(routes, dict) or not routes:
             raise exceptions.WorkflowDefinitionError(
@@ -128,7 +149,7 @@ class WorkflowBuilder:
                     f"Route labels are non-empty strings or queuety.DEFAULT, one per entry "
                     f"(got {label!r}); list a shared target under each label.")
         built = self.then(step, name, retry=retry, timeout=timeout, cost_units=cost_units,
-                          queue=queue)
+                          **hints)
         last = replace(built._steps[-1], routes=labels, default_route=default)
         return self._copy(steps=self._steps + (last,))
 
@@ -365,8 +386,8 @@ class WorkflowBuilder:
     def for_each(self, items_key: str, handler: Any, result_key: str | None = None,
                  mode: str = "all", quorum: int | None = None, reducer: Any = None,
                  name: str | None = None, *, retry: RetryPolicy | None = None,
-                 timeout: float | None = None, max_concurrency: int | None = None,
-                 queue: str | None = None) -> WorkflowBuilder:
+                 timeout: float | None = None,
+                 max_concurrency: int | None = None, **hints: Any) -> WorkflowBuilder:
         """Run ``handler(state, item, index)`` for each item of ``state[items_key]``, each its own
         task, and join them by ``mode``: ``all``, ``first_success`` or ``quorum`` (``quorum=n``).
 
@@ -377,6 +398,10 @@ class WorkflowBuilder:
         ``max_concurrency=n`` at most ``n`` items run at once; the others start, in item
         order, as running ones finish. ``queue`` sends the items' messages to that Celery
         queue (default: the handler class's ``queue``, else the workflow's).
+
+        ``concurrency_group``, ``concurrency_limit``, ``rate_limit``, ``queue`` and
+        ``priority`` bound each item as :meth:`then` bounds a step (``max_concurrency`` bounds
+        one run's items; a group bounds every run's).
         """
         if not isinstance(items_key, str) or not items_key:
             raise exceptions.WorkflowDefinitionError("for_each() needs a non-empty items_key.")
@@ -387,13 +412,13 @@ class WorkflowBuilder:
                 f"for_each() step {step_name!r} names class {path!r}, which has no "
                 "handle_item(self, state, item, index) method; define one, or give a function "
                 "f(state, item, index).")
-        options = step_options(step_name, obj, retry=retry, timeout=timeout, queue=queue)
+        options = step_options(step_name, obj, retry=retry, timeout=timeout, **hints)
         fanout = FanOutSpec(items_key=items_key, result_key=result_key or f"{step_name}_results",
                             mode=mode, quorum=quorum, max_concurrency=max_concurrency,
                             reducer=None if reducer is None else resolve_handler(reducer)[0])
         spec = StepSpec(name=step_name, kind="for_each", handler=path, fanout=fanout,
                         retry=options.retry, timeout=options.timeout,
-                        cost_units=options.cost_units, queue=options.queue)
+                        cost_units=options.cost_units, **options.resource_fields())
         _check_name(self._name, self._steps, spec)
         return self._copy(steps=self._steps + (spec,))
 
@@ -527,6 +552,13 @@ class WorkflowBuilder:
                 f"on_queue() needs a non-blank queue name (got {queue!r})."
             )
         return self._with(queue=queue.strip())
+
+    def with_priority(self, priority: str) -> WorkflowBuilder:
+        """Give this workflow's steps that set no priority of their own ``priority``
+        (``"high"``, ``"normal"`` or ``"low"``): throttled steps are started, and on brokers
+        that support it messages are delivered, highest priority first."""
+        return self._with(priority=resources.check_priority(
+            f"workflow {self._name!r}", priority) or resources.NORMAL)
 
     def version(self, label: str) -> WorkflowBuilder:
         """Label this definition (``"research.v2"``); shown by status, the admin and exports."""

@@ -68,6 +68,16 @@ class StepSpec:
     repeat: dict[str, Any] | None = None
     """For ``repeat`` steps: ``{mode, target, state_key, expected, condition,
     max_iterations}``."""
+    concurrency_group: str | None = None
+    """The group whose limits bound this step across all runs (``"openai"``), perhaps keyed
+    by the run's state (``"tenant:{tenant_id}"``). See ``queuety.core.resources``."""
+    concurrency_limit: int | None = None
+    """Attempts of the group in flight at once, unless ``QUEUETY["CONCURRENCY_LIMITS"]``
+    says otherwise."""
+    rate_limit: tuple[int, float] | None = None
+    """``(starts, seconds)``: at most that many starts in the group in any such period."""
+    priority: str | None = None
+    """``high``, ``normal`` or ``low`` (``None``: the workflow's, else normal)."""
 
     def to_dict(self) -> dict[str, Any]:
         """Return the JSON form."""
@@ -90,6 +100,12 @@ class StepSpec:
             **({} if self.child is None else {"child": self.child}),
             **({} if self.start is None else {"start": self.start.to_dict()}),
             **({} if self.workflows is None else {"workflows": self.workflows.to_dict()}),
+            # Stored only when set, so definitions without them keep their hash.
+            **{key: value for key, value in (
+                ("concurrency_group", self.concurrency_group),
+                ("concurrency_limit", self.concurrency_limit),
+                ("rate_limit", None if self.rate_limit is None else list(self.rate_limit)),
+                ("priority", self.priority)) if value is not None},
         }
 
     @classmethod
@@ -116,6 +132,11 @@ class StepSpec:
             start=StartSpec.from_dict(data["start"]) if data.get("start") else None,
             workflows=WaitWorkflowsSpec.from_dict(data["workflows"]) if data.get("workflows")
             else None,
+            concurrency_group=data.get("concurrency_group"),
+            concurrency_limit=data.get("concurrency_limit"),
+            rate_limit=None if data.get("rate_limit") is None
+            else (int(data["rate_limit"][0]), float(data["rate_limit"][1])),
+            priority=data.get("priority"),
         )
 
 
@@ -142,6 +163,9 @@ class WorkflowSpec:
     """Dotted path of a handler called (durably) when the deadline fails the run."""
     prune_state_after: int | None = None
     """Drop a state key this many transitions after the one that last wrote it (None: keep)."""
+    priority: str | None = None
+    """The priority of steps that set none (``with_priority()``): ``high``, ``normal``,
+    ``low``."""
     _index: dict[str, int] = field(default_factory=dict, init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -227,9 +251,14 @@ class WorkflowSpec:
         return step.timeout
 
     def queue_of(self, index: int) -> str | None:
-        """The queue the messages of step ``index`` go to: the step's own ``queue``, else the
-        workflow's (``.on_queue()``); None for ``QUEUETY["QUEUE"]``."""
+        """The Celery queue of step ``index``'s messages: its own, else the workflow's
+        (``None``: ``QUEUETY["QUEUE"]``)."""
         return self.steps[index].queue or self.queue
+
+    def priority_of(self, index: int) -> str | None:
+        """The priority of step ``index``: its own, else the workflow's; ``None`` when neither
+        sets one (normal, and its messages carry no priority)."""
+        return self.steps[index].priority or self.priority
 
     def next_index(self, index: int) -> int | None:
         """Return the position of the step after ``index``, or ``None`` after the last one
@@ -268,6 +297,7 @@ class WorkflowSpec:
             # Only when set, so the definitions stored before this option keep their hash.
             **({} if self.prune_state_after is None
                else {"prune_state_after": self.prune_state_after}),
+            **({} if self.priority is None else {"priority": self.priority}),
         }
 
     @classmethod
@@ -291,6 +321,7 @@ class WorkflowSpec:
             deadline_seconds=data.get("deadline_seconds"),
             on_deadline=data.get("on_deadline"),
             prune_state_after=data.get("prune_state_after"),
+            priority=data.get("priority"),
         )
 
     def canonical_json(self) -> str:

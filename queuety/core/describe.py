@@ -155,6 +155,8 @@ def format_status(status: WorkflowStatus) -> list[str]:
         lines.append(f"Progress: {status.progress['text'] or '-'}{branch} "
                      f"(step {status.progress['step_name']!r}, "
                      f"at {status.progress['reported_at']})")
+    if status.throttled_by is not None:
+        lines.append(f"Throttled: {throttle_words(status.throttled_by)}")
     if status.budget is not None:
         lines.append(f"Budget:   {json.dumps(status.budget, separators=(',', ':'))}")
     if status.retry_policy is not None and status.status not in ("completed", "cancelled"):
@@ -176,3 +178,26 @@ def format_status(status: WorkflowStatus) -> list[str]:
 def _json(value: Any) -> str:
     # As the CLI prints JSON (``manage.py queuety ... --format json``): 4-space indent, UTF-8.
     return json.dumps(value, indent=4, ensure_ascii=False, default=str)
+
+
+def throttle_words(record: dict[str, Any]) -> str:
+    """One line saying why a step waits for resources (its ``throttled_by``), as the CLI and
+    the admin show it: ``group 'openai': concurrency 8/8 in flight``."""
+    reason = record.get("reason")
+    where = (f"group {record.get('group')!r}" if record.get("group")
+             else f"queue {record.get('queue')!r}" if reason == "queue_cost" else "worker")
+    if reason == "concurrency":
+        detail = f"concurrency {record.get('in_flight')}/{record.get('limit')} in flight"
+    elif reason == "rate":
+        detail = (f"rate {record.get('starts')}/{record.get('limit')} starts in "
+                  f"{record.get('per_seconds'):g} s")
+    elif reason in ("group_cost", "queue_cost"):
+        budget = f"queue {record.get('queue')!r} " if reason == "queue_cost" and \
+            record.get("group") else ""
+        detail = (f"{budget}cost budget {record.get('running_cost')} running + "
+                  f"{record.get('cost')} > {record.get('budget')}")
+    elif reason == "memory":
+        detail = f"deferred: {record.get('detail')}"
+    else:
+        detail = str(reason)
+    return f"{where}: {detail}"

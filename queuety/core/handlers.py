@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from queuety import exceptions
+from queuety.core import resources
 from queuety.core.budget import BudgetView
 from queuety.core.imports import dotted_path, import_path
 from queuety.core.progress import check_progress
@@ -102,7 +103,11 @@ class Step:
     retry: ClassVar[RetryPolicy | None] = None
     timeout: ClassVar[float | None] = None
     cost_units: ClassVar[int | None] = None
+    concurrency_group: ClassVar[str | None] = None
+    concurrency_limit: ClassVar[int | None] = None
+    rate_limit: ClassVar[tuple[int, float] | None] = None
     queue: ClassVar[str | None] = None
+    priority: ClassVar[str | None] = None
     context: StepContext
     """Set before :meth:`handle` runs: the run id, step name, attempt and budget."""
 
@@ -168,16 +173,58 @@ class StepOptions:
     """Seconds an attempt may run before it is interrupted."""
     cost_units: int
     """Units its completion adds to the run's ``cost_units``."""
+    concurrency_group: str | None = None
+    """The group whose limits bound it across runs (a template with ``{state_key}``s)."""
+    concurrency_limit: int | None = None
+    rate_limit: tuple[int, float] | None = None
     queue: str | None = None
     """The Celery queue its messages go to (``None``: the workflow's)."""
+    priority: str | None = None
+
+    def resource_fields(self) -> dict[str, Any]:
+        """The resource hints as ``StepSpec`` keyword arguments."""
+        return {"concurrency_group": self.concurrency_group,
+                "concurrency_limit": self.concurrency_limit, "rate_limit": self.rate_limit,
+                "queue": self.queue, "priority": self.priority}
+
+
+#: The resource hints a step class may declare and ``then()`` may override.
+RESOURCE_OPTIONS = ("concurrency_group", "concurrency_limit", "rate_limit", "queue", "priority")
+
+
+def resource_options(name: str, obj: Any, given: dict[str, Any]) -> dict[str, Any]:
+    """Resolve a step's resource hints: each keyword given, else the handler's class
+    attribute, else None (see ``queuety.core.resources``).
+
+    Raises:
+        WorkflowDefinitionError: a hint is malformed; the message names the step.
+    """
+    values = {key: given[key] if given.get(key) is not None else getattr(obj, key, None)
+              for key in RESOURCE_OPTIONS}
+    where = f"step {name!r}"
+    group = values["concurrency_group"]
+    limit = resources.check_limit("concurrency_limit", name, values["concurrency_limit"])
+    rate = resources.check_rate(where, values["rate_limit"])
+    if group is None and (limit is not None or rate is not None):
+        raise exceptions.WorkflowDefinitionError(
+            f"Step {name!r} sets a concurrency_limit or rate_limit but no concurrency_group; "
+            "name the group the limit is shared by, such as concurrency_group='openai'.")
+    return {
+        "concurrency_group": None if group is None
+        else resources.check_group_template(name, group),
+        "concurrency_limit": limit, "rate_limit": rate,
+        "queue": _queue(name, obj, given.get("queue")),
+        "priority": resources.check_priority(where, values["priority"]),
+    }
 
 
 def step_options(name: str, obj: Any, *, retry: RetryPolicy | None = None,
                  timeout: float | None = None, cost_units: int | None = None,
-                 queue: str | None = None) -> StepOptions:
+                 **hints: Any) -> StepOptions:
     """Resolve how the handler ``obj`` (of step ``name``) runs: each of ``retry``, ``timeout``,
-    ``cost_units`` and ``queue`` is the keyword given, else the handler's class attribute of that name,
-    else the default (no policy of its own, no timeout, 1 unit). Every builder method that
+    ``cost_units`` and the resource ``hints`` (``concurrency_group``, ``concurrency_limit``,
+    ``rate_limit``, ``queue``, ``priority``) is the keyword given, else the handler's class
+    attribute of that name, else the default (no policy of its own, no timeout, 1 unit). Every builder method that
     takes a handler (``then()``, ``route()``, ``parallel()`` branches, ``for_each()`` items)
     and every compensation resolves its options here.
 
@@ -198,8 +245,11 @@ def step_options(name: str, obj: Any, *, retry: RetryPolicy | None = None,
                 f"timeout for step {name!r} must be a positive number of seconds "
                 f"(got {timeout!r}).")
         timeout = float(timeout)
+    unknown = sorted(set(hints) - set(RESOURCE_OPTIONS))
+    if unknown:
+        raise TypeError(f"step_options() got unexpected keyword arguments {unknown!r}")
     return StepOptions(retry, timeout, _cost_units(name, obj, cost_units),
-                       _queue(name, obj, queue))
+                       **resource_options(name, obj, hints))
 
 
 #: The options a ``parallel()`` branch may set for itself.

@@ -54,16 +54,20 @@ class StepStatus(StrEnum, metaclass=_Vocabulary):
     HELD = "held"
     """A fan-out branch or item waiting for a free slot under its step's max_concurrency:
     not claimable and never published until released."""
+    THROTTLED = "throttled"
+    """A step its concurrency group, rate limit or cost budget did not let start: it waits
+    here, holding no worker and no message, until a slot frees (``throttled_by`` says why)."""
 
 
 #: Runs that can make no more progress by themselves.
 FINISHED = (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED)
 #: Runs that are not finished: a failure, a deadline or a cancel may still end them.
 UNFINISHED = tuple(status for status in RunStatus if status not in FINISHED)
-#: Step rows being worked on or due. ``LIVE_OR_HELD`` adds the rows a fan-out holds back:
-#: an operation that stops a run stops those too, one that publishes rows must not.
+#: Step rows being worked on or due. ``LIVE_OR_HELD`` adds the rows a fan-out holds back
+#: and the rows a concurrency group throttles: an operation that stops a run stops those too,
+#: one that publishes rows must not.
 LIVE = (StepStatus.PENDING, StepStatus.PROCESSING)
-LIVE_OR_HELD = (*LIVE, StepStatus.HELD)
+LIVE_OR_HELD = (*LIVE, StepStatus.HELD, StepStatus.THROTTLED)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -107,6 +111,10 @@ class WorkflowStatus:
     """How many artifacts the run has (``queuety.artifacts(run_id)`` lists them)."""
     artifact_keys: list[str] = field(default_factory=list)
     """Their keys, sorted."""
+    throttled_by: dict[str, Any] | None = None
+    """While the current step waits for resources: ``group``, ``reason`` (``concurrency``,
+    ``rate``, ``group_cost``, ``queue_cost``, or ``memory`` for a worker's deferral) and the
+    numbers behind it; ``None`` otherwise."""
     created_at: datetime
     updated_at: datetime
     finished_at: datetime | None

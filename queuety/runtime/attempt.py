@@ -38,6 +38,7 @@ from queuety.core.handlers import (
 from queuety.core.inline import InlineWindow
 from queuety.models import Event, StepRun, StepStatus
 from queuety.runtime import lane
+from queuety.runtime import gates
 from queuety.runtime.claim import Claim, claim, owned
 from queuety.runtime.finish import fail_unloadable
 from queuety.runtime.outcome import record_failure, record_success_retrying
@@ -77,32 +78,102 @@ def execute_step(step_run_id: int, *, inline: bool = True,
     ``QUEUETY["INLINE_STEPS"]`` steps run so in a row, and none starts after
     ``QUEUETY["INLINE_SECONDS"]``; the next one is then published as usual. The caller passes
     ``inline=False`` under a soft time limit (it would interrupt whichever step runs).
+
+    Likewise, when a step in a concurrency group ends, the best waiting step of its group
+    that has no timeout is handed to this process (*direct hand-off*, with ``inline``): it runs
+    here next, with no broker hop, while the same window admits an untimed step (within
+    ``INLINE_SECONDS``, and no hard limit of the task's own); otherwise it is published.
     """
+    window = InlineWindow(time.monotonic() + settings.INLINE_SECONDS, killed_at,
+                          settings.HARD_TIMEOUT_GRACE, settings.INLINE_SECONDS,
+                          own_deadlines=lane.current() is not None)
+    report, kept = _attempt(step_run_id, inline=inline, window=window)
+    while kept is not None:
+        # A handed-off step has no timeout: it runs here only if the window admits one.
+        if not inline or report.timed_out or not window.admits(None, time.monotonic()):
+            _hand_back(kept)
+            break
+        report, kept = _attempt(kept, inline=inline, window=window)
+    return report
+
+
+def _attempt(step_run_id: int, *, inline: bool, window: InlineWindow
+             ) -> tuple[AttemptReport, int | None]:
+    """One message's work (see :func:`execute_step`); also the id of a waiting step this
+    process was handed when a slot of its group freed, or None."""
     held = claim(step_run_id)
     if held is None:
         _requeue_if_early(step_run_id)
-        return AttemptReport(claimed=False)
+        return AttemptReport(claimed=False), None
     try:
         spec = load_spec(held.definition_id)
     except Exception as error:  # noqa: BLE001 - e.g. a retry_on class a deploy removed
         fail_unloadable(held.step_run_id, held.run_id, error)
-        return AttemptReport(claimed=True)
+        return AttemptReport(claimed=True), None
     if held.kind != "step":
         _execute_cleanup(held, spec)
-        return AttemptReport(claimed=True)
+        return AttemptReport(claimed=True), None
     step = spec.steps[held.step_index]
+    passage = _pass_gate(held, spec)
+    if passage is None:
+        return AttemptReport(claimed=False), None
     if step.kind in ("parallel", "for_each"):
-        return _execute_branch(held, spec, step, _context(spec, held, streams=False))
+        try:
+            report = _execute_branch(held, spec, step, _context(spec, held, streams=False))
+        finally:
+            kept = _release(passage, keep=inline)
+        return report, kept
     steps_left = settings.INLINE_STEPS if inline else 1
-    window = InlineWindow(time.monotonic() + settings.INLINE_SECONDS, killed_at,
-                          settings.HARD_TIMEOUT_GRACE, settings.INLINE_SECONDS,
-                          own_deadlines=lane.current() is not None)
     following: Claim | None = held
+    report = AttemptReport(claimed=True)
+    kept = None
     while following is not None:
         steps_left -= 1
-        report, following = _execute_task_step(following, spec,
-                                               window=window if steps_left else None)
-    return report
+        if following is not held:
+            # A step the transition handed this process passes its own gate, like any claim.
+            passage = _pass_gate(following, spec)
+            if passage is None:
+                break
+        try:
+            report, following = _execute_task_step(following, spec,
+                                                   window=window if steps_left else None)
+        finally:
+            # One hand-off at a time: while this run goes on inline, others are published.
+            handed = _release(passage, keep=inline and kept is None and following is None)
+            kept = kept if handed is None else handed
+    return report, kept
+
+
+def _pass_gate(held: Claim, spec: WorkflowSpec) -> gates.Passage | None:
+    """The claimed attempt's passage through its resource gate; None when it must not run
+    (throttled or deferred, its attempt handed back; or failed, its group unresolvable)."""
+    try:
+        passage = gates.enter(held, spec)
+    except exceptions.WorkflowDefinitionError as error:
+        record_failure(held, spec, error, None)
+        return None
+    return passage if passage.started else None
+
+
+def _release(passage: gates.Passage, *, keep: bool = False) -> int | None:
+    """Give back the slot an attempt held, waking the next waiting steps of its group; with
+    ``keep``, return the one handed to this process to run next (see :func:`execute_step`)."""
+    if passage.limits is None:
+        return None
+    try:
+        return gates.release(passage.limits, keep=keep)
+    except DatabaseError:
+        logger.exception("Could not wake the steps waiting for group %r; the sweeper will.",
+                         passage.limits.group)
+        return None
+
+
+def _hand_back(step_run_id: int) -> None:
+    """Publish a waiting step this process was handed but will not run now."""
+    try:
+        gates.hand_back(step_run_id)
+    except DatabaseError:  # its row is pending and woken: the sweeper publishes it again
+        logger.exception("Could not publish step run id=%s; the sweeper will.", step_run_id)
 
 
 def _execute_task_step(held: Claim, spec: WorkflowSpec, *, window: InlineWindow | None
@@ -293,12 +364,13 @@ def _ms_since(started: float) -> float:
 
 def _requeue_if_early(step_run_id: int) -> None:
     row = (StepRun.objects.filter(pk=step_run_id, status=StepStatus.PENDING)
-           .values("available_at", "timeout", "run__definition_id", "step_index", "kind")
+           .values("available_at", "timeout", "step_index", "kind", "run__definition_id")
            .first())
     if row is None:
         return
     wait = (row["available_at"] - timezone.now()).total_seconds()
     if 0 < wait <= settings.MAX_ETA:
         spec = load_spec(row["run__definition_id"])
-        queue = spec.queue_of(row["step_index"]) if row["kind"] == "step" else spec.queue
-        publish.publish([publish.Message(step_run_id, wait, row["timeout"], queue)])
+        publish.publish([publish.step_message(spec, step_run_id, row["step_index"],
+                                              row["timeout"], wait) if row["kind"] == "step"
+                         else publish.Message(step_run_id, wait, row["timeout"], spec.queue)])

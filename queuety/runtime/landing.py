@@ -30,6 +30,7 @@ from queuety.models import (
     WorkflowDependency,
     WorkflowRun,
 )
+from queuety.runtime import gates
 from queuety.runtime.finish import fail_at_wait, notify_finished
 from queuety.store import rows
 from queuety.store.definitions import definition_id, effective_policy
@@ -59,7 +60,7 @@ def begin(spec: WorkflowSpec, run: WorkflowRun, state: dict[str, Any], now: date
             return
         step_run = rows.new_step_run(run.pk, spec, 0, seq=0, now=now)
         started.save()
-        publish.publish_on_commit([publish.message_for(spec, step_run.pk, 0)])
+        gates.publish_landed(spec, step_run.pk, 0, run.pk, state)
     else:
         land(spec, run.pk, 0, state, budgets.Usage(), now, [started])
 
@@ -399,7 +400,7 @@ def _enter(spec: WorkflowSpec, run_id: int, index: int, status: str, state: dict
                                                            wait or None)])
     elif status == RunStatus.RUNNING:
         following = rows.new_step_run(run_id, spec, index, seq=usage.transitions, now=now)
-        publish.publish_on_commit([publish.message_for(spec, following.pk, index)])
+        gates.publish_landed(spec, following.pk, index, run_id, state)
     elif status == RunStatus.PAUSED and step.kind == "task":
         # Ready for resume(), which publishes it; until then claims skip it.
         rows.new_step_run(run_id, spec, index, seq=usage.transitions, now=now, published=False)
@@ -428,7 +429,7 @@ def fan_out(spec: WorkflowSpec, run_id: int, index: int, state: dict[str, Any], 
         for row in new[spread.max_concurrency:]:  # they start as running ones finish
             row.status, row.published_at = StepStatus.HELD, None
     created = StepRun.objects.bulk_create(new)
-    publish.publish_on_commit([publish.Message(row.pk, None, row.timeout, spec.queue_of(index))
+    publish.publish_on_commit([publish.step_message(spec, row.pk, index, row.timeout)
                                for row in created if row.status == StepStatus.PENDING])
 
 
@@ -450,6 +451,6 @@ def release_held(spec: WorkflowSpec, run_id: int, seq: int, index: int, now: dat
     if released:
         StepRun.objects.filter(pk__in=[pk for pk, _ in released]).update(
             status=StepStatus.PENDING, available_at=now, published_at=now)
-        publish.publish_on_commit([publish.Message(pk, None, timeout, spec.queue_of(index))
+        publish.publish_on_commit([publish.step_message(spec, pk, index, timeout)
                                    for pk, timeout in released])
     return len(released)

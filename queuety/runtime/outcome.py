@@ -29,6 +29,7 @@ from queuety.core.inline import InlineWindow
 from queuety.core.status import LIVE_OR_HELD
 from queuety.models import Event, RunStatus, StepRun, StepStatus
 from queuety.runtime import artifacts
+from queuety.runtime import gates
 from queuety.runtime.claim import Claim, applied_by, mark_completed, owned
 from queuety.runtime.finish import STEP_FAILS, check_attempts, fail_run, notify_finished
 from queuety.runtime.landing import land, release_held
@@ -184,7 +185,7 @@ def _after_lost_answer(held: Claim, spec: WorkflowSpec, next_index: int | None) 
                               claimed_at=None, heartbeat_at=None, published_at=now)
     # Every due row that transition created (a fan-out creates several); a second message for
     # a row already published is harmless, as the claim drops it. Later ones are the sweeper's.
-    publish.publish_on_commit([publish.Message(pk, None, timeout, spec.queue_of(index))
+    publish.publish_on_commit([publish.step_message(spec, pk, index, timeout)
                                for pk, timeout, index in following.filter(
                                    status=StepStatus.PENDING, available_at__lte=now)
                                .values_list("pk", "timeout", "step_index")])
@@ -269,7 +270,7 @@ def _complete_postgres(held: Claim, spec: WorkflowSpec, outcome: engine.Advance,
     if next_id is None or next_index is None:
         return owns, advanced, None
     if not inline:
-        publish.publish_on_commit([publish.message_for(spec, next_id, next_index)])
+        gates.publish_landed(spec, next_id, next_index, held.run_id, outcome.state)
         return owns, advanced, None
     # What a claim would have read back: the state as stored (JSON), the run's counters.
     usage = held.usage
@@ -363,9 +364,8 @@ def _schedule_retry(held: Claim, spec: WorkflowSpec, event: Event, record: dict[
     event.save()
     _emit_step_failed(held, spec, event.step_name, record, max_attempts, round(delay, 6))
     if on_broker:
-        publish.publish_on_commit([publish.Message(
-            held.step_run_id, delay, held.timeout,
-            spec.queue if held.kind != "step" else spec.queue_of(held.step_index))])
+        publish.publish_on_commit([publish.step_message(spec, held.step_run_id,
+                                                        held.step_index, held.timeout, delay)])
     logger.info("Step run id=%s attempt=%s failed (%s); retry in %.3fs",
                 held.step_run_id, held.attempt, record["type"], delay)
     return True

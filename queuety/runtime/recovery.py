@@ -6,8 +6,11 @@ attempt another process owns.
 
 from __future__ import annotations
 
+from django.db.models import Q
+
 from queuety import exceptions
 from queuety.models import StepRun, StepStatus
+from queuety.runtime import gates
 from queuety.runtime.claim import claim_of
 from queuety.runtime.outcome import record_failure
 from queuety.store.definitions import load_spec
@@ -19,20 +22,27 @@ def recover_attempt(step_run_id: int, claimed_by: str, *, hard_timeout: bool) ->
     Called by the worker's main process when a pool process was killed at the hard time limit
     (``hard_timeout``: recorded as :class:`StepTimeout`) or died otherwise (:class:`WorkerLost`).
     The task may have been running a later step of the same run inline (see
-    ``queuety.runtime.attempt.execute_step``), so every processing row of that run the dead
-    process held is recorded. Returns True when an attempt was recorded.
+    ``queuety.runtime.attempt.execute_step``), or a step of a concurrency group it was handed,
+    so every such processing row the dead process held is recorded. Returns True when an attempt was recorded.
     """
+    # Also a step of a concurrency group the process was handed when a slot freed (a direct
+    # hand-off, queuety.runtime.attempt.execute_step), whatever its run.
     held_rows = (StepRun.objects.filter(
-        run_id__in=StepRun.objects.filter(pk=step_run_id).values("run_id"),
-        status=StepStatus.PROCESSING, claimed_by=claimed_by)
+        Q(run_id__in=StepRun.objects.filter(pk=step_run_id).values("run_id"))
+        | ~Q(concurrency_group=""), status=StepStatus.PROCESSING, claimed_by=claimed_by)
         .select_related("run").order_by("pk"))
     recorded = False
+    freed: set[str] = set()
     for row in held_rows:
         # The row still processing is the step that was running when the process was killed
         # (the message's own, or an inline one under a site-wide time limit): the limit hit it.
         record_failure(claim_of(row), load_spec(row.run.definition_id),
                        interruption(row, hard_timeout), None)
         recorded = True
+        if row.concurrency_group:
+            freed.add(row.concurrency_group)
+    for group in sorted(freed):  # its slot is free again: the next waiting step starts
+        gates.wake_group(group)
     return recorded
 
 

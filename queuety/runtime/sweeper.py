@@ -22,13 +22,14 @@ from queuety.core import flow
 from queuety.core.definition import WorkflowSpec
 from queuety.core.status import FINISHED
 from queuety.models import Event, RunStatus, StepRun, StepStatus, WorkflowRun
+from queuety.runtime import gates
 from queuety.runtime.claim import claim_of
 from queuety.runtime.expiry import expire_due
 from queuety.runtime.finish import fail_run, fail_unloadable
 from queuety.runtime.outcome import record_failure
 from queuety.runtime.recovery import interruption
 from queuety.runtime.settle import resume_waiting
-from queuety.store import rows
+from queuety.store import groups, rows
 from queuety.store.definitions import load_spec
 from queuety.webhooks import delivery as webhooks
 
@@ -50,7 +51,7 @@ def sweep(now: datetime | None = None) -> dict[str, int]:
     report: dict[str, int] = {}
     phases: tuple[tuple[str, Callable[[datetime], int]], ...] = (
         ("workers", recover_lost_workers), ("recovered", recover_lost),
-        ("republished", republish_due),
+        ("throttled", wake_throttled), ("republished", republish_due),
         ("parents", wake_parents), ("expired", expire_due), ("overdue", fail_overdue),
         ("purged", purge_finished), ("webhooks", webhooks.recover))
     for name, phase in phases:
@@ -91,8 +92,7 @@ def recover_lost_workers(now: datetime) -> int:
             StepRun.objects.filter(pk__in=[pk for pk, *_ in pending]).update(
                 published_at=Greatest(Value(now), F("available_at")))
             publish.publish_on_commit([
-                publish.Message(pk, _countdown(due, now), timeout,
-                                _queue(load_spec(definition_pk), index, kind))
+                _message(pk, definition_pk, index, kind, timeout, _countdown(due, now))
                 for pk, definition_pk, timeout, due, index, kind in pending])
         processes = [name for w in workers for name in w.processes]
         held = list(StepRun.objects.filter(
@@ -157,6 +157,17 @@ def _recover_row(row: StepRun, *, timed_out: bool) -> None:
         fail_unloadable(row.pk, row.run_id, error)
 
 
+def wake_throttled(now: datetime) -> int:
+    """Start throttled steps into their groups' free slots (a wake-up lost with a worker, a
+    slot freed by recovery, a limit the site raised); forget the reservations of woken rows
+    whose message is overdue (``republish_due`` sends it again) and prune the rate ledger.
+    Returns how many steps were woken."""
+    groups.release_stale_woken(now - timedelta(seconds=settings.REDELIVER_AFTER))
+    longest = max((float(rate[1]) for rate in settings.RATE_LIMITS.values()), default=0.0)
+    groups.prune_starts(now - timedelta(seconds=max(longest, 3600.0)))
+    return gates.wake_all(now)
+
+
 def republish_due(now: datetime) -> int:
     """Publish due rows whose message never went out (long delays) or may have been lost."""
     silent_since = now - timedelta(seconds=settings.REDELIVER_AFTER)
@@ -165,9 +176,19 @@ def republish_due(now: datetime) -> int:
         if due:
             StepRun.objects.filter(pk__in=[row[0] for row in due]).update(published_at=now)
             publish.publish_on_commit([
-                publish.Message(pk, None, timeout, _queue(load_spec(definition_pk), index, kind))
+                _message(pk, definition_pk, index, kind, timeout)
                 for pk, definition_pk, timeout, index, kind in due])
     return len(due)
+
+
+def _message(pk: int, definition_pk: int, index: int, kind: str, timeout: float | None,
+             countdown: float | None = None) -> publish.Message:
+    """The message of a row the sweeper publishes again: a step's on its own queue and with its
+    priority, a cleanup row's on the workflow's queue."""
+    spec = load_spec(definition_pk)
+    if kind == "step":
+        return publish.step_message(spec, pk, index, timeout, countdown)
+    return publish.Message(pk, countdown, timeout, spec.queue)
 
 
 def wake_parents(now: datetime) -> int:
@@ -225,8 +246,3 @@ def purge_finished(now: datetime | None = None, batch: int = 500) -> int:
     if ids:
         WorkflowRun.objects.filter(pk__in=ids).delete()
     return len(ids)
-
-
-def _queue(spec: WorkflowSpec, index: int, kind: str) -> str | None:
-    """Where a row's message goes: a step row's step's queue; a cleanup row's workflow's."""
-    return spec.queue_of(index) if kind == "step" else spec.queue

@@ -94,8 +94,10 @@ ATTEMPTS_LOCK = "SELECT pg_advisory_xact_lock(%s, %s)"
 
 # -- the claim --------------------------------------------------------------------------------
 
+# A claim also forgets why the row waited (a worker's memory deferral): ``throttled_by`` is
+# what it waits for now, and a claimed row waits for nothing until its gate says otherwise.
 _CLAIM_SET = ("status = 'processing', attempt = attempt + 1, claimed_at = %s, heartbeat_at = %s, "
-              "claimed_by = %s")
+              "claimed_by = %s, throttled_by = NULL")
 
 #: Claims a due pending step row of a running run (or a cleanup row) and reads back what the
 #: attempt needs, in one statement: a message for a row it cannot claim changes nothing.
@@ -189,4 +191,24 @@ INSERT INTO queuety_stepchunk (run_id, step_run_id, step_index, step_name, "inde
 SELECT %s, %s, %s, %s, %s, %s, %s, %s
  WHERE EXISTS (SELECT 1 FROM queuety_steprun
                 WHERE id = %s AND status = 'processing' AND attempt = %s AND claimed_by = %s)
+"""
+
+# -- resource control -------------------------------------------------------------------------
+
+#: First keys of the advisory locks that serialise the admissions of one concurrency group and
+#: of one queue's cost budget (second key: the name's hash).
+GROUP_LOCK_KEY = 7_402
+QUEUE_LOCK_KEY = 7_403
+
+#: Serialises the admissions of one group (or queue) until the transaction ends.
+GROUP_LOCK = "SELECT pg_advisory_xact_lock(%s, hashtext(%s))"
+
+#: Wakes throttled rows (pending, woken, due now) and reads back what their messages need, in
+#: one statement: ``(id, definition id, step index, timeout)``.
+WAKE_THROTTLED = """
+UPDATE queuety_steprun AS s
+   SET status = 'pending', woken = true, available_at = %s, published_at = %s
+  FROM queuety_workflowrun AS r
+ WHERE s.id = ANY(%s) AND s.status = 'throttled' AND r.id = s.run_id
+RETURNING s.id, r.definition_id, s.step_index, s.timeout
 """

@@ -160,8 +160,9 @@ class Command(BaseCommand):
 
         starting.add_schedule_group(groups)
 
-        overview = groups.add_parser("status", help="Runs per status and the oldest due "
-                                                    "pending step's age.")
+        overview = groups.add_parser("status", help="Runs per status, the oldest due "
+                                                    "pending step's age, and each concurrency "
+                                                    "group's load.")
         overview.add_argument("--format", choices=["text", "json"], default="text")
 
         groups.add_parser("sweep", help="Run the sweeper once (recover lost steps, re-publish "
@@ -209,7 +210,7 @@ class Command(BaseCommand):
         self._table(header, rows)
 
     def _overview(self, format: str, **options: Any) -> None:
-        data = queries.overview()
+        data = {**queries.overview(), "groups": queries.resource_groups()}
         if format == "json":
             self.stdout.write(_json(data))
             return
@@ -217,6 +218,16 @@ class Command(BaseCommand):
             self.stdout.write(f"{status + ':':<23}{count}")
         age = data["oldest_pending_step_age_seconds"]
         self.stdout.write(f"{'Oldest pending step:':<23}" + ("-" if age is None else f"{age}s"))
+        if data["groups"]:
+            self.stdout.write("")
+            self._table(["GROUP", "IN FLIGHT", "LIMIT", "WAITING", "STARTS/RATE", "COST"], [
+                [g["group"], str(g["in_flight"] + g["woken"]),
+                 "-" if g["limit"] is None else str(g["limit"]), str(g["waiting"]),
+                 "-" if g["rate_limit"] is None
+                 else f"{g['recent_starts']}/{g['rate_limit'][0]} per {g['rate_limit'][1]:g}s",
+                 str(g["running_cost"]) + ("" if g["cost_budget"] is None
+                                           else f"/{g['cost_budget']}")]
+                for g in data["groups"]])
 
     #: Lifecycle subcommands: the operation and the original's success line.
     _LIFECYCLE = {

@@ -1,0 +1,48 @@
+"""The admin's concurrency groups page: each group's steps in flight against its limit, its
+waiting (throttled) steps, its running cost against its budget, and its recent starts against
+its rate limit (``queries.resource_groups()``, the same figures as ``manage.py queuety
+status``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin
+from django.core.exceptions import PermissionDenied
+from django.db.models import Model
+from django.http import HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
+from django.urls import reverse
+
+from queuety import queries
+from queuety.models import ResourceGroup
+
+
+@admin.register(ResourceGroup)
+class ResourceGroupAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    """Read-only: the page lists live groups, counted from step rows, not this model's rows
+    (which only remember when a rate-limited group's next wake-up is due)."""
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
+        return False
+
+    def changelist_view(self, request: HttpRequest,
+                        extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        """Every group with a step in flight, woken or waiting, by name."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        runs_url = reverse(f"{self.admin_site.name}:queuety_workflowrun_changelist")
+        rows = [{**group, "held": group["in_flight"] + group["woken"],
+                 "full": group["limit"] is not None
+                 and group["in_flight"] + group["woken"] >= group["limit"]}
+                for group in queries.resource_groups()]
+        return TemplateResponse(request, "admin/queuety/resourcegroup/groups.html", {
+            **self.admin_site.each_context(request), **(extra_context or {}),
+            "title": "Concurrency groups", "opts": self.model._meta, "rows": rows,
+            "runs_url": runs_url})

@@ -1,0 +1,258 @@
+"""The rows of resource control: a group's lock, its load counted from live step rows, the
+start ledger of rate limits, throttled rows and their wake-ups.
+
+Slots are never stored: a group's load is counted, under the group's lock, from the step rows
+that hold one (processing and admitted for their current attempt, or woken and on their way),
+so an attempt whose worker died gives its slot back as soon as recovery moves its row on.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import connection, transaction
+from django.db.models import Count, F, Q, Sum
+from django.db.models.functions import Coalesce
+
+from queuety.core import resources
+from queuety.core.status import StepStatus
+from queuety.models import GroupStart, ResourceGroup, StepRun
+from queuety.store import sql
+
+
+def lock(group: str | None, queue: str | None) -> None:
+    """Serialise, until this transaction ends, every admission of ``group`` and of ``queue``.
+
+    Transaction-scoped advisory locks on PostgreSQL, always the group's before the queue's,
+    so two admissions never wait for each other in a cycle. SQLite serialises writers itself
+    (the demo's single machine).
+    """
+    if connection.vendor != "postgresql":
+        return
+    with connection.cursor() as cursor:
+        if group is not None:
+            cursor.execute(sql.GROUP_LOCK, [sql.GROUP_LOCK_KEY, group])
+        if queue is not None:
+            cursor.execute(sql.GROUP_LOCK, [sql.QUEUE_LOCK_KEY, queue])
+
+
+def _holding(group: str) -> Q:
+    """Rows holding a slot of ``group``: admitted for their current attempt, or woken."""
+    return Q(concurrency_group=group) & (
+        Q(status=StepStatus.PROCESSING, admitted_attempt=F("attempt"))
+        | Q(status__in=(StepStatus.PENDING, StepStatus.PROCESSING), woken=True))
+
+
+def load(limits: resources.Limits, now: datetime, *, excluding: int | None = None
+         ) -> resources.Load:
+    """What ``limits``' group and queue hold now, not counting row ``excluding`` (the row
+    being decided). Woken rows count as started for the rate limit, as they are about to."""
+    others = StepRun.objects.exclude(pk=excluding) if excluding else StepRun.objects.all()
+    in_flight = cost = woken = starts = queue_cost = 0
+    if limits.group is not None:
+        held = others.filter(_holding(limits.group)).aggregate(
+            n=Count("pk"), cost=Coalesce(Sum("cost_units"), 0),
+            woken=Count("pk", filter=Q(woken=True)))
+        in_flight, cost, woken = held["n"], held["cost"], held["woken"]
+        if limits.rate is not None:
+            starts = GroupStart.objects.filter(
+                group=limits.group,
+                started_at__gt=now - timedelta(seconds=limits.rate[1])).count() + woken
+    if limits.queue_cost is not None and limits.queue is not None:
+        queue_cost = others.filter(
+            queue=limits.queue, status=StepStatus.PROCESSING, admitted_attempt=F("attempt"),
+        ).aggregate(cost=Coalesce(Sum("cost_units"), 0))["cost"]
+    return resources.Load(in_flight, cost, starts, queue_cost)
+
+
+def oldest_start(group: str, since: datetime) -> datetime | None:
+    """The earliest start of ``group`` after ``since``: when it leaves the rate window, one
+    more start fits."""
+    first: datetime | None = (GroupStart.objects.filter(group=group, started_at__gt=since)
+                              .order_by("started_at").values_list("started_at", flat=True)
+                              .first())
+    return first
+
+
+def _gate_fields(limits: resources.Limits, priority: int) -> dict[str, Any]:
+    return {"concurrency_group": limits.group or "",
+            "queue": limits.queue if limits.queue_cost is not None and limits.queue else "",
+            "cost_units": limits.cost, "priority": priority}
+
+
+def admit(step_run_id: int, attempt: int, limits: resources.Limits, priority: int,
+          now: datetime) -> None:
+    """Let the claimed row start: it holds its slot from now on (and its start is in the
+    ledger when the group has a rate limit)."""
+    StepRun.objects.filter(pk=step_run_id).update(
+        admitted_attempt=attempt, woken=False, throttled_by=None,
+        **_gate_fields(limits, priority))
+    if limits.group is not None and limits.rate is not None:
+        GroupStart.objects.create(group=limits.group, started_at=now)
+
+
+def reserve(step_run_id: int, limits: resources.Limits, priority: int, now: datetime) -> None:
+    """Let a just-landed pending row hold its slot until its gate admits it (woken, as if a
+    release had woken it): later landings count it, so they park instead of publishing."""
+    StepRun.objects.filter(pk=step_run_id).update(woken=True, published_at=now,
+                                                  **_gate_fields(limits, priority))
+
+
+def park(step_run_id: int, limits: resources.Limits, priority: int,
+         record: dict[str, Any]) -> None:
+    """Make a just-landed pending row throttled, with no message (its group or queue budget
+    is full): a release wakes and publishes it."""
+    StepRun.objects.filter(pk=step_run_id, status=StepStatus.PENDING).update(
+        status=StepStatus.THROTTLED, published_at=None, woken=False, throttled_by=record,
+        **_gate_fields(limits, priority))
+
+
+def admit_woken(step_run_id: int, attempt: int, limits: resources.Limits, priority: int,
+                now: datetime) -> bool:
+    """Admit a claimed row that is still woken, with no lock and no count: its slot was
+    reserved under the group's lock when it was woken or landed, and a woken row is counted
+    as holding it (and as a start of a rate window) until now. One ``UPDATE`` (and the
+    ledger row of a rate-limited group, in the same transaction, so the start is never
+    counted twice or not at all). False when the row is not woken for this group: decide it
+    under the lock (:func:`lock`, :func:`load`)."""
+    rows = StepRun.objects.filter(pk=step_run_id, status=StepStatus.PROCESSING, attempt=attempt,
+                                  woken=True, concurrency_group=limits.group or "")
+    fields = {"admitted_attempt": attempt, "woken": False, "throttled_by": None,
+              **_gate_fields(limits, priority)}
+    if limits.group is None or limits.rate is None:
+        return bool(rows.update(**fields))
+    with transaction.atomic():
+        if not rows.update(**fields):
+            return False
+        GroupStart.objects.create(group=limits.group, started_at=now)
+    return True
+
+
+def throttle(step_run_id: int, attempt: int, claimed_by: str, limits: resources.Limits,
+             priority: int, record: dict[str, Any]) -> bool:
+    """Hand a claimed row back as throttled: its attempt is not counted, it holds no worker
+    and no message. False when the row is no longer this claim's."""
+    return bool(StepRun.objects.filter(
+        pk=step_run_id, status=StepStatus.PROCESSING, attempt=attempt, claimed_by=claimed_by,
+    ).update(status=StepStatus.THROTTLED, attempt=attempt - 1, claimed_by="", claimed_at=None,
+             heartbeat_at=None, published_at=None, woken=False, throttled_by=record,
+             **_gate_fields(limits, priority)))
+
+
+def defer(step_run_id: int, attempt: int, claimed_by: str, due: datetime,
+          record: dict[str, Any]) -> bool:
+    """Hand a claimed row back as pending, due at ``due``, its attempt not counted (a worker
+    without the memory headroom to run it). False when the row is no longer this claim's."""
+    return bool(StepRun.objects.filter(
+        pk=step_run_id, status=StepStatus.PROCESSING, attempt=attempt, claimed_by=claimed_by,
+    ).update(status=StepStatus.PENDING, attempt=attempt - 1, claimed_by="", claimed_at=None,
+             heartbeat_at=None, available_at=due, published_at=due, throttled_by=record))
+
+
+def waiting(groups: list[str], limit: int, *, queue: str | None = None
+            ) -> list[resources.Waiting]:
+    """Throttled rows of ``groups`` (or, with ``queue``, the rows in no group waiting for
+    that queue's cost budget), best first (highest priority, then oldest), at most
+    ``limit``."""
+    rows = StepRun.objects.filter(status=StepStatus.THROTTLED)
+    rows = rows.filter(concurrency_group="", queue=queue) if queue is not None \
+        else rows.filter(concurrency_group__in=groups)
+    found = (rows.order_by("-priority", "pk")
+             .values_list("pk", "concurrency_group", "priority", "cost_units")[:limit])
+    return [resources.Waiting(pk, group, priority, cost) for pk, group, priority, cost in found]
+
+
+def throttled_groups(limit: int = 500) -> list[str]:
+    """Groups with throttled rows (the sweeper's backstop wakes each)."""
+    return list(StepRun.objects.filter(status=StepStatus.THROTTLED).exclude(concurrency_group="")
+                .values_list("concurrency_group", flat=True).distinct()
+                .order_by("concurrency_group")[:limit])
+
+
+def throttled_queues(limit: int = 100) -> list[str]:
+    """Queues with throttled rows in no group (waiting for the queue's cost budget)."""
+    return list(StepRun.objects.filter(status=StepStatus.THROTTLED, concurrency_group="")
+                .exclude(queue="").values_list("queue", flat=True).distinct()
+                .order_by("queue")[:limit])
+
+
+def throttle_record(step_run_id: int) -> dict[str, Any] | None:
+    """The ``throttled_by`` of a row."""
+    record: dict[str, Any] | None = StepRun.objects.filter(pk=step_run_id).values_list(
+        "throttled_by", flat=True).first()
+    return record
+
+
+def wake(ids: list[int], now: datetime) -> list[tuple[int, int, int, float | None]]:
+    """Make throttled rows ``ids`` pending and woken (each then holds its slot until its gate
+    admits it); return ``(id, definition id, step index, timeout)`` of each one woken, in
+    the order of ``ids``."""
+    if not ids:
+        return []
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(sql.WAKE_THROTTLED, [now, now, ids])
+            returned = {row[0]: tuple(row) for row in cursor.fetchall()}
+        return [returned[pk] for pk in ids if pk in returned]
+    found = {row[0]: row for row in StepRun.objects.filter(
+        pk__in=ids, status=StepStatus.THROTTLED).values_list(
+        "pk", "run__definition_id", "step_index", "timeout")}
+    StepRun.objects.filter(pk__in=list(found), status=StepStatus.THROTTLED
+                           ).update(status=StepStatus.PENDING, woken=True, available_at=now,
+                                    published_at=now)
+    return [found[pk] for pk in ids if pk in found]
+
+
+def woken_row(step_run_id: int) -> tuple[int, int, int, float | None] | None:
+    """``(id, definition id, step index, timeout)`` of row ``step_run_id`` while it is woken
+    and pending (a kept hand-off not yet claimed); None otherwise."""
+    row: tuple[int, int, int, float | None] | None = (
+        StepRun.objects.filter(pk=step_run_id, status=StepStatus.PENDING, woken=True)
+        .values_list("pk", "run__definition_id", "step_index", "timeout").first())
+    return row
+
+
+def release_stale_woken(older_than: datetime) -> int:
+    """Forget the reservation of woken rows whose message has not been consumed since
+    ``older_than`` (the sweeper republishes them; meanwhile they must not hold a slot)."""
+    return StepRun.objects.filter(status=StepStatus.PENDING, woken=True,
+                                  published_at__lt=older_than).update(woken=False)
+
+
+def set_timer(group: str, at: datetime, now: datetime) -> bool:
+    """Whether a wake-up of ``group`` at ``at`` should be sent: False while one is already due
+    no later than that (one timer per group and window, not one per throttled step)."""
+    ResourceGroup.objects.get_or_create(name=group)
+    return bool(ResourceGroup.objects.filter(name=group).filter(
+        Q(wake_at__isnull=True) | Q(wake_at__lt=now) | Q(wake_at__gt=at)).update(wake_at=at))
+
+
+def prune_starts(before: datetime) -> int:
+    """Delete ledger rows older than ``before`` (no rate window reaches them)."""
+    deleted, _ = GroupStart.objects.filter(started_at__lt=before).delete()
+    return deleted
+
+
+def overview() -> list[dict[str, Any]]:
+    """Every group with a step in flight, woken or throttled: ``{group, in_flight, woken,
+    waiting, cost}``, by name."""
+    groups: dict[str, dict[str, Any]] = {}
+    live = (StepRun.objects.exclude(concurrency_group="")
+            .filter(Q(status=StepStatus.PROCESSING, admitted_attempt=F("attempt"))
+                    | Q(status=StepStatus.PENDING, woken=True) | Q(status=StepStatus.THROTTLED))
+            .values("concurrency_group").annotate(
+                in_flight=Count("pk", filter=Q(status=StepStatus.PROCESSING)),
+                woken=Count("pk", filter=Q(status=StepStatus.PENDING)),
+                waiting=Count("pk", filter=Q(status=StepStatus.THROTTLED)),
+                cost=Coalesce(Sum("cost_units", filter=Q(status=StepStatus.PROCESSING)), 0)))
+    for row in live:
+        name = row.pop("concurrency_group")
+        groups[name] = {"group": name, **row}
+    return [groups[name] for name in sorted(groups)]
+
+
+def recent_starts(group: str, seconds: float, now: datetime) -> int:
+    """Starts of ``group`` in the last ``seconds``."""
+    return GroupStart.objects.filter(group=group,
+                                     started_at__gt=now - timedelta(seconds=seconds)).count()
