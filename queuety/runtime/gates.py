@@ -22,7 +22,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from queuety import exceptions, publish
+from queuety import exceptions, publish, signals
 from queuety.conf import settings
 from queuety.core import resources
 from queuety.core.definition import WorkflowSpec
@@ -116,7 +116,7 @@ def publish_landed(spec: WorkflowSpec, step_run_id: int, index: int, run_id: int
         groups.park(step_run_id, limits, priority, record)
         if why == resources.RATE and limits.group is not None and limits.rate is not None:
             _set_timer(limits.group, limits.rate[1], now)
-    _log_throttled(spec.steps[index].name, run_id, step_run_id, record)
+        _throttled(spec, index, run_id, step_run_id, record)
     return True
 
 
@@ -161,13 +161,20 @@ def enter(held: Claim, spec: WorkflowSpec) -> Passage:
 
 
 def became_throttled(held: Claim, spec: WorkflowSpec, record: dict[str, Any]) -> None:
-    """A step was not started because of its resources and now waits, throttled (called in
-    the transaction that throttled it; ``record`` is its ``throttled_by``). The one place a
-    step becomes throttled: a ``run_throttled`` signal belongs here."""
-    _log_throttled(spec.steps[held.step_index].name, held.run_id, held.step_run_id, record)
+    """A claimed step was not started because of its resources and now waits, throttled
+    (called in the transaction that throttled it; ``record`` is its ``throttled_by``)."""
+    _throttled(spec, held.step_index, held.run_id, held.step_run_id, record)
 
 
-def _log_throttled(step: str, run_id: int, step_run_id: int, record: dict[str, Any]) -> None:
+def _throttled(spec: WorkflowSpec, index: int, run_id: int, step_run_id: int,
+               record: dict[str, Any]) -> None:
+    """Tell that step ``index`` of run ``run_id`` waits throttled: the one place, for a claimed
+    step (:func:`became_throttled`) and one parked at landing (:func:`publish_landed`). Called
+    inside the throttling transaction: ``run_throttled`` reaches its webhook rows in it and
+    its receivers once it commits."""
+    step = spec.steps[index].name
+    signals.emit("run_throttled", run_id=run_id, workflow=spec.name, step=step,
+                 reason=record.get("reason"))
     logger.info("Step %r of run id=%s (step run id=%s) is throttled by group %r: %s.",
                 step, run_id, step_run_id, record.get("group"), record.get("reason"))
 
