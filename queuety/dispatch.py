@@ -11,7 +11,7 @@ from typing import Any, NamedTuple
 from django.db import connection, transaction
 from django.utils import timezone
 
-from queuety import exceptions, publish, signals, tracing
+from queuety import exceptions, signals, tracing
 from queuety.core import budget as budgets
 from queuety.core.definition import WorkflowSpec, canonical_json, check_payload
 from queuety.models import DispatchKey, Event, RunStatus, WorkflowRun

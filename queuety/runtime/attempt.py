@@ -37,8 +37,7 @@ from queuety.core.handlers import (
 )
 from queuety.core.inline import InlineWindow
 from queuety.models import Event, StepRun, StepStatus
-from queuety.runtime import lane
-from queuety.runtime import gates
+from queuety.runtime import gates, lane
 from queuety.runtime.claim import Claim, claim, owned
 from queuety.runtime.finish import fail_unloadable
 from queuety.runtime.outcome import record_failure, record_success_retrying

@@ -28,8 +28,7 @@ from queuety.core.definition import WorkflowSpec
 from queuety.core.inline import InlineWindow
 from queuety.core.status import LIVE_OR_HELD
 from queuety.models import Event, RunStatus, StepRun, StepStatus
-from queuety.runtime import artifacts
-from queuety.runtime import gates
+from queuety.runtime import artifacts, gates
 from queuety.runtime.claim import Claim, applied_by, mark_completed, owned
 from queuety.runtime.finish import STEP_FAILS, check_attempts, fail_run, notify_finished
 from queuety.runtime.landing import land, release_held

@@ -19,7 +19,6 @@ from django.utils import timezone
 from queuety import exceptions, instruments, publish
 from queuety.conf import settings
 from queuety.core import flow
-from queuety.core.definition import WorkflowSpec
 from queuety.core.status import FINISHED
 from queuety.models import Event, RunStatus, StepRun, StepStatus, WorkflowRun
 from queuety.runtime import gates
