@@ -70,7 +70,7 @@ def test_the_definition_hash_covers_the_new_options_and_keeps_old_hashes():
     ({"concurrency_group": "g", "rate_limit": 5}, "pair (starts, seconds)"),
     ({"concurrency_limit": 2}, "no concurrency_group"),
     ({"priority": "urgent"}, "'high', 'normal' or 'low'"),
-    ({"queue": " "}, "non-blank Celery queue"),
+    ({"queue": " "}, "non-blank queue name"),
 ])
 def test_bad_options_are_refused_with_the_step_named(options, words):
     with pytest.raises(queuety.WorkflowDefinitionError, match="step_a|'step_a'") as caught:
