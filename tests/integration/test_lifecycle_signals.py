@@ -303,3 +303,25 @@ def test_webhooks__a_redirect_is_a_failed_attempt_not_a_delivery(token):
         endpoint.delete()
         server.shutdown()
         server.server_close()
+
+
+def test_a_step_parked_at_landing__sends_run_throttled_after_the_commit(received, token):
+    # On a queue no worker consumes: the first run's step holds the group's one slot, so the
+    # second run is parked throttled when it lands on its first step, in dispatch().
+    from tests import resource_steps
+
+    def dispatch() -> int:
+        return (queuety.workflow("observed_throttle").on_queue(f"nobody-{token}")
+                .then(resource_steps.ledgered, concurrency_group=f"obs-{token}",
+                      concurrency_limit=1)
+                .dispatch({"token": token}))
+
+    first = dispatch()
+    with transaction.atomic():
+        second = dispatch()
+        assert received.of("run_throttled", second) == []  # receivers wait for the commit
+    assert received.of("run_throttled", first) == []
+    assert received.of("run_throttled", second) == [
+        {"run_id": second, "workflow": "observed_throttle", "step": "ledgered",
+         "reason": "concurrency"}]
+    assert queuety.workflow_status(second).throttled_by["reason"] == "concurrency"
