@@ -275,7 +275,9 @@ def runs_matching(*, status: str | None = None, workflow: str | None = None,
                         ("waiting", waiting)):
         if value is not None and "\x00" in value:  # PostgreSQL text holds no NUL character
             raise ValueError(f"The {what} filter contains a NUL character; no run has one.")
-    runs = WorkflowRun.objects.order_by("-pk")
+    # A page of summaries needs none of the big JSON columns (the state above all).
+    runs = WorkflowRun.objects.order_by("-pk").defer("state", "state_writes", "error",
+                                                     "cleanup", "groups", "loops")
     if status is not None:
         if status not in tuple(RunStatus):
             raise ValueError(f"Unknown status {status!r}; use one of {', '.join(RunStatus)}.")

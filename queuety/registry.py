@@ -132,8 +132,8 @@ def get(name: str) -> RegisteredWorkflow:
         return found
 
 
-def start_run(name: str, payload: Any = None, *, idempotency_key: str | None = None
-              ) -> tuple[int, bool]:
+def start_run(name: str, payload: Any = None, *, idempotency_key: str | None = None,
+              on_conflict: str = "report") -> tuple[int, bool]:
     """Start a run of workflow ``name``; return its id and whether ``idempotency_key`` had
     already started it (then no run is written and the id is the original run's).
 
@@ -142,6 +142,8 @@ def start_run(name: str, payload: Any = None, *, idempotency_key: str | None = N
         InvalidPayload: the payload is not a JSON object (or uses Queuety's ``_`` keys).
         BudgetExceeded: the payload alone is over the workflow's ``max_state_bytes``.
         InvalidPayload: ``idempotency_key`` is blank or longer than 255 characters.
+        IdempotencyConflict: the key started a run of another workflow or payload and
+            ``on_conflict="error"`` (as the REST API and the admin pass).
 
     A key fixed on the registered builder (``.idempotency_key()``) is not used: a template
     started many times takes its key from each start.
@@ -161,5 +163,6 @@ def start_run(name: str, payload: Any = None, *, idempotency_key: str | None = N
                 f"string of at most 255 characters (got {idempotency_key!r:.80}); nothing was "
                 "dispatched.")
         idempotency_key = idempotency_key.strip()
-    done = dispatch.dispatch_run(entry.spec, payload, idempotency_key=idempotency_key)
+    done = dispatch.dispatch_run(entry.spec, payload, idempotency_key=idempotency_key,
+                                 on_conflict=on_conflict)
     return done.run_id, done.reused

@@ -216,15 +216,20 @@ def schedule(name: str, *, workflow: str, cron: str | None = None,
             "description": f"Starts workflow {workflow!r} (Queuety schedule {name!r}).",
         }
         if seconds is not None:
-            defaults["interval"], _ = IntervalSchedule.objects.get_or_create(
-                every=seconds, period=IntervalSchedule.SECONDS)
+            defaults["interval"] = IntervalSchedule.objects.filter(
+                every=seconds, period=IntervalSchedule.SECONDS).order_by("pk").first() or \
+                IntervalSchedule.objects.create(every=seconds, period=IntervalSchedule.SECONDS)
         else:
             assert cron is not None
             minute, hour, day_of_month, month_of_year, day_of_week = cron.split()
-            defaults["crontab"], _ = CrontabSchedule.objects.get_or_create(
-                minute=minute, hour=hour, day_of_month=day_of_month,
-                month_of_year=month_of_year, day_of_week=day_of_week,
-                **({"timezone": timezone} if timezone else {}))
+            # The zone always takes part: a row of the same fields in another zone (the beat
+            # admin's, say) is another schedule. Without one, beat's own default zone.
+            zone = timezone or CrontabSchedule._meta.get_field("timezone").get_default()
+            fields = {"minute": minute, "hour": hour, "day_of_month": day_of_month,
+                      "month_of_year": month_of_year, "day_of_week": day_of_week,
+                      "timezone": zone}
+            defaults["crontab"] = CrontabSchedule.objects.filter(**fields).order_by(
+                "pk").first() or CrontabSchedule.objects.create(**fields)
         task, _ = PeriodicTask.objects.update_or_create(name=TASK_PREFIX + name,
                                                         defaults=defaults)
     logger.info("Schedule %r of workflow %r saved (PeriodicTask id=%s).", name, workflow,

@@ -40,8 +40,8 @@ from queuety import inbox, publish, queries, registry
 from queuety import timeline as timelines
 from queuety.core.builder import WorkflowBuilder
 from queuety.core.status import RunStatus, StepStatus, WorkflowStatus
-from queuety.models import StepRun
-from queuety.runtime import attempt, settle
+from queuety.models import StepRun, WorkflowRun
+from queuety.runtime import attempt, expiry, settle
 
 #: Step attempts one drive may run before it gives up (a loop that never ends).
 MAX_STEPS = 1000
@@ -109,6 +109,22 @@ class TestRun:
             raise AssertionError(
                 f"Run {self.id}'s timeline has no {missing[0]!r} after the events before it "
                 f"in {list(kinds)!r}; its events are: {', '.join(seen)}.")
+
+    def expire_wait(self) -> TestRun:
+        """Let the timeout of the wait the run is parked at pass, as the sweeper would once
+        its ``expires_at`` came (the test helper runs no sweeper), then drive the run on.
+
+        Raises:
+            AssertionError: the run is not parked at a wait with a timeout.
+        """
+        expires_at = WorkflowRun.objects.values_list("wait_expires_at", flat=True).get(
+            pk=self.id)
+        if expires_at is None:
+            raise AssertionError(f"Run {self.id} is {self.status!r}, not parked at a wait with "
+                                 "a timeout; there is nothing to expire.")
+        with _in_process():
+            expiry.expire_wait(self.id, expires_at)
+        return self.drive()
 
     def signal(self, name: str, data: Any = None) -> TestRun:
         """Send signal ``name`` (``queuety.signal``), then drive the run on."""

@@ -91,9 +91,11 @@ class StartRunPages:
             try:
                 run_id, reused = registry.start_run(
                     name, form.cleaned_data["payload"],
-                    idempotency_key=form.cleaned_data["idempotency_key"])
+                    idempotency_key=form.cleaned_data["idempotency_key"], on_conflict="error")
             except (exceptions.InvalidPayload, exceptions.BudgetExceeded) as error:
                 form.add_error("payload", str(error))
+            except exceptions.IdempotencyConflict as error:
+                form.add_error("idempotency_key", str(error))
             else:
                 if reused:
                     messages.warning(request, f"Idempotency key "

@@ -80,6 +80,10 @@ class ArtifactView(RunAPIView):
     (``bytes`` as base64 text); write it from outside the run's steps; delete it."""
 
     schema = ArtifactSchema()
+    # Writing a run's artifacts is operating it, not answering it: an approver may not.
+    required_permissions = {"GET": "queuety.view_workflowrun",
+                            "PUT": "queuety.change_workflowrun",
+                            "DELETE": "queuety.change_workflowrun"}
 
     def get(self, request: Request, pk: int, key: str) -> Response:
         self.get_run(pk)

@@ -115,12 +115,15 @@ class RunListView(RunAPIView):
                 "them).", "invalid_request", status.HTTP_400_BAD_REQUEST)
         key = body.get("idempotency_key")
         try:
+            # A key used for another workflow or payload is a 409, not that run's status.
             run_id, reused = registry.start_run(name, body.get("payload"),
-                                                idempotency_key=key)
+                                                idempotency_key=key, on_conflict="error")
         except exceptions.BudgetExceeded as error:  # the payload alone: bad input, not state
             raise api_errors.QueuetyAPIError(str(error), "budget_exceeded",
                                              status.HTTP_400_BAD_REQUEST, budget=error.budget,
                                              limit=error.limit, used=error.used) from None
+        if reused:
+            self.get_run(run_id)  # the original run is answered only to who may see it
         run = queries.workflow_status(run_id).to_dict()
         return Response({"created": not reused, "run": run},
                         status=status.HTTP_200_OK if reused else status.HTTP_201_CREATED)

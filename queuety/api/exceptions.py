@@ -36,6 +36,8 @@ def translate(error: Exception) -> QueuetyAPIError:
                                    status.HTTP_413_REQUEST_ENTITY_TOO_LARGE)
         return QueuetyAPIError(str(error), "invalid_payload", status.HTTP_400_BAD_REQUEST,
                                errors=error.errors)
+    if isinstance(error, exceptions.IdempotencyConflict):
+        return QueuetyAPIError(str(error), "idempotency_conflict", status.HTTP_409_CONFLICT)
     if isinstance(error, exceptions.InvalidTransition):
         return QueuetyAPIError(str(error), "invalid_transition", status.HTTP_409_CONFLICT)
     if isinstance(error, exceptions.UnknownWorkflow):

@@ -47,7 +47,10 @@ def append_batch(held: Claim, step_name: str, first: int, texts: list[str]) -> b
     now = timezone.now()
     try:
         with transaction.atomic():
-            if not owned(held).exists():
+            # Locked, not only read: an outcome (or the sweeper taking the row back) then
+            # commits after this batch, never between the check and the insert, so a retry
+            # reads back every chunk its predecessor stored.
+            if not owned(held).select_for_update(no_key=True).values_list("pk", flat=True)[:1]:
                 return False
             StepChunk.objects.bulk_create([StepChunk(
                 run_id=held.run_id, step_run_id=held.step_run_id, step_index=held.step_index,

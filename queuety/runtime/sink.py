@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.db import transaction
+
 from queuety import exceptions
 from queuety.conf import settings
 from queuety.core import artifacts as rules
@@ -43,9 +45,14 @@ class AttemptOutputs:
         text = rules.encode_chunk(content, limit=settings.MAX_CHUNK_BYTES, step=self.step_name,
                                   run_id=self.held.run_id)
         if self._writer is None:
+            # Inside a transaction (a site's test under pytest-django's db fixture, run by
+            # queuety.testing) a writer thread's connection would not see the step row:
+            # chunks are then written here, one statement each.
+            interval = 0 if transaction.get_connection().in_atomic_block \
+                else settings.CHUNK_FLUSH_INTERVAL
             self._writer = chunks.ChunkWriter(
                 self.held, self.step_name, len(self.stored_chunks()),
-                interval=settings.CHUNK_FLUSH_INTERVAL, buffer=settings.CHUNK_BUFFER)
+                interval=interval, buffer=settings.CHUNK_BUFFER)
         self._writer.add(text)
 
     def finish_stream(self) -> None:

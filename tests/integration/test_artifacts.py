@@ -40,7 +40,7 @@ def make_user(*perms: str, **flags) -> User:
 @pytest.fixture
 def operator() -> APIClient:
     client = APIClient()
-    client.force_authenticate(make_user("view_workflowrun", "signal_workflowrun"))
+    client.force_authenticate(make_user("view_workflowrun", "change_workflowrun"))
     return client
 
 
@@ -240,6 +240,11 @@ def test_api__bad_writes_and_access(operator, worker, token):
     assert reader.get(base).status_code == 200
     assert reader.put(f"{base}x/", {"content": 1}, format="json").status_code == 403
     assert reader.delete(f"{base}draft/").status_code == 403
+    # An approver answers the run; writing its artifacts is operating it.
+    approver = APIClient()
+    approver.force_authenticate(make_user("view_workflowrun", "signal_workflowrun"))
+    assert approver.put(f"{base}x/", {"content": 1}, format="json").status_code == 403
+    assert approver.delete(f"{base}draft/").status_code == 403
     stranger = APIClient()
     stranger.force_authenticate(make_user())
     assert stranger.get(base).status_code == 403

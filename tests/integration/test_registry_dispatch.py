@@ -18,7 +18,7 @@ from rest_framework.test import APIClient
 
 import queuety
 from queuety import queries
-from queuety.models import ApiReply, DispatchKey, WorkflowRun
+from queuety.models import ApiReply, DispatchKey, Event, WorkflowRun
 from tests.integration.conftest import wait_for
 
 pytestmark = pytest.mark.worker
@@ -101,6 +101,24 @@ def test_post_runs__201_with_the_run_then_200_created_false_for_its_key(starter,
     assert again.status_code == 200 and again.json()["created"] is False
     assert again.json()["run"]["id"] == created["run"]["id"]
     assert wait_for(created["run"]["id"], worker=worker).state["log"] == ["a", "b", "c"]
+
+
+def test_post_runs__a_key_of_another_workflow_or_payload_is_409_and_tells_nothing(starter,
+                                                                                  token):
+    # A caller who guesses a key (a schedule's, a site's "order-7") must not get that run's
+    # status, nor write into its timeline.
+    key = f"taken-{token}"
+    first = post(starter, "/runs/", {"workflow": "reg_letters", "payload": {"token": token},
+                                     "idempotency_key": key})
+    assert first.status_code == 201
+    run_id = first.json()["run"]["id"]
+    for other in ({"workflow": "reg_approval", "payload": {"token": token}},
+                  {"workflow": "reg_letters", "payload": {"token": token, "x": 1}}):
+        refused = post(starter, "/runs/", {**other, "idempotency_key": key})
+        assert refused.status_code == 409, refused.content
+        assert refused.json()["code"] == "idempotency_conflict"
+        assert "state" not in refused.json() and "run" not in refused.json()
+    assert not Event.objects.filter(run_id=run_id, kind="idempotency_conflict").exists()
 
 
 def test_post_runs__an_idempotency_key_header_replays_the_first_answer(starter, token):

@@ -96,3 +96,30 @@ def test_bad_input_is_refused_as_by_queuety_start(db):
 
 def test_testrun_is_not_collected_as_a_test_class():
     assert TestRun.__test__ is False
+
+
+def test_a_streaming_step_stores_its_chunks_in_the_test(db, token):
+    from tests import streaming_steps
+
+    run = run_workflow(queuety.workflow(f"site_stream_{token}").then(streaming_steps.Tokens),
+                       {"token": token, "n": 4})
+    run.assert_status("completed")
+    assert run.state["text"] == "t0 t1 t2 t3 " and run.state["count"] == 4
+    page = queuety.chunks(run.id, "Tokens")
+    assert [chunk["content"] for chunk in page.chunks] == ["t0 ", "t1 ", "t2 ", "t3 "]
+    assert [a["key"] for a in queuety.artifacts(run.id)] == ["partial"]
+
+
+def test_a_wait_timeout_is_let_pass_by_expire_wait(db, token):
+    from datetime import timedelta
+
+    builder = (queuety.workflow(f"site_timeout_{token}")
+               .wait_for_approval(timeout=timedelta(hours=4), on_timeout="continue")
+               .then(steps.step_b))
+    run = run_workflow(builder, {"token": token})
+    run.assert_status("waiting_for_signal")
+    run.expire_wait().assert_status("completed")
+    assert run.state["approval"] is None and run.state["log"] == ["b"]
+    assert "wait_timed_out" in run.events()
+    with pytest.raises(AssertionError, match="nothing to expire"):
+        run.expire_wait()
