@@ -28,7 +28,7 @@ from queuety.conf import settings
 from queuety.core import budget as budgets
 from queuety.core.definition import check_payload
 from queuety.core.status import FINISHED, UNFINISHED
-from queuety.models import WorkflowRun
+from queuety.models import DispatchKey, WorkflowRun
 
 logger = logging.getLogger("queuety")
 
@@ -361,11 +361,25 @@ def fire_and_follow(name: str, *, after: int | None = None, manual: bool = False
     """:func:`fire`, and for a buffered fire, send ``queuety.fire_schedule`` again in
     ``SWEEP_INTERVAL`` seconds to look once more (what the task and ``schedule run`` do)."""
     fired = fire(name, after=after, manual=manual)
-    if fired.outcome == "buffered":
-        # Lost with the broker, it is replaced by the schedule's next tick.
+    if fired.outcome == "buffered" and (after is not None or _first_behind(
+            name, fired.waiting_for)):
+        # Lost with the broker: the next tick after the live run finishes starts the run.
         publish.send_later(FIRE_TASK, {"schedule": name, "after": fired.waiting_for},
                            settings.SWEEP_INTERVAL)
     return fired
+
+
+def _first_behind(name: str, live: int | None) -> bool:
+    """Whether this is the first fire to buffer behind run ``live``: only that one starts
+    the follow-up that looks again every ``SWEEP_INTERVAL``, so a per-minute schedule behind a
+    run that waits a day keeps one follow-up, not one per tick. (A used key row marks it:
+    ``queuety-schedule:<name>:behind:<run id>``.)"""
+    if live is None:
+        return False
+    _, created = DispatchKey.objects.get_or_create(
+        key=f"{key_prefix(name)}behind:{live}",
+        defaults={"run_id": live, "payload_hash": "", "definition_hash": ""})
+    return created
 
 
 def _live_run(name: str, key: str) -> int | None:

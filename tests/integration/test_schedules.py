@@ -135,11 +135,16 @@ def test_fire__buffer_starts_one_run_once_the_previous_finishes(name, worker, to
     wait_for(first.run_id, ("waiting_for_signal",), worker=worker)
     # Two more ticks while it waits: both are buffered behind it, and the worker looks again
     # every SWEEP_INTERVAL.
-    for _ in range(2):
+    for _ in range(3):
         buffered = schedules.fire_and_follow(name, manual=True)
         assert buffered.outcome == "buffered" and buffered.waiting_for == first.run_id
-    time.sleep(2.5)
+    seen = len(worker.log())
+    time.sleep(4)
     assert len(runs_of(name)) == 1  # nothing starts while it is live
+    # One follow-up looks again each SWEEP_INTERVAL (1 s here), not one per buffered tick:
+    # a per-minute schedule behind a run waiting a day would otherwise send 1,440 of them.
+    looks = worker.log()[seen:].count("queuety.fire_schedule[")
+    assert 2 <= looks <= 14, worker.log()[seen:][-3000:]  # "received" and "succeeded" each
     queuety.approve(first.run_id)
     wait_for(first.run_id, worker=worker)
     deadline = time.monotonic() + 30
