@@ -203,8 +203,13 @@ class StepRun(models.Model):
                 condition=Q(status="throttled"),
             ),
             models.Index(
-                fields=["queue"], name="queuety_step_queue_live",
-                condition=Q(status="processing") & ~Q(queue=""),
+                fields=["queue"], name="queuety_step_queue_held",
+                condition=Q(status__in=["processing", "pending"]) & ~Q(queue=""),
+            ),
+            models.Index(
+                fields=["queue", "concurrency_group", "-priority", "id"],
+                name="queuety_step_queue_waiting",
+                condition=Q(status="throttled") & ~Q(queue=""),
             ),
         ]
 

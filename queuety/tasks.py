@@ -177,4 +177,4 @@ def fire_schedule(schedule: str, after: int | None = None, **row_kwargs: Any) ->
 def wake_group(group: str) -> int:
     """Start concurrency group ``group``'s throttled steps into its free slots (sent when a
     rate limit's window reopens; the sweeper is the backstop)."""
-    return gates.wake_group(group)
+    return gates.wake_everything_of(group)

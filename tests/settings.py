@@ -22,7 +22,11 @@ from project.settings import *  # noqa: E402,F403
 # An app whose workflows.py registers workflows, as a site's would (tests/testapp).
 INSTALLED_APPS = [*INSTALLED_APPS, "tests.testapp"]  # noqa: F405
 
+#: A queue with a cost budget of 2 (tests/integration/test_resources.py runs a node for it).
+BUDGET_QUEUE = os.environ["CELERY_TASK_DEFAULT_QUEUE"] + "-budget"
+
 QUEUETY = {
+    "QUEUE_COST_BUDGETS": {BUDGET_QUEUE: 2},
     "SWEEP_INTERVAL": 1,
     "STALE_AFTER": 3.0,
     "HEARTBEAT_INTERVAL": 0.5,

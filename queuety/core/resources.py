@@ -238,20 +238,23 @@ class Waiting:
     cost: int = 1
 
 
-def wake_order(waiting: list[Waiting], free: dict[str, int]) -> list[int]:
+def wake_order(waiting: list[Waiting], free: dict[str, int],
+               holding: dict[str, int] | None = None) -> list[int]:
     """Which throttled rows to start, in order: highest priority first, then round-robin
     across the group keys (a tenant with 1,000 waiting steps does not starve one with 5),
     then oldest (lowest id) within a key; at most ``free[key]`` per key.
 
-    ``waiting`` may hold several keys of one family (``tenant:1``, ``tenant:2``): each key's
-    own limit leaves it its ``free`` slots, and round-robin decides who goes first when a
-    shared resource (worker processes, the broker) serves them in order.
+    ``waiting`` may hold several keys of one family (``tenant:1``, ``tenant:2``) that share
+    one resource (a queue's cost budget). Round-robin goes on across wake-ups, not only
+    within one: ``holding[key]`` is what each key already holds of the shared resource, and
+    the key that holds the fewest goes next, so one slot freed at a time still alternates
+    between the keys instead of going to whoever queued first.
     """
     queues: dict[str, list[Waiting]] = {}
     for row in sorted(waiting, key=lambda w: (-w.priority, w.id)):
         queues.setdefault(row.group, []).append(row)
     left = {key: free.get(key, 0) for key in queues}
-    taken: dict[str, int] = dict.fromkeys(queues, 0)
+    taken = {key: (holding or {}).get(key, 0) for key in queues}
     order: list[int] = []
     while True:
         ready = [key for key, rows in queues.items() if rows and left[key] > 0]

@@ -137,10 +137,8 @@ def enter(held: Claim, spec: WorkflowSpec) -> Passage:
         return OPEN
     priority = resources.PRIORITIES[spec.priority_of(held.step_index) or resources.NORMAL]
     now = timezone.now()
-    # A woken step's slot is already reserved (a queue's budget counts no reservations, so
-    # a step under one is always decided under the lock).
-    if limits.group is not None and limits.queue_cost is None and \
-            groups.admit_woken(held.step_run_id, held.attempt, limits, priority, now):
+    # A woken step's slot (and its share of a queue's budget) is already reserved.
+    if groups.admit_woken(held.step_run_id, held.attempt, limits, priority, now):
         return Passage(True, limits)
     with transaction.atomic():
         groups.lock(limits.group, limits.queue if limits.queue_cost is not None else None)
@@ -232,18 +230,53 @@ def release(limits: resources.Limits | None, *, keep: bool = False) -> int | Non
     """
     if limits is None:
         return None
-    kept = None if limits.group is None else wake_group(limits.group, limits, keep=keep)
+    kept = None
     if limits.queue is not None and limits.queue_cost is not None:
-        wake_queue(limits.queue)
+        kept = wake_queue(limits.queue, keep=keep)
+    if limits.group is not None:
+        handed = wake_group(limits.group, limits, keep=keep and kept is None)
+        kept = kept if kept is not None or not keep else handed
+    return kept if keep else None
+
+
+def wake_everything_of(group: str) -> int:
+    """Wake ``group``'s throttled steps, those waiting for a queue's budget too (a rate
+    limit's timer, a dead worker's slot): the queues' lines are woken as wholes."""
+    woken = wake_group(group) or 0
+    for queue in groups.throttled_queues(group=group):
+        woken += wake_queue(queue) or 0
+    return woken
+
+
+def _room(group: str, limits: resources.Limits, now: datetime, waiting: bool | None = True
+          ) -> tuple[int, resources.Load]:
+    """How many more of ``group``'s steps may start now (under its lock), and its load. When
+    none may because of its rate limit and steps wait (``waiting``; None: look), its timer
+    is set for the moment one more fits."""
+    load = groups.load(limits, now)
+    free = resources.free_slots(limits, load)
+    if free <= 0 and limits.rate is not None and load.starts_in_window >= limits.rate[0] and \
+            (waiting or (waiting is None and groups.waiting([group], 1))):
+        _set_timer(group, limits.rate[1], now)
+    return free, load
+
+
+def _keep_or_publish(woken: list[tuple[int, int, int, float | None]], keep: bool
+                     ) -> int | None:
+    """Publish the woken rows, except, with ``keep``, the best one without a timeout: that
+    one's id is returned for the caller to run (see :func:`release`)."""
+    kept = next((row[0] for row in woken if row[3] is None), None) if keep else None
+    _publish_woken([row for row in woken if row[0] != kept])
     return kept
 
 
 def wake_group(group: str, limits: resources.Limits | None = None,
                now: datetime | None = None, *, keep: bool = False) -> int | None:
-    """Wake as many of ``group``'s throttled steps as its free slots allow, best first, and
-    publish them. ``limits``: as the caller knows them, else as the best waiting row was
-    throttled under. With ``keep``, the best woken step without a timeout is returned instead
-    of published (see :func:`release`); otherwise, how many were woken."""
+    """Wake as many of ``group``'s throttled steps (those under no queue budget) as its free
+    slots allow, best first, and publish them. ``limits``: as the caller knows them, else as
+    the best waiting row was throttled under. With ``keep``, the best woken step without a
+    timeout is returned instead of published (see :func:`release`); otherwise, how many
+    were woken."""
     now = now or timezone.now()
     with transaction.atomic():
         groups.lock(group, None)
@@ -252,43 +285,49 @@ def wake_group(group: str, limits: resources.Limits | None = None,
             if not best:
                 return None if keep else 0
             limits = limits_from_record(group, groups.throttle_record(best[0].id))
-        load = groups.load(limits, now)
-        free = resources.free_slots(limits, load)
+        free, _ = _room(group, limits, now, waiting=None)
         if free <= 0:
-            if limits.rate is not None and load.starts_in_window >= limits.rate[0] and \
-                    groups.waiting([group], 1):
-                _set_timer(group, limits.rate[1], now)
             return None if keep else 0
         order = resources.wake_order(groups.waiting([group], free), {group: free})
         woken = groups.wake(order, now)
-        kept = next((row[0] for row in woken if row[3] is None), None) if keep else None
-        _publish_woken([row for row in woken if row[0] != kept])
+        kept = _keep_or_publish(woken, keep)
     return kept if keep else len(woken)
 
 
-def wake_queue(queue: str, now: datetime | None = None) -> int:
-    """Wake the steps in no group that wait for ``queue``'s cost budget, as many as its free
-    budget fits (at least one when nothing runs); returns how many."""
+def wake_queue(queue: str, now: datetime | None = None, *, keep: bool = False) -> int | None:
+    """Wake the steps waiting for ``queue``'s cost budget, in whatever group, as many as its
+    free budget fits (at least one when nothing holds any): highest priority first, then
+    round-robin across their groups (the keys of a family such as ``tenant:*`` share the
+    queue's budget, and a tenant with 1,000 waiting steps must not starve one with 5), then
+    oldest; each group's own limits hold too. With ``keep``, as :func:`release`; otherwise
+    how many were woken."""
     now = now or timezone.now()
     budget = settings.QUEUE_COST_BUDGETS.get(queue)
+    # No group can take more than the whole budget's worth (each step costs at least 1).
+    share = max(int(budget or 1), 1)
     with transaction.atomic():
-        groups.lock(None, queue)
-        candidates = groups.waiting([], 50, queue=queue)
+        groups.lock(None, queue)  # the queue's lock first, then its groups' (groups.lock)
+        candidates, records = groups.waiting_for_queue(queue, min(4 * share, 200), share)
         if not candidates:
-            return 0
-        if budget is None:  # the budget was removed: nothing holds them back any more
-            chosen = [row.id for row in candidates]
-        else:
-            running = groups.load(resources.Limits(None, queue=queue, queue_cost=budget),
-                                  now).queue_cost
-            chosen = []
-            for row in candidates:
-                if running and running + row.cost > budget:
-                    break
-                running += row.cost
-                chosen.append(row.id)
-        _publish_woken(groups.wake(chosen, now))
-    return len(chosen)
+            return None if keep else 0
+        named = sorted(name for name in records if name)
+        groups.lock_groups(named)
+        free, holding = {"": len(candidates)}, {}
+        for name in named:
+            free[name], load = _room(name, limits_from_record(name, records[name]), now)
+            holding[name] = load.in_flight
+        running = 0 if budget is None else groups.load(
+            resources.Limits(None, queue=queue, queue_cost=budget), now).queue_cost
+        chosen: list[int] = []
+        costs = {row.id: row.cost for row in candidates}
+        for pk in resources.wake_order(candidates, free, holding):
+            if budget is not None and running and running + costs[pk] > budget:
+                break  # the best that does not fit waits first in line, not overtaken
+            running += costs[pk]
+            chosen.append(pk)
+        woken = groups.wake(chosen, now)
+        kept = _keep_or_publish(woken, keep)
+    return kept if keep else len(woken)
 
 
 def hand_back(step_run_id: int) -> None:
@@ -305,7 +344,7 @@ def wake_all(now: datetime) -> int:
     for group in groups.throttled_groups():
         woken += wake_group(group, now=now) or 0
     for queue in groups.throttled_queues():
-        woken += wake_queue(queue, now)
+        woken += wake_queue(queue, now) or 0
     return woken
 
 

@@ -25,14 +25,15 @@ def recover_attempt(step_run_id: int, claimed_by: str, *, hard_timeout: bool) ->
     ``queuety.runtime.attempt.execute_step``), or a step of a concurrency group it was handed,
     so every such processing row the dead process held is recorded. Returns True when an attempt was recorded.
     """
-    # Also a step of a concurrency group the process was handed when a slot freed (a direct
-    # hand-off, queuety.runtime.attempt.execute_step), whatever its run.
+    # Also a step of a concurrency group or queue budget the process was handed when a slot
+    # freed (a direct hand-off, queuety.runtime.attempt.execute_step), whatever its run.
     held_rows = (StepRun.objects.filter(
         Q(run_id__in=StepRun.objects.filter(pk=step_run_id).values("run_id"))
-        | ~Q(concurrency_group=""), status=StepStatus.PROCESSING, claimed_by=claimed_by)
+        | ~Q(concurrency_group="") | ~Q(queue=""), status=StepStatus.PROCESSING, claimed_by=claimed_by)
         .select_related("run").order_by("pk"))
     recorded = False
     freed: set[str] = set()
+    queues: set[str] = set()
     for row in held_rows:
         # The row still processing is the step that was running when the process was killed
         # (the message's own, or an inline one under a site-wide time limit): the limit hit it.
@@ -41,7 +42,12 @@ def recover_attempt(step_run_id: int, claimed_by: str, *, hard_timeout: bool) ->
         recorded = True
         if row.concurrency_group:
             freed.add(row.concurrency_group)
-    for group in sorted(freed):  # its slot is free again: the next waiting step starts
+        if row.queue:
+            queues.add(row.queue)
+    # Its slot (and its share of its queue's budget) is free again: the next waiting starts.
+    for queue in sorted(queues):
+        gates.wake_queue(queue)
+    for group in sorted(freed):
         gates.wake_group(group)
     return recorded
 

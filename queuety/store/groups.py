@@ -12,8 +12,8 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import connection, transaction
-from django.db.models import Count, F, Q, Sum
-from django.db.models.functions import Coalesce
+from django.db.models import Count, F, Q, Sum, Window
+from django.db.models.functions import Coalesce, RowNumber
 
 from queuety.core import resources
 from queuety.core.status import StepStatus
@@ -24,22 +24,33 @@ from queuety.store import sql
 def lock(group: str | None, queue: str | None) -> None:
     """Serialise, until this transaction ends, every admission of ``group`` and of ``queue``.
 
-    Transaction-scoped advisory locks on PostgreSQL, always the group's before the queue's,
-    so two admissions never wait for each other in a cycle. SQLite serialises writers itself
-    (the demo's single machine).
+    Transaction-scoped advisory locks on PostgreSQL, always the queue's before the group's
+    (a queue's waker takes its queue's lock, then the locks of several groups, in name order:
+    :func:`lock_groups`), so two admissions never wait for each other in a cycle. SQLite
+    serialises writers itself (the demo's single machine).
     """
     if connection.vendor != "postgresql":
         return
     with connection.cursor() as cursor:
-        if group is not None:
-            cursor.execute(sql.GROUP_LOCK, [sql.GROUP_LOCK_KEY, group])
         if queue is not None:
             cursor.execute(sql.GROUP_LOCK, [sql.QUEUE_LOCK_KEY, queue])
+        if group is not None:
+            cursor.execute(sql.GROUP_LOCK, [sql.GROUP_LOCK_KEY, group])
 
 
-def _holding(group: str) -> Q:
-    """Rows holding a slot of ``group``: admitted for their current attempt, or woken."""
-    return Q(concurrency_group=group) & (
+def lock_groups(names: list[str]) -> None:
+    """Take the locks of several groups, in name order (after their queue's, see :func:`lock`)."""
+    if connection.vendor != "postgresql":
+        return
+    with connection.cursor() as cursor:
+        for name in sorted(set(names)):
+            cursor.execute(sql.GROUP_LOCK, [sql.GROUP_LOCK_KEY, name])
+
+
+def _holding(**where: str) -> Q:
+    """Rows holding a slot of a group or a share of a queue's budget (``where``):
+    admitted for their current attempt, or woken."""
+    return Q(**where) & (
         Q(status=StepStatus.PROCESSING, admitted_attempt=F("attempt"))
         | Q(status__in=(StepStatus.PENDING, StepStatus.PROCESSING), woken=True))
 
@@ -47,11 +58,12 @@ def _holding(group: str) -> Q:
 def load(limits: resources.Limits, now: datetime, *, excluding: int | None = None
          ) -> resources.Load:
     """What ``limits``' group and queue hold now, not counting row ``excluding`` (the row
-    being decided). Woken rows count as started for the rate limit, as they are about to."""
+    being decided). Woken rows count as started for the rate limit, as they are about to, and
+    hold their cost of the queue's budget, as they hold their group's slot."""
     others = StepRun.objects.exclude(pk=excluding) if excluding else StepRun.objects.all()
     in_flight = cost = woken = starts = queue_cost = 0
     if limits.group is not None:
-        held = others.filter(_holding(limits.group)).aggregate(
+        held = others.filter(_holding(concurrency_group=limits.group)).aggregate(
             n=Count("pk"), cost=Coalesce(Sum("cost_units"), 0),
             woken=Count("pk", filter=Q(woken=True)))
         in_flight, cost, woken = held["n"], held["cost"], held["woken"]
@@ -60,9 +72,8 @@ def load(limits: resources.Limits, now: datetime, *, excluding: int | None = Non
                 group=limits.group,
                 started_at__gt=now - timedelta(seconds=limits.rate[1])).count() + woken
     if limits.queue_cost is not None and limits.queue is not None:
-        queue_cost = others.filter(
-            queue=limits.queue, status=StepStatus.PROCESSING, admitted_attempt=F("attempt"),
-        ).aggregate(cost=Coalesce(Sum("cost_units"), 0))["cost"]
+        queue_cost = others.filter(_holding(queue=limits.queue)).aggregate(
+            cost=Coalesce(Sum("cost_units"), 0))["cost"]
     return resources.Load(in_flight, cost, starts, queue_cost)
 
 
@@ -150,30 +161,53 @@ def defer(step_run_id: int, attempt: int, claimed_by: str, due: datetime,
              heartbeat_at=None, available_at=due, published_at=due, throttled_by=record))
 
 
-def waiting(groups: list[str], limit: int, *, queue: str | None = None
-            ) -> list[resources.Waiting]:
-    """Throttled rows of ``groups`` (or, with ``queue``, the rows in no group waiting for
-    that queue's cost budget), best first (highest priority, then oldest), at most
-    ``limit``."""
-    rows = StepRun.objects.filter(status=StepStatus.THROTTLED)
-    rows = rows.filter(concurrency_group="", queue=queue) if queue is not None \
-        else rows.filter(concurrency_group__in=groups)
-    found = (rows.order_by("-priority", "pk")
+def waiting(groups: list[str], limit: int) -> list[resources.Waiting]:
+    """Throttled rows of ``groups`` under no queue cost budget, best first (highest priority,
+    then oldest), at most ``limit``. (Rows under a queue's budget wait in that queue's line,
+    across groups: :func:`waiting_for_queue`.)"""
+    found = (StepRun.objects.filter(status=StepStatus.THROTTLED, concurrency_group__in=groups,
+                                    queue="")
+             .order_by("-priority", "pk")
              .values_list("pk", "concurrency_group", "priority", "cost_units")[:limit])
     return [resources.Waiting(pk, group, priority, cost) for pk, group, priority, cost in found]
 
 
+def waiting_for_queue(queue: str, limit: int, per_group: int
+                      ) -> tuple[list[resources.Waiting], dict[str, dict[str, Any] | None]]:
+    """Throttled rows under ``queue``'s cost budget, of every group (``""``: in no group):
+    each group's best ``per_group`` (highest priority, then oldest), interleaved so that a
+    group with 1,000 waiting rows does not fill the ``limit`` before one with 5 is seen; and
+    the ``throttled_by`` of each group's best row (the limits it waits under)."""
+    ranked = (StepRun.objects.filter(status=StepStatus.THROTTLED, queue=queue)
+              .annotate(rank=Window(RowNumber(), partition_by=[F("concurrency_group")],
+                                    order_by=[F("priority").desc(), F("pk").asc()]))
+              .filter(rank__lte=per_group)
+              .order_by("-priority", "rank", "pk")
+              .values_list("pk", "concurrency_group", "priority", "cost_units", "rank",
+                           "throttled_by")[:limit])
+    rows, records = [], {}
+    for pk, group, priority, cost, rank, record in ranked:
+        rows.append(resources.Waiting(pk, group, priority, cost))
+        if rank == 1:
+            records[group] = record
+    return rows, records
+
+
 def throttled_groups(limit: int = 500) -> list[str]:
-    """Groups with throttled rows (the sweeper's backstop wakes each)."""
-    return list(StepRun.objects.filter(status=StepStatus.THROTTLED).exclude(concurrency_group="")
+    """Groups with throttled rows under no queue budget (the sweeper's backstop wakes each)."""
+    return list(StepRun.objects.filter(status=StepStatus.THROTTLED, queue="")
+                .exclude(concurrency_group="")
                 .values_list("concurrency_group", flat=True).distinct()
                 .order_by("concurrency_group")[:limit])
 
 
-def throttled_queues(limit: int = 100) -> list[str]:
-    """Queues with throttled rows in no group (waiting for the queue's cost budget)."""
-    return list(StepRun.objects.filter(status=StepStatus.THROTTLED, concurrency_group="")
-                .exclude(queue="").values_list("queue", flat=True).distinct()
+def throttled_queues(limit: int = 100, *, group: str | None = None) -> list[str]:
+    """Queues with throttled rows waiting under their cost budget, in a group or not (with
+    ``group``: rows of that group only)."""
+    rows = StepRun.objects.filter(status=StepStatus.THROTTLED)
+    if group is not None:
+        rows = rows.filter(concurrency_group=group)
+    return list(rows.exclude(queue="").values_list("queue", flat=True).distinct()
                 .order_by("queue")[:limit])
 
 

@@ -293,3 +293,44 @@ def test_a_step_parked_at_landing_has_no_message_and_starts_when_its_slot_frees(
     assert resource_steps.peak(spans) == 1
     assert list(StepRun.objects.filter(run_id__in=waiting).values_list("attempt", flat=True)
                 ) == [1] * 3
+
+
+@pytest.fixture
+def budget_node(worker, tmp_path):
+    """A worker node (``-c 4``) for the test settings' queue with a cost budget of 2."""
+    from tests.settings import BUDGET_QUEUE
+
+    node = Worker(tmp_path, queue=BUDGET_QUEUE, beat=False, concurrency=4)
+    node.start()
+    yield node
+    node.stop()
+
+
+def test_tenants_sharing_a_queue_budget_take_turns_and_the_budget_holds(worker, budget_node,
+                                                                       token):
+    # Each tenant's own limit (10) leaves room: the queue's budget of 2 is what they share.
+    # One slot frees at a time, and it goes to the tenant holding fewer, not to the oldest
+    # waiting step (which would be the big tenant's until its backlog ran out).
+    template = _group(token) + ":{tenant_id}"
+    flow = queuety.workflow("res_queue_fair").then(
+        resource_steps.ledgered, concurrency_group=template, concurrency_limit=10,
+        queue=budget_node.queue)
+    runs = []
+    with transaction.atomic():
+        for tenant, count in (("big", 24), ("small", 4)):
+            runs += [flow.dispatch({"token": token, "tenant_id": tenant, "label": tenant,
+                                    "nap": 0.15}) for _ in range(count)]
+    throttled = StepRun.objects.filter(run_id__in=runs, status="throttled")
+    assert throttled.count() == 26
+    assert {row["reason"] for row in throttled.values_list("throttled_by", flat=True)} == {
+        "queue_cost"}
+    for run_id in runs:
+        assert wait_for(run_id, timeout=120, worker=worker).status == "completed"
+    spans = resource_steps.intervals(token)
+    assert resource_steps.peak(spans) <= 2
+    big_ends = sorted(end for _, end, label in spans if label == "big")
+    small_done = max(end for _, end, label in spans if label == "small")
+    # Taking turns, the small tenant's four are done while the big one has run about five;
+    # served oldest first they would all come after the big tenant's twenty-four.
+    assert small_done < big_ends[7], [round(end - big_ends[0], 2) for end in big_ends[:9]]
+    assert set(StepRun.objects.filter(run_id__in=runs).values_list("attempt", flat=True)) == {1}

@@ -139,6 +139,29 @@ def test_wake_order_is_priority_then_round_robin_across_keys_then_oldest():
     assert resources.wake_order(waiting, {}) == []
 
 
+def test_wake_order_goes_on_round_robin_across_wake_ups_by_what_each_key_holds():
+    # One slot of a shared queue budget frees at a time: the key holding fewer goes next,
+    # though the big tenant's head is older.
+    waiting = ([Waiting(i, "tenant:big", 1) for i in range(1, 6)]
+               + [Waiting(i, "tenant:small", 1) for i in (40, 41)])
+    free = {"tenant:big": 9, "tenant:small": 9}
+    woken = []
+    holding = {"tenant:big": 1, "tenant:small": 0}
+    for _ in range(4):
+        first = resources.wake_order(waiting, free, holding)[0]
+        woken.append(first)
+        key = next(w.group for w in waiting if w.id == first)
+        waiting = [w for w in waiting if w.id != first]
+        # The woken step holds its slot; the step that had run there ends.
+        holding = {k: 0 for k in holding} | {key: 1}
+    assert woken == [40, 1, 41, 2]
+    # Nothing held: the oldest goes first, as within one wake-up.
+    assert resources.wake_order(waiting, free, {})[:2] == [3, 4]
+    # Priority still comes before what a key holds.
+    urgent = [Waiting(7, "tenant:big", 2), Waiting(8, "tenant:small", 1)]
+    assert resources.wake_order(urgent, free, {"tenant:big": 5}) == [7, 8]
+
+
 def test_memory_verdict_checks_the_process_and_the_machine():
     assert resources.memory_verdict(rss_mb=100, max_rss_mb=512, available_mb=900,
                                     min_available_mb=256) is None
