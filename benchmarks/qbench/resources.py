@@ -22,6 +22,9 @@ Workloads:
   rate sustained.
 - **tenants**: three tenants of a ``tenant:{tenant_id}`` group, limit 2 each, with 100, 20
   and 5 queued runs: each tenant's peak and when its last step finished.
+- **shared budget**: the same three tenants, each with a limit of 8 of its own, on a queue
+  whose cost budget of 4 they share (``qbench.settings_resources``): the queue's peak and when
+  each tenant finished, against taking turns and against oldest first.
 - **round trips**: the SQL statements of a plain step boundary (as in the main suite's
   ``roundtrips``) next to a step in a concurrency group.
 """
@@ -51,7 +54,7 @@ def _environment(ledger_dir: str, queue: str) -> dict[str, str]:
     db = urlsplit(os.environ["DATABASE_URL"]).path.lstrip("/")
     if db in REFUSED:
         sys.exit(f"qbench.resources: refusing to drop database {db!r}; name one of your own.")
-    return {**os.environ, "DJANGO_SETTINGS_MODULE": "project.settings",
+    return {**os.environ, "DJANGO_SETTINGS_MODULE": "qbench.settings_resources",
             "CELERY_TASK_DEFAULT_QUEUE": queue, "DJANGO_DEBUG": "0",
             "QUEUETY_LOG_LEVEL": "WARNING", "QUEUETY_PREPARED_STATEMENTS": "1",
             "QBENCH_LEDGER_DIR": ledger_dir, "PYTHONUNBUFFERED": "1",
@@ -195,6 +198,45 @@ def tenant_workload(ledger_dir: str, nap: float) -> dict:
     return result
 
 
+def shared_budget_workload(ledger_dir: str, nap: float) -> dict:
+    """Three tenants whose own limits leave room, sharing a queue budget of 4: the waiting
+    steps of every tenant are woken in turns, so each finishes near its fair share."""
+    from django.conf import settings
+
+    import queuety
+
+    budget = settings.QUEUE_BUDGET
+    flow = queuety.workflow("res_bench_shared").then(
+        "qbench.resource_steps.ledgered", concurrency_group="bench-shared:{tenant_id}",
+        concurrency_limit=8, queue=settings.BUDGET_QUEUE)
+    queued = {"a": 100, "b": 20, "c": 5}
+    began = time.time()
+    ids = [flow.dispatch({"nap": nap, "ledger": "shared", "tenant_id": tenant, "label": tenant})
+           for tenant, count in queued.items() for _ in range(count)]
+    _wait_done(ids, 60 + 125 * nap)
+    spans = _ledger(ledger_dir, "shared")
+    result = {"nap": nap, "budget": budget, "tenants": {}, "peak_all": peak(spans)}
+    total = sum(queued.values())
+    for tenant, count in queued.items():
+        mine = [span for span in spans if span[2] == tenant]
+        # Taking turns, a tenant runs at budget / (tenants still waiting) until it is done.
+        smaller = sorted(c for c in queued.values() if c <= count)
+        fair = 0.0
+        done_before = 0
+        for n, c in enumerate(smaller):
+            fair += (c - done_before) * (len(queued) - n) / budget * nap
+            done_before = c
+        result["tenants"][tenant] = {
+            "queued": count, "ran": len(mine),
+            "finished_after_s": round(max(e for _, e, _ in mine) - began, 2),
+            "turns_s": round(fair, 2),
+            "oldest_first_s": round(
+                sum(c for t, c in queued.items() if list(queued).index(t) <= list(queued).index(
+                    tenant)) / budget * nap, 2)}
+    result["all_s"] = round(total / budget * nap, 2)
+    return result
+
+
 def round_trips() -> dict:
     """Statements of a plain step boundary and of a step in a concurrency group, in-process
     with publishing captured (as the main suite's ``roundtrips``)."""
@@ -254,7 +296,8 @@ def main() -> None:
     try:
         for n in (1, 2):
             command = [sys.executable, "-m", "celery", "-A", "project", "worker", "--pool",
-                       "prefork", "--concurrency", "4", "--loglevel", "WARNING", "-Q", queue,
+                       "prefork", "--concurrency", "4", "--loglevel", "WARNING",
+                       "-Q", f"{queue},{queue}-budget",
                        "-n", f"qbench-res{n}-{uuid.uuid4().hex[:6]}@localhost",
                        "--without-gossip", "--without-mingle", "--without-heartbeat"]
             nodes.append(util.start(command, log=results_dir / "logs" / f"res-node{n}.log",
@@ -265,7 +308,8 @@ def main() -> None:
                    "group": group_workload(ledger_dir, args.runs, args.nap),
                    "plain_fast": baseline(ledger_dir, args.runs, 0.01, "plain_fast"),
                    "rate": rate_workload(ledger_dir, args.runs),
-                   "tenants": tenant_workload(ledger_dir, args.tenant_nap)}
+                   "tenants": tenant_workload(ledger_dir, args.tenant_nap),
+                   "shared": shared_budget_workload(ledger_dir, args.tenant_nap)}
         results["load_average"] = os.getloadavg()
     finally:
         for proc in nodes:
@@ -305,6 +349,13 @@ def report(r: dict) -> str:
         lines.append(f"| tenant {tenant} ({row['queued']} queued, limit 2): peak, finished | "
                      f"{row['peak']}, after {row['finished_after_s']} s (alone: "
                      f"{row['ideal_s']} s) | peak ≤ 2 |")
+    shared = r["shared"]
+    for tenant, row in shared["tenants"].items():
+        lines.append(f"| sharing a queue budget of {shared['budget']}: tenant {tenant} "
+                     f"({row['queued']} queued), finished | after {row['finished_after_s']} s "
+                     f"(taking turns: {row['turns_s']} s; oldest first: {row['oldest_first_s']}"
+                     " s) | |")
+    lines.append(f"| ... the queue's peak | {shared['peak_all']} | ≤ {shared['budget']} |")
     lines.append(f"| round trips of a step boundary: plain / in a group | "
                  f"{rt['plain']['round_trips']} ({' '.join(rt['plain']['statements'])}) / "
                  f"{rt['in a group']['round_trips']} "

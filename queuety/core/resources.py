@@ -185,6 +185,19 @@ def limits_for(*, group: str | None, step_limit: int | None, step_rate: tuple[in
     return Limits(group, concurrency, rate, group_cost, queue, queue_cost, cost)
 
 
+#: How much longer than its period a rate window is counted: a handler starts a few
+#: milliseconds after its admission, and when those delays vary, admissions exactly one
+#: period apart could put one handler start too many in some window of the period.
+RATE_SLACK_SECONDS = 0.05
+
+
+def rate_window(period: float) -> float:
+    """The seconds over which a rate limit of ``period`` counts starts: the period, plus a
+    slack of 50 ms (at most 5% of the period) that absorbs the jitter between a step's
+    admission and its handler's start."""
+    return period + min(RATE_SLACK_SECONDS, period * 0.05)
+
+
 @dataclass(frozen=True, slots=True)
 class Load:
     """What a group and a queue hold right now (counted from live step rows)."""

@@ -213,8 +213,9 @@ def limits_from_record(group: str, record: dict[str, Any] | None) -> resources.L
 
 def _set_timer(group: str, period: float, now: datetime) -> None:
     """Send one wake-up of ``group`` for when its oldest start in the window leaves it."""
-    oldest = groups.oldest_start(group, now - timedelta(seconds=period))
-    at = (oldest or now) + timedelta(seconds=period)
+    window = timedelta(seconds=resources.rate_window(period))
+    oldest = groups.oldest_start(group, now - window)
+    at = (oldest or now) + window
     if groups.set_timer(group, at, now):
         publish.wake_group_on_commit(group, max((at - now).total_seconds(), 0) + 0.005)
 

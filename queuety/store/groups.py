@@ -70,7 +70,8 @@ def load(limits: resources.Limits, now: datetime, *, excluding: int | None = Non
         if limits.rate is not None:
             starts = GroupStart.objects.filter(
                 group=limits.group,
-                started_at__gt=now - timedelta(seconds=limits.rate[1])).count() + woken
+                started_at__gt=now - timedelta(seconds=resources.rate_window(limits.rate[1]))
+            ).count() + woken
     if limits.queue_cost is not None and limits.queue is not None:
         queue_cost = others.filter(_holding(queue=limits.queue)).aggregate(
             cost=Coalesce(Sum("cost_units"), 0))["cost"]

@@ -222,3 +222,9 @@ def test_throttle_words_say_the_group_and_the_numbers():
         "queue 'llm': cost budget 18 running + 5 > 20"
     assert throttle_words({"group": None, "reason": "memory", "detail": "low"}) == \
         "worker: deferred: low"
+
+
+def test_a_rate_window_is_its_period_plus_a_small_slack():
+    assert resources.rate_window(1.0) == pytest.approx(1.05)
+    assert resources.rate_window(60.0) == pytest.approx(60.05)   # 50 ms at most
+    assert resources.rate_window(0.2) == pytest.approx(0.21)     # 5% of a short period
