@@ -53,6 +53,10 @@ class WorkflowBuilder:
     def _with(self, **options: Any) -> WorkflowBuilder:
         return self._copy(options={**self._options, **options})
 
+    def _append(self, step: StepSpec) -> WorkflowBuilder:
+        _check_name(self._name, self._steps, step)
+        return self._copy(steps=self._steps + (step,))
+
     @property
     def _budget(self) -> Budget:
         budget: Budget = self._options.get("budget", Budget())
@@ -114,8 +118,7 @@ class WorkflowBuilder:
         spec = StepSpec(name=step_name.strip(), handler=path, retry=options.retry,
                         timeout=options.timeout, cost_units=options.cost_units,
                         **options.resource_fields())
-        _check_name(self._name, self._steps, spec)
-        return self._copy(steps=self._steps + (spec,))
+        return self._append(spec)
 
     def route(self, step: Any, routes: dict[Any, str], name: str | None = None, *,
               retry: RetryPolicy | None = None, timeout: float | None = None,
@@ -167,8 +170,7 @@ class WorkflowBuilder:
         count = sum(1 for s in self._steps if s.kind == "delay")
         spec = StepSpec(name=name or f"delay_{count}", kind="delay", cost_units=0,
                         delay_seconds=float(total))
-        _check_name(self._name, self._steps, spec)
-        return self._copy(steps=self._steps + (spec,))
+        return self._append(spec)
 
     # -- child workflows -----------------------------------------------------------------------
 
@@ -197,8 +199,7 @@ class WorkflowBuilder:
         spec = replace(child.build(), name=name.strip())
         step = StepSpec(name=name.strip(), kind="child", cost_units=0, child=spec.to_dict(),
                         retry=retry)
-        _check_name(self._name, self._steps, step)
-        return self._copy(steps=self._steps + (step,))
+        return self._append(step)
 
     def start_workflows(self, items_key: str, child: WorkflowBuilder,
                         result_key: str = "started_workflow_ids", payload_key: str = "item",
@@ -221,8 +222,7 @@ class WorkflowBuilder:
                           inherit_state=bool(inherit_state), group=group_key)
         step = StepSpec(name=name or f"start_workflows_{len(self._steps)}", kind="start",
                         cost_units=0, child=child.build().to_dict(), start=start)
-        _check_name(self._name, self._steps, step)
-        return self._copy(steps=self._steps + (step,))
+        return self._append(step)
 
     def start_agents(self, items_key: str, child: WorkflowBuilder,
                      result_key: str = "agent_workflow_ids", payload_key: str = "agent_task",
@@ -236,8 +236,7 @@ class WorkflowBuilder:
                         **options: Any) -> WorkflowBuilder:
         step = StepSpec(name=name or default_name, kind="wait_workflows", cost_units=0,
                         workflows=WaitWorkflowsSpec(**options))
-        _check_name(self._name, self._steps, step)
-        return self._copy(steps=self._steps + (step,))
+        return self._append(step)
 
     def wait_for_workflows(self, workflows: list[int] | str, mode: str = "all",
                            result_key: str | None = None, name: str | None = None,
@@ -322,8 +321,7 @@ class WorkflowBuilder:
                     "expected": expected,
                     "condition": None if condition is None else resolve_handler(condition)[0],
                     "max_iterations": max_iterations})
-        _check_name(self._name, self._steps, spec)
-        return self._copy(steps=self._steps + (spec,))
+        return self._append(spec)
 
     def repeat_until(self, target: str, state_key: str | None = None, expected: Any = True, *,
                      condition: Any = None, max_iterations: int | None = None,
@@ -380,8 +378,7 @@ class WorkflowBuilder:
                             branch_timeouts=tuple(timeouts) if any(
                                 t != timeout for t in timeouts) else (),
                             branch_retries=tuple(retries) if any(retries) else ()))
-        _check_name(self._name, self._steps, spec)
-        return self._copy(steps=self._steps + (spec,))
+        return self._append(spec)
 
     def for_each(self, items_key: str, handler: Any, result_key: str | None = None,
                  mode: str = "all", quorum: int | None = None, reducer: Any = None,
@@ -419,8 +416,7 @@ class WorkflowBuilder:
         spec = StepSpec(name=step_name, kind="for_each", handler=path, fanout=fanout,
                         retry=options.retry, timeout=options.timeout,
                         cost_units=options.cost_units, **options.resource_fields())
-        _check_name(self._name, self._steps, spec)
-        return self._copy(steps=self._steps + (spec,))
+        return self._append(spec)
 
     # -- waits ---------------------------------------------------------------------------------
 
@@ -439,8 +435,7 @@ class WorkflowBuilder:
             )
         spec = StepSpec(name=step_name.strip(), kind="wait", cost_units=0,
                         wait=waits.WaitSpec(signals=tuple(s.strip() for s in signals), **options))
-        _check_name(self._name, self._steps, spec)
-        return self._copy(steps=self._steps + (spec,))
+        return self._append(spec)
 
     def prune_state_after(self, steps: int = 2) -> WorkflowBuilder:
         """Drop each state key ``steps`` steps after the step that last wrote it.
