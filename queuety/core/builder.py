@@ -1,4 +1,8 @@
-"""The fluent workflow builder: ``queuety.workflow(name).then(...).dispatch(payload)``."""
+"""The fluent workflow builder: ``queuety.workflow(name).then(...).dispatch(payload)``.
+
+:class:`WorkflowBuilder` holds the steps and declares most of them; the steps that involve other
+runs come from ``builder_runs``, the signal waits from ``builder_signals``.
+"""
 
 from __future__ import annotations
 
@@ -6,16 +10,17 @@ from dataclasses import replace
 from typing import Any
 
 from queuety import exceptions
-from queuety.core import engine, resources, waits
+from queuety.core import engine, resources
 from queuety.core.budget import Budget
+from queuety.core.builder_runs import RunSteps
+from queuety.core.builder_signals import SignalSteps
 from queuety.core.definition import StepSpec, WorkflowSpec
-from queuety.core.dependencies import StartSpec, WaitWorkflowsSpec
 from queuety.core.fanout import FanOutSpec
 from queuety.core.handlers import branch_entry, resolve_handler, step_options
 from queuety.core.retry import RetryPolicy
 
 
-class WorkflowBuilder:
+class WorkflowBuilder(RunSteps, SignalSteps):
     """Declares a workflow step by step. Every method returns a new builder.
 
     Builders are immutable, so a partly built workflow can be shared and extended safely::
@@ -52,6 +57,10 @@ class WorkflowBuilder:
 
     def _with(self, **options: Any) -> WorkflowBuilder:
         return self._copy(options={**self._options, **options})
+
+    def _append(self, step: StepSpec) -> WorkflowBuilder:
+        _check_name(self._name, self._steps, step)
+        return self._copy(steps=self._steps + (step,))
 
     @property
     def _budget(self) -> Budget:
@@ -114,8 +123,7 @@ class WorkflowBuilder:
         spec = StepSpec(name=step_name.strip(), handler=path, retry=options.retry,
                         timeout=options.timeout, cost_units=options.cost_units,
                         **options.resource_fields())
-        _check_name(self._name, self._steps, spec)
-        return self._copy(steps=self._steps + (spec,))
+        return self._append(spec)
 
     def route(self, step: Any, routes: dict[Any, str], name: str | None = None, *,
               retry: RetryPolicy | None = None, timeout: float | None = None,
@@ -167,135 +175,7 @@ class WorkflowBuilder:
         count = sum(1 for s in self._steps if s.kind == "delay")
         spec = StepSpec(name=name or f"delay_{count}", kind="delay", cost_units=0,
                         delay_seconds=float(total))
-        _check_name(self._name, self._steps, spec)
-        return self._copy(steps=self._steps + (spec,))
-
-    # -- child workflows -----------------------------------------------------------------------
-
-    def run_workflow(self, name: str, child: WorkflowBuilder, *,
-                     retry: RetryPolicy | None = None) -> WorkflowBuilder:
-        """Run ``child`` (a builder) as a child workflow named ``name``, started with this run's
-        state; when it completes, its state's keys are merged here and this run goes on. Its
-        failure or cancellation fails this run; cancelling this run cancels it.
-
-        Args:
-            retry: start the child afresh when it fails, by this policy (its ``retry_on``
-                is matched against :class:`~queuety.ChildRunFailed`). Without it a failed
-                child fails this run: the child's steps already retry by their own policies,
-                and restarting the child multiplies those attempts. A cancelled child, or one
-                that failed a budget or a :class:`~queuety.PermanentError`, is never restarted.
-                ``max_step_attempts`` caps the attempts of the whole tree.
-        """
-        if not isinstance(child, WorkflowBuilder):
-            raise exceptions.WorkflowDefinitionError(
-                f"run_workflow() takes a queuety.workflow(...) builder (got {child!r}).")
-        if not isinstance(name, str) or not name.strip():
-            raise exceptions.WorkflowDefinitionError("run_workflow() needs a non-blank name.")
-        if retry is not None and not isinstance(retry, RetryPolicy):
-            raise exceptions.WorkflowDefinitionError(
-                f"retry for run_workflow({name!r}) must be a queuety.RetryPolicy (got {retry!r}).")
-        spec = replace(child.build(), name=name.strip())
-        step = StepSpec(name=name.strip(), kind="child", cost_units=0, child=spec.to_dict(),
-                        retry=retry)
-        _check_name(self._name, self._steps, step)
-        return self._copy(steps=self._steps + (step,))
-
-    def start_workflows(self, items_key: str, child: WorkflowBuilder,
-                        result_key: str = "started_workflow_ids", payload_key: str = "item",
-                        inherit_state: bool = True, name: str | None = None,
-                        group_key: str | None = None) -> WorkflowBuilder:
-        """Start one run of ``child`` per item of ``state[items_key]`` and go on at once.
-
-        The runs are created in the same transaction as this step's transition, so a crash or a
-        retry never starts them twice. Each gets this run's public state (with
-        ``inherit_state``), a dict item's keys over it (any other item under ``payload_key``)
-        and ``start_item_index``. Their ids (in item order) go to ``result_key``; with
-        ``group_key`` they also form a group for :meth:`wait_for_workflow_group`.
-        ``max_started_workflows`` is checked before any run is created. Cancelling this run
-        cancels the runs it started that are still active.
-        """
-        if not isinstance(child, WorkflowBuilder):
-            raise exceptions.WorkflowDefinitionError(
-                f"start_workflows() takes a queuety.workflow(...) builder (got {child!r}).")
-        start = StartSpec(items_key=items_key, result_key=result_key, payload_key=payload_key,
-                          inherit_state=bool(inherit_state), group=group_key)
-        step = StepSpec(name=name or f"start_workflows_{len(self._steps)}", kind="start",
-                        cost_units=0, child=child.build().to_dict(), start=start)
-        _check_name(self._name, self._steps, step)
-        return self._copy(steps=self._steps + (step,))
-
-    def start_agents(self, items_key: str, child: WorkflowBuilder,
-                     result_key: str = "agent_workflow_ids", payload_key: str = "agent_task",
-                     inherit_state: bool = True, name: str | None = None,
-                     group_key: str | None = None) -> WorkflowBuilder:
-        """:meth:`start_workflows` with agent-flavoured defaults (step name ``start_agents``)."""
-        return self.start_workflows(items_key, child, result_key, payload_key, inherit_state,
-                                    name or "start_agents", group_key)
-
-    def _wait_workflows(self, default_name: str, name: str | None,
-                        **options: Any) -> WorkflowBuilder:
-        step = StepSpec(name=name or default_name, kind="wait_workflows", cost_units=0,
-                        workflows=WaitWorkflowsSpec(**options))
-        _check_name(self._name, self._steps, step)
-        return self._copy(steps=self._steps + (step,))
-
-    def wait_for_workflows(self, workflows: list[int] | str, mode: str = "all",
-                           result_key: str | None = None, name: str | None = None,
-                           quorum: int | None = None) -> WorkflowBuilder:
-        """Park the run until other runs finish: ``all`` completed, ``any`` one, or a
-        ``quorum`` of ``n``.
-
-        Args:
-            workflows: a list of run ids, or the state key holding an id or a list of ids
-                (for example the ``result_key`` of :meth:`start_workflows`).
-            result_key: put the completed runs' public states under this key, as
-                ``{"<id>": state}`` (a single awaited run: its state itself); without it,
-                their keys merge into this run's state in the order listed.
-
-        A run that fails, is cancelled or cannot be found makes ``all`` impossible, and the
-        wait fails this run at once (likewise ``any``/``quorum`` once too few can complete).
-        """
-        if isinstance(workflows, str):
-            source: dict[str, Any] = {"state_key": workflows}
-        elif isinstance(workflows, list | tuple):
-            source = {"ids": tuple(workflows)}
-        else:
-            raise exceptions.WorkflowDefinitionError(
-                f"wait_for_workflows() takes a list of run ids or a state key (got "
-                f"{workflows!r}).")
-        return self._wait_workflows(f"wait_for_workflows_{len(self._steps)}", name, mode=mode,
-                                    quorum=quorum, result_key=result_key, **source)
-
-    def wait_for_workflow(self, workflow: int | str, result_key: str | None = None,
-                          name: str | None = None) -> WorkflowBuilder:
-        """Park the run until the run ``workflow`` (an id, or a state key holding one)
-        completes; see :meth:`wait_for_workflows`."""
-        workflows = workflow if isinstance(workflow, str) else [workflow]
-        return self.wait_for_workflows(workflows, result_key=result_key,
-                                       name=name or "wait_for_workflow")
-
-    def wait_for_workflow_group(self, group_key: str, mode: str = "all",
-                                quorum: int | None = None, result_key: str | None = None,
-                                name: str | None = None) -> WorkflowBuilder:
-        """Park the run until the runs it started with ``start_workflows(group_key=...)``
-        finish, by ``mode``; see :meth:`wait_for_workflows`."""
-        return self._wait_workflows(f"wait_for_workflow_group_{len(self._steps)}", name,
-                                    group=group_key, mode=mode, quorum=quorum,
-                                    result_key=result_key)
-
-    def wait_for_agents(self, workflows: list[int] | str = "agent_workflow_ids",
-                        mode: str = "all", result_key: str | None = "agent_results",
-                        name: str | None = None, quorum: int | None = None) -> WorkflowBuilder:
-        """:meth:`wait_for_workflows` with the defaults of :meth:`start_agents`."""
-        return self.wait_for_workflows(workflows, mode, result_key, name or "wait_for_agents",
-                                       quorum)
-
-    def wait_for_agent_group(self, group_key: str = "agents", mode: str = "all",
-                             quorum: int | None = None, result_key: str | None = "agent_results",
-                             name: str | None = None) -> WorkflowBuilder:
-        """:meth:`wait_for_workflow_group` with agent-flavoured defaults."""
-        return self.wait_for_workflow_group(group_key, mode, quorum, result_key,
-                                            name or "wait_for_agent_group")
+        return self._append(spec)
 
     # -- loops ---------------------------------------------------------------------------------
 
@@ -322,8 +202,7 @@ class WorkflowBuilder:
                     "expected": expected,
                     "condition": None if condition is None else resolve_handler(condition)[0],
                     "max_iterations": max_iterations})
-        _check_name(self._name, self._steps, spec)
-        return self._copy(steps=self._steps + (spec,))
+        return self._append(spec)
 
     def repeat_until(self, target: str, state_key: str | None = None, expected: Any = True, *,
                      condition: Any = None, max_iterations: int | None = None,
@@ -380,8 +259,7 @@ class WorkflowBuilder:
                             branch_timeouts=tuple(timeouts) if any(
                                 t != timeout for t in timeouts) else (),
                             branch_retries=tuple(retries) if any(retries) else ()))
-        _check_name(self._name, self._steps, spec)
-        return self._copy(steps=self._steps + (spec,))
+        return self._append(spec)
 
     def for_each(self, items_key: str, handler: Any, result_key: str | None = None,
                  mode: str = "all", quorum: int | None = None, reducer: Any = None,
@@ -419,111 +297,9 @@ class WorkflowBuilder:
         spec = StepSpec(name=step_name, kind="for_each", handler=path, fanout=fanout,
                         retry=options.retry, timeout=options.timeout,
                         cost_units=options.cost_units, **options.resource_fields())
-        _check_name(self._name, self._steps, spec)
-        return self._copy(steps=self._steps + (spec,))
+        return self._append(spec)
 
-    # -- waits ---------------------------------------------------------------------------------
-
-    def _wait(self, default_name: str, name: str | None, **options: Any) -> WorkflowBuilder:
-        step_name = name if name is not None else default_name
-        if not isinstance(step_name, str) or not step_name.strip():
-            raise exceptions.WorkflowDefinitionError(
-                f"Wait step names must be non-blank strings (got {name!r})."
-            )
-        signals = options.pop("signals")
-        options.update(waits.wait_timeout(step_name, options.pop("timeout", None),
-                                    options.pop("on_timeout", None)))
-        if isinstance(signals, str) or not all(isinstance(s, str) for s in signals):
-            raise exceptions.WorkflowDefinitionError(
-                f"Signal names must be a list of strings (got {signals!r})."
-            )
-        spec = StepSpec(name=step_name.strip(), kind="wait", cost_units=0,
-                        wait=waits.WaitSpec(signals=tuple(s.strip() for s in signals), **options))
-        _check_name(self._name, self._steps, spec)
-        return self._copy(steps=self._steps + (spec,))
-
-    def prune_state_after(self, steps: int = 2) -> WorkflowBuilder:
-        """Drop each state key ``steps`` steps after the step that last wrote it.
-
-        Keeps long runs under ``max_state_bytes``: a key a step wrote leaves the public state
-        when ``steps`` more transitions have completed, unless a later step wrote it again
-        (that restarts its count). Keys of the dispatch payload are never dropped. The timeline
-        keeps every output, and which keys each transition dropped, so ``state_at()`` shows
-        the state as it was. The original's default of 2 is kept.
-        """
-        return self._with(prune_state_after=steps)
-
-    def wait_for_signal(self, signal: str, result_key: str | None = None, *,
-                        match_payload: dict[str, Any] | None = None,
-                        correlation_key: str | None = None,
-                        name: str | None = None, timeout: waits.Timeout = None,
-                        on_timeout: str | None = None) -> WorkflowBuilder:
-        """Park the run until the signal ``signal`` arrives (or was already sent).
-
-        Args:
-            result_key: store the signal's data under this key (default: merge a dict's keys).
-            match_payload: only signals whose data contains this count.
-            correlation_key: only signals whose data has the run state's value for this key.
-            name: the step name (default ``wait_for_<signal>``).
-            timeout: a ``timedelta`` (or seconds) after which the sweeper settles the wait
-                if no signal did; every ``wait_for_*`` method takes it.
-            on_timeout: what the timeout does: ``"fail"`` the run (the default),
-                ``"continue"`` to the next step, or the name of a step to jump to. A
-                signal or reply after the timeout is refused with ``WaitExpired``.
-        """
-        return self._wait(f"wait_for_{signal}", name, signals=[signal], result_key=result_key,
-                          match_payload=match_payload, correlation_key=correlation_key, timeout=timeout,
-                          on_timeout=on_timeout)
-
-    def wait_for_signals(self, signals: list[str], mode: str = "all",
-                         result_key: str | None = None, *,
-                         match_payload: dict[str, Any] | None = None,
-                         correlation_key: str | None = None,
-                         name: str | None = None, timeout: waits.Timeout = None,
-                         on_timeout: str | None = None) -> WorkflowBuilder:
-        """Park the run until ``all`` (or ``any``) of ``signals`` arrived."""
-        return self._wait(f"wait_for_signals_{len(self._steps)}", name, signals=list(signals),
-                          mode=mode, result_key=result_key, match_payload=match_payload,
-                          correlation_key=correlation_key, timeout=timeout,
-                          on_timeout=on_timeout)
-
-    def wait_for_approval(self, signal: str = waits.DEFAULT_APPROVE_SIGNAL,
-                          result_key: str | None = "approval", *,
-                          name: str | None = None, timeout: waits.Timeout = None,
-                          on_timeout: str | None = None) -> WorkflowBuilder:
-        """Park the run until a person approves it (``queuety.approve()`` or the API)."""
-        return self._wait("wait_for_approval", name, signals=[signal], result_key=result_key,
-                          human=waits.APPROVAL, timeout=timeout, on_timeout=on_timeout)
-
-    def wait_for_decision(self, approve_signal: str = waits.DEFAULT_APPROVE_SIGNAL,
-                          reject_signal: str = waits.DEFAULT_REJECT_SIGNAL,
-                          result_key: str | None = "decision", *,
-                          name: str | None = None, timeout: waits.Timeout = None,
-                          on_timeout: str | None = None) -> WorkflowBuilder:
-        """Park the run until a person approves or rejects it.
-
-        Merges ``{result_key: {"outcome": "approved"|"rejected", "signal": ..., "data": ...}}``.
-        ``queuety.approve()`` and ``queuety.reject()`` satisfy it.
-        """
-        return self._wait("wait_for_decision", name, signals=[approve_signal, reject_signal],
-                          mode=waits.ANY, result_key=result_key, human=waits.DECISION,
-                          decision={approve_signal: "approved", reject_signal: "rejected"},
-                          timeout=timeout, on_timeout=on_timeout)
-
-    def wait_for_input(self, schema: dict[str, Any] | None = None,
-                       signal: str = waits.DEFAULT_INPUT_SIGNAL,
-                       result_key: str | None = "input", *,
-                       name: str | None = None, timeout: waits.Timeout = None,
-                       on_timeout: str | None = None) -> WorkflowBuilder:
-        """Park the run until a person submits input (``queuety.submit_input()``).
-
-        Args:
-            schema: a JSON Schema (draft 2020-12) the reply must satisfy exactly as sent;
-                checked when the workflow is built.
-        """
-        return self._wait("wait_for_input", name, signals=[signal], result_key=result_key,
-                          human=waits.INPUT, schema=schema, timeout=timeout,
-                          on_timeout=on_timeout)
+    # -- workflow options ----------------------------------------------------------------------
 
     def retry(self, policy: RetryPolicy | None = None, **options: Any) -> WorkflowBuilder:
         """Set the default retry policy of this workflow's steps.
@@ -620,6 +396,17 @@ class WorkflowBuilder:
         this run's steps, retries included, and of the child runs its ``run_workflow`` steps
         start (restarts included). Stops retries multiplying across nested policies."""
         return self._limit("max_step_attempts", limit)
+
+    def prune_state_after(self, steps: int = 2) -> WorkflowBuilder:
+        """Drop each state key ``steps`` steps after the step that last wrote it.
+
+        Keeps long runs under ``max_state_bytes``: a key a step wrote leaves the public state
+        when ``steps`` more transitions have completed, unless a later step wrote it again
+        (that restarts its count). Keys of the dispatch payload are never dropped. The timeline
+        keeps every output, and which keys each transition dropped, so ``state_at()`` shows
+        the state as it was. The original's default of 2 is kept.
+        """
+        return self._with(prune_state_after=steps)
 
     # -- compensation, cancellation, deadlines ------------------------------------------------
 

@@ -1,0 +1,156 @@
+"""The builder's steps that involve other runs: a child workflow, runs started from a step, and
+waits for runs to finish.
+
+:class:`RunSteps` is a mixin of :class:`~queuety.core.builder.WorkflowBuilder`, which holds the
+steps; these methods only declare them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from queuety import exceptions
+from queuety.core.definition import StepSpec
+from queuety.core.dependencies import StartSpec, WaitWorkflowsSpec
+from queuety.core.retry import RetryPolicy
+
+if TYPE_CHECKING:  # for annotations only: builder.py imports this module, not the reverse
+    from queuety.core.builder import WorkflowBuilder
+
+
+class RunSteps:
+    """Child workflows, runs started from a step, and waits for runs to finish."""
+
+    __slots__ = ()
+
+    # What these methods use of WorkflowBuilder, the one class that inherits them.
+    _steps: tuple[StepSpec, ...]
+
+    if TYPE_CHECKING:
+        def _append(self, step: StepSpec) -> WorkflowBuilder:
+            ...
+
+    def run_workflow(self, name: str, child: WorkflowBuilder, *,
+                     retry: RetryPolicy | None = None) -> WorkflowBuilder:
+        """Run ``child`` (a builder) as a child workflow named ``name``, started with this run's
+        state; when it completes, its state's keys are merged here and this run goes on. Its
+        failure or cancellation fails this run; cancelling this run cancels it.
+
+        Args:
+            retry: start the child afresh when it fails, by this policy (its ``retry_on``
+                is matched against :class:`~queuety.ChildRunFailed`). Without it a failed
+                child fails this run: the child's steps already retry by their own policies,
+                and restarting the child multiplies those attempts. A cancelled child, or one
+                that failed a budget or a :class:`~queuety.PermanentError`, is never restarted.
+                ``max_step_attempts`` caps the attempts of the whole tree.
+        """
+        # Every WorkflowBuilder is a RunSteps, and nothing else is: the check needs no import
+        # of builder.py.
+        if not isinstance(child, RunSteps):
+            raise exceptions.WorkflowDefinitionError(
+                f"run_workflow() takes a queuety.workflow(...) builder (got {child!r}).")
+        if not isinstance(name, str) or not name.strip():
+            raise exceptions.WorkflowDefinitionError("run_workflow() needs a non-blank name.")
+        if retry is not None and not isinstance(retry, RetryPolicy):
+            raise exceptions.WorkflowDefinitionError(
+                f"retry for run_workflow({name!r}) must be a queuety.RetryPolicy (got {retry!r}).")
+        spec = replace(child.build(), name=name.strip())
+        step = StepSpec(name=name.strip(), kind="child", cost_units=0, child=spec.to_dict(),
+                        retry=retry)
+        return self._append(step)
+
+    def start_workflows(self, items_key: str, child: WorkflowBuilder,
+                        result_key: str = "started_workflow_ids", payload_key: str = "item",
+                        inherit_state: bool = True, name: str | None = None,
+                        group_key: str | None = None) -> WorkflowBuilder:
+        """Start one run of ``child`` per item of ``state[items_key]`` and go on at once.
+
+        The runs are created in the same transaction as this step's transition, so a crash or a
+        retry never starts them twice. Each gets this run's public state (with
+        ``inherit_state``), a dict item's keys over it (any other item under ``payload_key``)
+        and ``start_item_index``. Their ids (in item order) go to ``result_key``; with
+        ``group_key`` they also form a group for :meth:`wait_for_workflow_group`.
+        ``max_started_workflows`` is checked before any run is created. Cancelling this run
+        cancels the runs it started that are still active.
+        """
+        if not isinstance(child, RunSteps):
+            raise exceptions.WorkflowDefinitionError(
+                f"start_workflows() takes a queuety.workflow(...) builder (got {child!r}).")
+        start = StartSpec(items_key=items_key, result_key=result_key, payload_key=payload_key,
+                          inherit_state=bool(inherit_state), group=group_key)
+        step = StepSpec(name=name or f"start_workflows_{len(self._steps)}", kind="start",
+                        cost_units=0, child=child.build().to_dict(), start=start)
+        return self._append(step)
+
+    def start_agents(self, items_key: str, child: WorkflowBuilder,
+                     result_key: str = "agent_workflow_ids", payload_key: str = "agent_task",
+                     inherit_state: bool = True, name: str | None = None,
+                     group_key: str | None = None) -> WorkflowBuilder:
+        """:meth:`start_workflows` with agent-flavoured defaults (step name ``start_agents``)."""
+        return self.start_workflows(items_key, child, result_key, payload_key, inherit_state,
+                                    name or "start_agents", group_key)
+
+    def _wait_workflows(self, default_name: str, name: str | None,
+                        **options: Any) -> WorkflowBuilder:
+        step = StepSpec(name=name or default_name, kind="wait_workflows", cost_units=0,
+                        workflows=WaitWorkflowsSpec(**options))
+        return self._append(step)
+
+    def wait_for_workflows(self, workflows: list[int] | str, mode: str = "all",
+                           result_key: str | None = None, name: str | None = None,
+                           quorum: int | None = None) -> WorkflowBuilder:
+        """Park the run until other runs finish: ``all`` completed, ``any`` one, or a
+        ``quorum`` of ``n``.
+
+        Args:
+            workflows: a list of run ids, or the state key holding an id or a list of ids
+                (for example the ``result_key`` of :meth:`start_workflows`).
+            result_key: put the completed runs' public states under this key, as
+                ``{"<id>": state}`` (a single awaited run: its state itself); without it,
+                their keys merge into this run's state in the order listed.
+
+        A run that fails, is cancelled or cannot be found makes ``all`` impossible, and the
+        wait fails this run at once (likewise ``any``/``quorum`` once too few can complete).
+        """
+        if isinstance(workflows, str):
+            source: dict[str, Any] = {"state_key": workflows}
+        elif isinstance(workflows, list | tuple):
+            source = {"ids": tuple(workflows)}
+        else:
+            raise exceptions.WorkflowDefinitionError(
+                f"wait_for_workflows() takes a list of run ids or a state key (got "
+                f"{workflows!r}).")
+        return self._wait_workflows(f"wait_for_workflows_{len(self._steps)}", name, mode=mode,
+                                    quorum=quorum, result_key=result_key, **source)
+
+    def wait_for_workflow(self, workflow: int | str, result_key: str | None = None,
+                          name: str | None = None) -> WorkflowBuilder:
+        """Park the run until the run ``workflow`` (an id, or a state key holding one)
+        completes; see :meth:`wait_for_workflows`."""
+        workflows = workflow if isinstance(workflow, str) else [workflow]
+        return self.wait_for_workflows(workflows, result_key=result_key,
+                                       name=name or "wait_for_workflow")
+
+    def wait_for_workflow_group(self, group_key: str, mode: str = "all",
+                                quorum: int | None = None, result_key: str | None = None,
+                                name: str | None = None) -> WorkflowBuilder:
+        """Park the run until the runs it started with ``start_workflows(group_key=...)``
+        finish, by ``mode``; see :meth:`wait_for_workflows`."""
+        return self._wait_workflows(f"wait_for_workflow_group_{len(self._steps)}", name,
+                                    group=group_key, mode=mode, quorum=quorum,
+                                    result_key=result_key)
+
+    def wait_for_agents(self, workflows: list[int] | str = "agent_workflow_ids",
+                        mode: str = "all", result_key: str | None = "agent_results",
+                        name: str | None = None, quorum: int | None = None) -> WorkflowBuilder:
+        """:meth:`wait_for_workflows` with the defaults of :meth:`start_agents`."""
+        return self.wait_for_workflows(workflows, mode, result_key, name or "wait_for_agents",
+                                       quorum)
+
+    def wait_for_agent_group(self, group_key: str = "agents", mode: str = "all",
+                             quorum: int | None = None, result_key: str | None = "agent_results",
+                             name: str | None = None) -> WorkflowBuilder:
+        """:meth:`wait_for_workflow_group` with agent-flavoured defaults."""
+        return self.wait_for_workflow_group(group_key, mode, quorum, result_key,
+                                            name or "wait_for_agent_group")
