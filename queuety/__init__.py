@@ -100,6 +100,7 @@ __all__ = [
     "put_artifact",
     "reject",
     "replay_workflow",
+    "queue_budgets",
     "resource_groups",
     "resume",
     "retry",
@@ -184,6 +185,15 @@ def resource_groups() -> list[dict[str, Any]]:
     from queuety import queries
 
     return queries.resource_groups()
+
+
+def queue_budgets() -> list[dict[str, Any]]:
+    """Every queue with a cost budget, or with a step still holding or waiting for one:
+    ``queue``, ``budget``, ``running``, ``running_cost`` and ``waiting``
+    (docs/guide/resources.md)."""
+    from queuety import queries
+
+    return queries.queue_budgets()
 
 
 def signal(run_id: int, name: str, data: Any = None) -> SignalReceipt:

@@ -161,6 +161,17 @@ def resource_groups(now: Any = None) -> list[dict[str, Any]]:
     return found
 
 
+def queue_budgets() -> list[dict[str, Any]]:
+    """Every queue with a cost budget (``QUEUETY["QUEUE_COST_BUDGETS"]``), and any other with a
+    step still holding or waiting for one: ``queue``, ``budget`` (None once the setting is
+    gone), ``running`` (steps admitted or woken), ``running_cost`` and ``waiting``, by name."""
+    live = group_rows.queue_overview()
+    budgets = settings.QUEUE_COST_BUDGETS
+    return [{"queue": name, "budget": budgets.get(name),
+             **live.get(name, {"running": 0, "running_cost": 0, "waiting": 0})}
+            for name in sorted(set(budgets) | set(live))]
+
+
 def _group_limits(group: str) -> resources.Limits | None:
     sample = (StepRun.objects.filter(concurrency_group=group)
               .exclude(status__in=(StepStatus.COMPLETED, StepStatus.FAILED,

@@ -1,7 +1,7 @@
 """The admin's concurrency groups page: each group's steps in flight against its limit, its
 waiting (throttled) steps, its running cost against its budget, and its recent starts against
-its rate limit (``queries.resource_groups()``, the same figures as ``manage.py queuety
-status``)."""
+its rate limit (``queries.resource_groups()``), and each queue's running cost against its
+cost budget (``queries.queue_budgets()``): the same figures as ``manage.py queuety status``."""
 
 from __future__ import annotations
 
@@ -45,4 +45,4 @@ class ResourceGroupAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         return TemplateResponse(request, "admin/queuety/resourcegroup/groups.html", {
             **self.admin_site.each_context(request), **(extra_context or {}),
             "title": "Concurrency groups", "opts": self.model._meta, "rows": rows,
-            "runs_url": runs_url})
+            "queues": queries.queue_budgets(), "runs_url": runs_url})

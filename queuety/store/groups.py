@@ -287,6 +287,22 @@ def overview() -> list[dict[str, Any]]:
     return [groups[name] for name in sorted(groups)]
 
 
+def queue_overview() -> dict[str, dict[str, int]]:
+    """Every queue with a step holding or waiting for its cost budget: ``{queue: {running,
+    running_cost, waiting}}`` (running: admitted or woken)."""
+    found: dict[str, dict[str, int]] = {}
+    live = (StepRun.objects.exclude(queue="")
+            .filter(_holding() | Q(status=StepStatus.THROTTLED))
+            .values("queue").annotate(
+                running=Count("pk", filter=~Q(status=StepStatus.THROTTLED)),
+                running_cost=Coalesce(Sum("cost_units", filter=~Q(status=StepStatus.THROTTLED)),
+                                      0),
+                waiting=Count("pk", filter=Q(status=StepStatus.THROTTLED))))
+    for row in live:
+        found[row.pop("queue")] = row
+    return found
+
+
 def recent_starts(group: str, seconds: float, now: datetime) -> int:
     """Starts of ``group`` in the last ``seconds``."""
     return GroupStart.objects.filter(group=group,

@@ -324,6 +324,22 @@ def test_tenants_sharing_a_queue_budget_take_turns_and_the_budget_holds(worker, 
     assert throttled.count() == 26
     assert {row["reason"] for row in throttled.values_list("throttled_by", flat=True)} == {
         "queue_cost"}
+    # The queue's line is visible: from Python, the CLI (text and JSON) and the admin.
+    queue = budget_node.queue
+    listed = {q["queue"]: q for q in queuety.queue_budgets()}[queue]
+    assert (listed["budget"], listed["running"], listed["running_cost"]) == (2, 2, 2)
+    assert 18 <= listed["waiting"] <= 26
+    out = io.StringIO()
+    call_command("queuety", "status", "--format", "json", stdout=out)
+    assert {q["queue"]: q["budget"] for q in json.loads(out.getvalue())["queues"]}[queue] == 2
+    out = io.StringIO()
+    call_command("queuety", "status", stdout=out)
+    line = next(line for line in out.getvalue().splitlines() if line.startswith(queue))
+    assert line.split()[1:3] == ["2", "2/2"]
+    client = Client()
+    client.force_login(User.objects.create_superuser(f"q{token}", password="pw"))
+    page = client.get("/admin/queuety/resourcegroup/").content.decode()
+    assert f"<code>{queue}</code>" in page.split('id="queues"')[1]
     for run_id in runs:
         assert wait_for(run_id, timeout=120, worker=worker).status == "completed"
     spans = resource_steps.intervals(token)

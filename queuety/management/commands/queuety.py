@@ -210,7 +210,8 @@ class Command(BaseCommand):
         self._table(header, rows)
 
     def _overview(self, format: str, **options: Any) -> None:
-        data = {**queries.overview(), "groups": queries.resource_groups()}
+        data = {**queries.overview(), "groups": queries.resource_groups(),
+                "queues": queries.queue_budgets()}
         if format == "json":
             self.stdout.write(_json(data))
             return
@@ -228,6 +229,12 @@ class Command(BaseCommand):
                  str(g["running_cost"]) + ("" if g["cost_budget"] is None
                                            else f"/{g['cost_budget']}")]
                 for g in data["groups"]])
+        if data["queues"]:
+            self.stdout.write("")
+            self._table(["QUEUE", "RUNNING", "COST/BUDGET", "WAITING"], [
+                [q["queue"], str(q["running"]),
+                 f"{q['running_cost']}/{'-' if q['budget'] is None else q['budget']}",
+                 str(q["waiting"])] for q in data["queues"]])
 
     #: Lifecycle subcommands: the operation and the original's success line.
     _LIFECYCLE = {
