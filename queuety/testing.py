@@ -179,8 +179,10 @@ def run_workflow(workflow: str | WorkflowBuilder, payload: dict[str, Any] | None
 
 
 def drive(run_id: int, *, max_steps: int = MAX_STEPS) -> int:
-    """Run the pending step rows of run ``run_id`` and of every later run (its children and
-    the runs it started) in this process, until none is left; return how many attempts ran.
+    """Run the pending step rows of run ``run_id`` and of its family (the child runs it
+    started, and theirs, with ``run_workflow`` or ``start_workflows``) in this process, until
+    none is left; return how many attempts ran. Other runs the test dispatched are left as
+    they are.
 
     Raises:
         WorkflowDidNotSettle: work was still left after ``max_steps`` attempts.
@@ -196,11 +198,12 @@ def drive(run_id: int, *, max_steps: int = MAX_STEPS) -> int:
                 woken.clear()
                 continue
             # The rows a worker could claim: a running run's steps, or any run's clean-up.
+            family = _family(run_id)
             row = (StepRun.objects.filter(Q(run__status=RunStatus.RUNNING) | ~Q(kind="step"),
-                                          run_id__gte=run_id, status=StepStatus.PENDING)
+                                          run_id__in=family, status=StepStatus.PENDING)
                    .exclude(pk__in=unclaimable).order_by("available_at", "id").values_list("pk", "available_at").first())
             if row is None:
-                if not _wake_waiting_runs(run_id, woken):
+                if not _wake_waiting_runs(family, woken):
                     return ran
                 continue
             if ran >= max_steps:
@@ -217,13 +220,26 @@ def drive(run_id: int, *, max_steps: int = MAX_STEPS) -> int:
             ran += 1
 
 
-def _wake_waiting_runs(run_id: int, woken: list[int]) -> bool:
-    """Move on runs (from ``run_id`` on) that wait for runs which have all finished; return
+def _family(run_id: int) -> list[int]:
+    """Run ``run_id`` and every run it started, directly or through its children."""
+    from queuety.models import WorkflowRun
+
+    family, frontier = [run_id], [run_id]
+    while frontier:
+        frontier = list(WorkflowRun.objects.filter(
+            Q(parent_id__in=frontier) | Q(started_by_id__in=frontier)
+        ).exclude(pk__in=family).values_list("pk", flat=True))
+        family += frontier
+    return family
+
+
+def _wake_waiting_runs(family: list[int], woken: list[int]) -> bool:
+    """Move on the runs of ``family`` that wait for runs which have all finished; return
     whether any moved."""
     from queuety.models import WorkflowRun
 
     moved = False
-    for waiting in (WorkflowRun.objects.filter(pk__gte=run_id,
+    for waiting in (WorkflowRun.objects.filter(pk__in=family,
                                                status=RunStatus.WAITING_FOR_WORKFLOWS)
                     .values_list("pk", flat=True)):
         if settle.resume_waiting(waiting) != RunStatus.WAITING_FOR_WORKFLOWS:

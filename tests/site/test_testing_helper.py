@@ -123,3 +123,24 @@ def test_a_wait_timeout_is_let_pass_by_expire_wait(db, token):
     assert "wait_timed_out" in run.events()
     with pytest.raises(AssertionError, match="nothing to expire"):
         run.expire_wait()
+
+
+def test_only_the_run_and_the_runs_it_started_are_driven(db, token):
+    child = queuety.workflow(f"site_child_{token}").then(steps.step_b)
+    builder = (queuety.workflow(f"site_family_{token}")
+               .then(steps.step_a)
+               .start_workflows("items", child)
+               .wait_for_workflows("started_workflow_ids")
+               .wait_for_signal("go"))
+    run = run_workflow(builder, {"token": token, "items": [1, 2]})
+    # The runs it started ran to their end, and it was woken when they had.
+    run.assert_status("waiting_for_signal")
+    started = run.state["started_workflow_ids"]
+    assert [queuety.workflow_status(pk).status for pk in started] == ["completed"] * 2
+    # A run the test dispatched on its own, after it, is not driven by it.
+    other = queuety.workflow(f"site_other_{token}").then(steps.step_a).dispatch({"token": token})
+    run.signal("go")
+    run.assert_status("completed")
+    assert queuety.workflow_status(other).status == "running"
+    assert StepRun.objects.get(run_id=other).status == "pending"
+    assert TestRun(other).drive().status == "completed"
