@@ -23,6 +23,13 @@ class QueuetyConfig(AppConfig):
         autodiscover_modules("workflows")
 
         post_migrate.connect(_schedule_sweeper, sender=self)
+        # A schedule's fire is keyed by the moment beat sent it (queuety.schedules).
+        from celery.signals import before_task_publish
+
+        from queuety import schedules
+
+        before_task_publish.connect(schedules.stamp_sent_at, weak=False,
+                                    dispatch_uid="queuety.stamp_sent_at")
         # Webhook endpoints receive events through the outbox, a sink of queuety.signals.
         from queuety import signals
         from queuety.models import WebhookEndpoint

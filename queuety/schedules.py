@@ -5,8 +5,10 @@ A schedule is a django-celery-beat ``PeriodicTask`` row (named ``queuety: <name>
 policy: it is listed, edited, disabled and deleted in the beat admin like any periodic task.
 
 Each fire starts its run with an idempotency key made of the schedule's name and the fire's
-nominal time (the latest cron tick, or interval slot, at or before the moment it runs): a
-beat restart that fires again, or two beats, never start two runs for one tick.
+nominal time (the latest cron tick, or interval slot, at or before the moment beat sent it):
+a beat restart that fires again, or two beats, never start two runs for one tick, and a fire
+that waited in the broker past the next tick still starts its own tick's run. Beat's message
+carries the moment it was sent (the ``queuety_sent_at`` header, :func:`stamp_sent_at`).
 """
 
 from __future__ import annotations
@@ -357,10 +359,35 @@ def fire(name: str, *, now: datetime | None = None, after: int | None = None,
     return Fire("already_started" if reused else "started", run_id=run_id, key=key)
 
 
-def fire_and_follow(name: str, *, after: int | None = None, manual: bool = False) -> Fire:
+#: The header of a ``queuety.fire_schedule`` message that says when it was sent (epoch seconds).
+SENT_AT_HEADER = "queuety_sent_at"
+
+
+def stamp_sent_at(sender: Any = None, headers: dict[str, Any] | None = None,
+                  **_: Any) -> None:
+    """Celery's ``before_task_publish`` receiver (for ``queuety.fire_schedule``): put the
+    moment the message is sent in its headers, so the fire is keyed by the tick beat sent it
+    for, however long it then waited in the broker."""
+    if headers is not None and headers.get("task", sender) == FIRE_TASK:
+        headers.setdefault(SENT_AT_HEADER, django_timezone.now().timestamp())
+
+
+def sent_at(request: Any) -> datetime | None:
+    """When beat sent the fire ``request`` (a Celery task request), from its header; None
+    when it has none (a message from before the header) or the time is not a number. A sender
+    whose clock runs ahead is not believed past the present."""
+    stamp = getattr(request, SENT_AT_HEADER, None)  # a message header is a request attribute
+    if isinstance(stamp, bool) or not isinstance(stamp, int | float):
+        return None
+    return min(datetime.fromtimestamp(stamp, tz=dt_timezone.utc), django_timezone.now())
+
+
+def fire_and_follow(name: str, *, after: int | None = None, manual: bool = False,
+                    now: datetime | None = None) -> Fire:
     """:func:`fire`, and for a buffered fire, send ``queuety.fire_schedule`` again in
-    ``SWEEP_INTERVAL`` seconds to look once more (what the task and ``schedule run`` do)."""
-    fired = fire(name, after=after, manual=manual)
+    ``SWEEP_INTERVAL`` seconds to look once more (what the task and ``schedule run`` do).
+    ``now``: the moment the fire is for (when beat sent it), else the present."""
+    fired = fire(name, now=now, after=after, manual=manual)
     if fired.outcome == "buffered" and (after is not None or _first_behind(
             name, fired.waiting_for)):
         # Lost with the broker: the next tick after the live run finishes starts the run.

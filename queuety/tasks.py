@@ -167,12 +167,13 @@ def deliver_webhook(delivery_id: int) -> None:
     delivery.deliver(delivery_id)
 
 
-@shared_task(name="queuety.fire_schedule", ignore_result=True)
-def fire_schedule(schedule: str, after: int | None = None, **row_kwargs: Any) -> None:
+@shared_task(name="queuety.fire_schedule", ignore_result=True, bind=True)
+def fire_schedule(self: Any, schedule: str, after: int | None = None,
+                  **row_kwargs: Any) -> None:
     """Fire schedule ``schedule`` (sent by beat; ``row_kwargs`` are the rest of its row's
-    kwargs, which ``fire`` reads from the row itself). A buffered fire comes back every
-    ``SWEEP_INTERVAL`` until the run it waits for has finished."""
-    schedules.fire_and_follow(schedule, after=after)
+    kwargs, which ``fire`` reads from the row itself) for the tick it was sent at. A buffered
+    fire comes back every ``SWEEP_INTERVAL`` until the run it waits for has finished."""
+    schedules.fire_and_follow(schedule, after=after, now=schedules.sent_at(self.request))
 @shared_task(name="queuety.wake_group", ignore_result=True)
 def wake_group(group: str) -> int:
     """Start concurrency group ``group``'s throttled steps into its free slots (sent when a

@@ -8,6 +8,7 @@ import time
 import uuid
 from datetime import datetime, timedelta, timezone
 from io import StringIO
+from types import SimpleNamespace
 
 import pytest
 from django.contrib.auth.models import User
@@ -214,3 +215,41 @@ def test_cli__add_refuses_bad_input_and_writes_nothing(name, args, message):
         cli("add", name, *(["--workflow", "reg_letters"] if "--workflow" not in args else []),
             *args)
     assert row_count() == before
+
+
+def test_fire__a_fire_that_waited_in_the_broker_starts_the_run_of_the_tick_it_was_sent_for(
+        name, worker, token):
+    # Beat sent this fire 90 s ago (its header says so); the worker took it only now, a
+    # minute slot or two later. It is the run of its own tick, not of the present one, which
+    # beat's next fire will start.
+    from project.celery import app
+
+    queuety.schedule(name, workflow="reg_letters", every=60, payload={"token": token},
+                     enabled=False)
+    sent = datetime.now(timezone.utc) - timedelta(seconds=90)
+    app.send_task(schedules.FIRE_TASK, kwargs={"schedule": name}, queue=worker.queue,
+                  headers={schedules.SENT_AT_HEADER: sent.timestamp()})
+    deadline = time.monotonic() + 30
+    while not runs_of(name) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    (run,) = runs_of(name)
+    slot = schedules.interval_slot(60, sent)
+    assert run.idempotency_key == schedules.key_prefix(name) + slot.isoformat()
+    now_key = schedules.fire(name).key
+    assert now_key != run.idempotency_key
+    assert len(runs_of(name)) == 2
+
+
+def test_fire__a_message_sent_to_fire_a_schedule_carries_when_it_was_sent():
+    before = datetime.now(timezone.utc).timestamp()
+    headers = {"task": schedules.FIRE_TASK}
+    schedules.stamp_sent_at(sender=schedules.FIRE_TASK, headers=headers)
+    assert before <= headers[schedules.SENT_AT_HEADER] <= datetime.now(timezone.utc).timestamp()
+    other = {"task": "queuety.execute_step"}
+    schedules.stamp_sent_at(sender="queuety.execute_step", headers=other)
+    assert schedules.SENT_AT_HEADER not in other
+    # From a clock that runs ahead, or a header that is not a time: not believed.
+    ahead = SimpleNamespace(**{schedules.SENT_AT_HEADER: before + 3600})
+    assert schedules.sent_at(ahead) <= datetime.now(timezone.utc)
+    assert schedules.sent_at(SimpleNamespace(**{schedules.SENT_AT_HEADER: "soon"})) is None
+    assert schedules.sent_at(SimpleNamespace()) is None
