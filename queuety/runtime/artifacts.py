@@ -15,12 +15,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db import IntegrityError, transaction
+from django.db import transaction
 from django.utils import timezone
 
 from queuety.core.artifacts import Encoded
 from queuety.models import Artifact
 from queuety.runtime.claim import Claim
+from queuety.store import locks
 
 
 def write_pending(held: Claim, step_name: str, encoded: Encoded) -> None:
@@ -38,17 +39,13 @@ def write_visible(run_id: int, encoded: Encoded, step_index: int | None = None,
                   step_name: str = "") -> None:
     """Store (or replace) an artifact written from outside a step: visible at once."""
     fields = _fields(encoded, step_index, step_name)
-    for _ in range(2):  # a concurrent first write of the same key makes one try lose
-        if Artifact.objects.filter(run_id=run_id, key=encoded.key, visible=True).update(
+    with transaction.atomic():
+        # Serialised with other writes of the key and with an attempt's publish of it, so
+        # neither finds the other's new visible row in its way (the key's unique constraint).
+        locks.hold(locks.ARTIFACT, [f"{run_id}:{encoded.key}"])
+        if not Artifact.objects.filter(run_id=run_id, key=encoded.key, visible=True).update(
                 step_run_id=None, attempt=None, **fields):
-            return
-        try:
-            with transaction.atomic():
-                Artifact.objects.create(run_id=run_id, key=encoded.key, visible=True, **fields)
-            return
-        except IntegrityError:
-            continue
-    raise AssertionError("unreachable")  # pragma: no cover
+            Artifact.objects.create(run_id=run_id, key=encoded.key, visible=True, **fields)
 
 
 def publish(held: Claim) -> int:
@@ -64,6 +61,7 @@ def publish(held: Claim) -> int:
     mine.exclude(attempt=held.attempt).delete()
     if not keys:
         return 0
+    locks.hold(locks.ARTIFACT, [f"{held.run_id}:{key}" for key in keys])
     Artifact.objects.filter(run_id=held.run_id, visible=True, key__in=keys).delete()
     return mine.filter(attempt=held.attempt).update(visible=True, updated_at=timezone.now())
 

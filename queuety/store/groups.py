@@ -18,7 +18,7 @@ from django.db.models.functions import Coalesce, RowNumber
 from queuety.core import resources
 from queuety.core.status import StepStatus
 from queuety.models import GroupStart, ResourceGroup, StepRun
-from queuety.store import sql
+from queuety.store import locks, sql
 
 
 def lock(group: str | None, queue: str | None) -> None:
@@ -29,22 +29,15 @@ def lock(group: str | None, queue: str | None) -> None:
     :func:`lock_groups`), so two admissions never wait for each other in a cycle. SQLite
     serialises writers itself (the demo's single machine).
     """
-    if connection.vendor != "postgresql":
-        return
-    with connection.cursor() as cursor:
-        if queue is not None:
-            cursor.execute(sql.GROUP_LOCK, [sql.QUEUE_LOCK_KEY, queue])
-        if group is not None:
-            cursor.execute(sql.GROUP_LOCK, [sql.GROUP_LOCK_KEY, group])
+    if queue is not None:
+        locks.hold(locks.QUEUE, [queue])
+    if group is not None:
+        locks.hold(locks.GROUP, [group])
 
 
 def lock_groups(names: list[str]) -> None:
     """Take the locks of several groups, in name order (after their queue's, see :func:`lock`)."""
-    if connection.vendor != "postgresql":
-        return
-    with connection.cursor() as cursor:
-        for name in sorted(set(names)):
-            cursor.execute(sql.GROUP_LOCK, [sql.GROUP_LOCK_KEY, name])
+    locks.hold(locks.GROUP, names)
 
 
 def _holding(**where: str) -> Q:

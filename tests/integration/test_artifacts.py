@@ -316,3 +316,44 @@ def test_admin_run_page__lists_artifacts_with_downloads_without_loading_content(
     viewer_less.force_login(make_user(is_staff=True))
     assert viewer_less.get(
         f"/admin/queuety/workflowrun/{run_id}/artifacts/transcript/").status_code == 403
+
+
+def test_an_outside_write_racing_an_attempts_publish_of_the_same_key_loses_neither(token):
+    # An outside put_artifact of a new key holds its transaction open while the attempt that
+    # wrote the same key records its outcome: the publish waits for it, then replaces it
+    # (before, it met the outside row in the key's unique index and the outcome failed).
+    import threading
+    import time
+
+    from django.db import transaction
+
+    from queuety import publish
+    from queuety.core.artifacts import encode
+    from queuety.runtime import artifacts
+    from queuety.runtime.claim import claim
+
+    flow = queuety.workflow(f"art_race_{token}").then(workflows.step_a)
+    with publish.captured() as sent:
+        run_id = flow.dispatch({"token": token})
+    held = claim(sent[0].step_run_id)
+    artifacts.write_pending(held, "step_a", encode("report", {"by": "attempt"}, limit=10_000))
+    outside_wrote = threading.Event()
+
+    def outside():
+        try:
+            with transaction.atomic():
+                artifacts.write_visible(run_id, encode("report", {"by": "outside"}, limit=10_000))
+                outside_wrote.set()
+                time.sleep(1.0)  # still uncommitted while the attempt publishes
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=outside)
+    thread.start()
+    assert outside_wrote.wait(10)
+    with transaction.atomic():
+        assert artifacts.publish(held) == 1
+    thread.join()
+    assert queuety.artifact(run_id, "report")["content"] == {"by": "attempt"}
+    assert Artifact.objects.filter(run_id=run_id, key="report").count() == 1
+    queuety.cancel(run_id)
