@@ -454,10 +454,15 @@ class GroupStart(models.Model):
 
 class ResourceGroup(models.Model):
     """A concurrency group that has throttled a step: when its next wake-up is due (a rate
-    limit's window reopening), so one timer is sent per group and period, not one per step."""
+    limit's window reopening), so one timer is sent per group and period, not one per step;
+    and when a queue's line last woke one of its steps (the groups sharing a queue's cost
+    budget take turns by it)."""
 
     name = models.CharField(max_length=255, unique=True)
     wake_at = models.DateTimeField(null=True, blank=True)
+    # When a step of the group was last woken from a queue's line: the groups sharing a
+    # queue's cost budget take turns by it.
+    served_at = models.DateTimeField(null=True, blank=True)
 
     def __str__(self) -> str:
         return self.name

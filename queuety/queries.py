@@ -156,7 +156,7 @@ def resource_groups(now: Any = None) -> list[dict[str, Any]]:
             "cost_budget": None if limits is None else limits.group_cost,
             "rate_limit": None if rate is None else [rate[0], rate[1]],
             "recent_starts": None if rate is None
-            else group_rows.recent_starts(row["group"], rate[1], now),
+            else group_rows.recent_starts(row["group"], resources.rate_window(rate[1]), now),
         })
     return found
 

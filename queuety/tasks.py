@@ -16,7 +16,7 @@ from celery.worker.request import Request
 from django.db import close_old_connections
 
 from queuety import schedules
-from queuety.runtime import attempt, gates, lane, recovery, settle, sweeper
+from queuety.runtime import attempt, lane, recovery, settle, sweeper, wakeups
 from queuety.runtime.claim import worker_id
 from queuety.runtime.workers import MainProcessBeat
 from queuety.webhooks import delivery
@@ -176,6 +176,7 @@ def fire_schedule(self: Any, schedule: str, after: int | None = None,
     schedules.fire_and_follow(schedule, after=after, now=schedules.sent_at(self.request))
 @shared_task(name="queuety.wake_group", ignore_result=True)
 def wake_group(group: str) -> int:
-    """Start concurrency group ``group``'s throttled steps into its free slots (sent when a
-    rate limit's window reopens; the sweeper is the backstop)."""
-    return gates.wake_everything_of(group)
+    """Start concurrency group ``group``'s throttled steps into its free slots, those in a
+    queue's line through that line (sent when a rate limit's window reopens, or when a
+    queue's waker found the group busy; the sweeper is the backstop)."""
+    return wakeups.wake_group(group) or 0

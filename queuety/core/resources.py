@@ -249,34 +249,41 @@ class Waiting:
     group: str
     priority: int
     cost: int = 1
+    queue: str = ""
+    """The queue whose cost budget it waits under ("": none)."""
 
 
 def wake_order(waiting: list[Waiting], free: dict[str, int],
-               holding: dict[str, int] | None = None) -> list[int]:
+               holding: dict[str, int] | None = None,
+               served: dict[str, float] | None = None) -> list[int]:
     """Which throttled rows to start, in order: highest priority first, then round-robin
     across the group keys (a tenant with 1,000 waiting steps does not starve one with 5),
     then oldest (lowest id) within a key; at most ``free[key]`` per key.
 
     ``waiting`` may hold several keys of one family (``tenant:1``, ``tenant:2``) that share
     one resource (a queue's cost budget). Round-robin goes on across wake-ups, not only
-    within one: ``holding[key]`` is what each key already holds of the shared resource, and
-    the key that holds the fewest goes next, so one slot freed at a time still alternates
-    between the keys instead of going to whoever queued first.
+    within one: the key that holds the fewest of the shared resource (``holding[key]``) goes
+    next, and of keys that hold as many, the one served longest ago (``served[key]``, a
+    time; never served comes first), so one slot freed at a time still goes round the keys
+    instead of to whoever queued first.
     """
     queues: dict[str, list[Waiting]] = {}
     for row in sorted(waiting, key=lambda w: (-w.priority, w.id)):
         queues.setdefault(row.group, []).append(row)
     left = {key: free.get(key, 0) for key in queues}
     taken = {key: (holding or {}).get(key, 0) for key in queues}
+    last = {key: (served or {}).get(key, float("-inf")) for key in queues}
     order: list[int] = []
     while True:
         ready = [key for key, rows in queues.items() if rows and left[key] > 0]
         if not ready:
             return order
-        key = min(ready, key=lambda k: (-queues[k][0].priority, taken[k], queues[k][0].id))
+        key = min(ready, key=lambda k: (-queues[k][0].priority, taken[k], last[k],
+                                        queues[k][0].id))
         order.append(queues[key].pop(0).id)
         left[key] -= 1
         taken[key] += 1
+        last[key] = 1e18 + len(order)  # served now: after every key served before it
 
 
 def describe_throttle(limits: Limits, reason: str, load: Load) -> dict[str, Any]:

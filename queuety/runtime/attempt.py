@@ -37,7 +37,7 @@ from queuety.core.handlers import (
 )
 from queuety.core.inline import InlineWindow
 from queuety.models import Event, StepRun, StepStatus
-from queuety.runtime import gates, lane
+from queuety.runtime import gates, lane, wakeups
 from queuety.runtime.claim import Claim, claim, owned
 from queuety.runtime.finish import fail_unloadable
 from queuety.runtime.outcome import record_failure, record_success_retrying
@@ -160,17 +160,17 @@ def _release(passage: gates.Passage, *, keep: bool = False) -> int | None:
     if passage.limits is None:
         return None
     try:
-        return gates.release(passage.limits, keep=keep)
+        return wakeups.release(passage.limits, keep=keep)
     except DatabaseError:
-        logger.exception("Could not wake the steps waiting for group %r; the sweeper will.",
-                         passage.limits.group)
+        logger.exception("Could not wake the steps waiting for group %r or queue %r; the "
+                         "sweeper will.", passage.limits.group, passage.limits.queue)
         return None
 
 
 def _hand_back(step_run_id: int) -> None:
     """Publish a waiting step this process was handed but will not run now."""
     try:
-        gates.hand_back(step_run_id)
+        wakeups.hand_back(step_run_id)
     except DatabaseError:  # its row is pending and woken: the sweeper publishes it again
         logger.exception("Could not publish step run id=%s; the sweeper will.", step_run_id)
 
@@ -309,14 +309,18 @@ def _run_body(step_name: str, held: Claim, path: str, state: dict[str, Any],
     """Run a handler body under its deadline and return its output: on this process's I/O
     lane when it is a lane worker, else here, interrupted by the SIGALRM deadline."""
     running = lane.current()
-    if running is None:
-        with deadline(step_name, held.timeout, held) as watch:
-            return watch.settle(call_handler(path, state, context) if item is None else
-                                call_item_handler(path, state, item[0], item[1], context))
-    invoke = (partial(invoke_handler, path, state, context) if item is None else
-              partial(invoke_item_handler, path, state, item[0], item[1], context))
-    return running.run(step_name, held, invoke,
-                       is_async=is_async_handler(path, item=item is not None))
+    try:
+        if running is None:
+            with deadline(step_name, held.timeout, held) as watch:
+                return watch.settle(call_handler(path, state, context) if item is None else
+                                    call_item_handler(path, state, item[0], item[1], context))
+        invoke = (partial(invoke_handler, path, state, context) if item is None else
+                  partial(invoke_item_handler, path, state, item[0], item[1], context))
+        return running.run(step_name, held, invoke,
+                           is_async=is_async_handler(path, item=item is not None))
+    finally:
+        if context is not None and isinstance(context.sink, AttemptOutputs):
+            context.sink.end()
 
 
 def _context(spec: WorkflowSpec, held: Claim, *, streams: bool = True) -> StepContext:

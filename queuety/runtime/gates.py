@@ -1,15 +1,14 @@
 """Resource control at the step boundary: the gate a claimed step passes before it starts,
-and the wake-up of waiting steps when it is done.
+and the decision at landing (the wake-ups of waiting steps: ``queuety.runtime.wakeups``).
 
 A step with no concurrency group, no queue cost budget and no worker admission settings
 passes without a query (:func:`enter` returns :data:`OPEN` from what is in memory). Any other
 claimed step is decided under its group's lock (``queuety.store.groups.lock``): its group's
 load is counted from live step rows, and the step either starts, holding a slot, or is handed
 back *throttled*: its attempt is not counted, its row holds no worker and no message, and
-``throttled_by`` says why. When an admitted attempt ends, :func:`release` wakes the best
-throttled steps of its group into the slots it left (highest priority, then oldest), handing
-the first to the releasing process; the sweeper does the same for every group as a backstop,
-and a rate-limited group gets one timer for the moment its window reopens.
+``throttled_by`` says why. When an admitted attempt ends, ``queuety.runtime.wakeups.release``
+wakes the best throttled steps into the slots it left; a rate-limited group gets one timer
+(:func:`set_rate_timer`) for the moment its window reopens.
 """
 
 from __future__ import annotations
@@ -29,7 +28,6 @@ from queuety.core.definition import WorkflowSpec
 from queuety.runtime import admission
 from queuety.runtime.claim import Claim
 from queuety.store import groups
-from queuety.store.definitions import load_spec
 
 logger = logging.getLogger("queuety")
 
@@ -41,7 +39,8 @@ class Passage:
     started: bool
     """False: the step was throttled or deferred and must not run now."""
     limits: resources.Limits | None = None
-    """The limits the attempt holds a slot under (give it back with :func:`release`)."""
+    """The limits the attempt holds a slot under (given back by
+    ``queuety.runtime.wakeups.release``)."""
 
 
 #: The passage of a step nothing bounds.
@@ -115,7 +114,7 @@ def publish_landed(spec: WorkflowSpec, step_run_id: int, index: int, run_id: int
                   "since": now.isoformat(), "limits": _limits_record(limits)}
         groups.park(step_run_id, limits, priority, record)
         if why == resources.RATE and limits.group is not None and limits.rate is not None:
-            _set_timer(limits.group, limits.rate[1], now)
+            set_rate_timer(limits.group, limits.rate[1], now)
         _throttled(spec, index, run_id, step_run_id, record)
     return True
 
@@ -153,7 +152,7 @@ def enter(held: Claim, spec: WorkflowSpec) -> Passage:
                                priority, record):
             return Passage(False)
         if why == resources.RATE and limits.group is not None and limits.rate is not None:
-            _set_timer(limits.group, limits.rate[1], now)
+            set_rate_timer(limits.group, limits.rate[1], now)
         became_throttled(held, spec, record)
     return Passage(False)
 
@@ -211,147 +210,10 @@ def limits_from_record(group: str, record: dict[str, Any] | None) -> resources.L
         cost=int(saved.get("cost") or 1), queue=saved.get("queue"), tables=_tables())
 
 
-def _set_timer(group: str, period: float, now: datetime) -> None:
+def set_rate_timer(group: str, period: float, now: datetime) -> None:
     """Send one wake-up of ``group`` for when its oldest start in the window leaves it."""
     window = timedelta(seconds=resources.rate_window(period))
     oldest = groups.oldest_start(group, now - window)
     at = (oldest or now) + window
     if groups.set_timer(group, at, now):
         publish.wake_group_on_commit(group, max((at - now).total_seconds(), 0) + 0.005)
-
-
-def release(limits: resources.Limits | None, *, keep: bool = False) -> int | None:
-    """An admitted attempt under ``limits`` ended (completed, failed, retried or recovered):
-    wake the throttled steps its slot, and any other free one, lets start.
-
-    With ``keep``, the best woken step without a timeout is not published but returned: the
-    caller (the worker process whose slot it takes) runs it next, with no broker hop, or
-    hands it back with :func:`hand_back`. Call after the attempt's outcome committed, so the
-    count sees its slot free.
-    """
-    if limits is None:
-        return None
-    kept = None
-    if limits.queue is not None and limits.queue_cost is not None:
-        kept = wake_queue(limits.queue, keep=keep)
-    if limits.group is not None:
-        handed = wake_group(limits.group, limits, keep=keep and kept is None)
-        kept = kept if kept is not None or not keep else handed
-    return kept if keep else None
-
-
-def wake_everything_of(group: str) -> int:
-    """Wake ``group``'s throttled steps, those waiting for a queue's budget too (a rate
-    limit's timer, a dead worker's slot): the queues' lines are woken as wholes."""
-    woken = wake_group(group) or 0
-    for queue in groups.throttled_queues(group=group):
-        woken += wake_queue(queue) or 0
-    return woken
-
-
-def _room(group: str, limits: resources.Limits, now: datetime, waiting: bool | None = True
-          ) -> tuple[int, resources.Load]:
-    """How many more of ``group``'s steps may start now (under its lock), and its load. When
-    none may because of its rate limit and steps wait (``waiting``; None: look), its timer
-    is set for the moment one more fits."""
-    load = groups.load(limits, now)
-    free = resources.free_slots(limits, load)
-    if free <= 0 and limits.rate is not None and load.starts_in_window >= limits.rate[0] and \
-            (waiting or (waiting is None and groups.waiting([group], 1))):
-        _set_timer(group, limits.rate[1], now)
-    return free, load
-
-
-def _keep_or_publish(woken: list[tuple[int, int, int, float | None]], keep: bool
-                     ) -> int | None:
-    """Publish the woken rows, except, with ``keep``, the best one without a timeout: that
-    one's id is returned for the caller to run (see :func:`release`)."""
-    kept = next((row[0] for row in woken if row[3] is None), None) if keep else None
-    _publish_woken([row for row in woken if row[0] != kept])
-    return kept
-
-
-def wake_group(group: str, limits: resources.Limits | None = None,
-               now: datetime | None = None, *, keep: bool = False) -> int | None:
-    """Wake as many of ``group``'s throttled steps (those under no queue budget) as its free
-    slots allow, best first, and publish them. ``limits``: as the caller knows them, else as
-    the best waiting row was throttled under. With ``keep``, the best woken step without a
-    timeout is returned instead of published (see :func:`release`); otherwise, how many
-    were woken."""
-    now = now or timezone.now()
-    with transaction.atomic():
-        groups.lock(group, None)
-        if limits is None:
-            best = groups.waiting([group], 1)
-            if not best:
-                return None if keep else 0
-            limits = limits_from_record(group, groups.throttle_record(best[0].id))
-        free, _ = _room(group, limits, now, waiting=None)
-        if free <= 0:
-            return None if keep else 0
-        order = resources.wake_order(groups.waiting([group], free), {group: free})
-        woken = groups.wake(order, now)
-        kept = _keep_or_publish(woken, keep)
-    return kept if keep else len(woken)
-
-
-def wake_queue(queue: str, now: datetime | None = None, *, keep: bool = False) -> int | None:
-    """Wake the steps waiting for ``queue``'s cost budget, in whatever group, as many as its
-    free budget fits (at least one when nothing holds any): highest priority first, then
-    round-robin across their groups (the keys of a family such as ``tenant:*`` share the
-    queue's budget, and a tenant with 1,000 waiting steps must not starve one with 5), then
-    oldest; each group's own limits hold too. With ``keep``, as :func:`release`; otherwise
-    how many were woken."""
-    now = now or timezone.now()
-    budget = settings.QUEUE_COST_BUDGETS.get(queue)
-    # No group can take more than the whole budget's worth (each step costs at least 1).
-    share = max(int(budget or 1), 1)
-    with transaction.atomic():
-        groups.lock(None, queue)  # the queue's lock first, then its groups' (groups.lock)
-        candidates, records = groups.waiting_for_queue(queue, min(4 * share, 200), share)
-        if not candidates:
-            return None if keep else 0
-        named = sorted(name for name in records if name)
-        groups.lock_groups(named)
-        free, holding = {"": len(candidates)}, {}
-        for name in named:
-            free[name], load = _room(name, limits_from_record(name, records[name]), now)
-            holding[name] = load.in_flight
-        running = 0 if budget is None else groups.load(
-            resources.Limits(None, queue=queue, queue_cost=budget), now).queue_cost
-        chosen: list[int] = []
-        costs = {row.id: row.cost for row in candidates}
-        for pk in resources.wake_order(candidates, free, holding):
-            if budget is not None and running and running + costs[pk] > budget:
-                break  # the best that does not fit waits first in line, not overtaken
-            running += costs[pk]
-            chosen.append(pk)
-        woken = groups.wake(chosen, now)
-        kept = _keep_or_publish(woken, keep)
-    return kept if keep else len(woken)
-
-
-def hand_back(step_run_id: int) -> None:
-    """Publish a woken step a worker process kept (:func:`release`) but will not run now."""
-    row = groups.woken_row(step_run_id)
-    if row is not None:
-        _publish_woken([row])
-
-
-def wake_all(now: datetime) -> int:
-    """Wake every group's throttled steps into their free slots (the sweeper's backstop for
-    a wake-up that was lost, or a limit the site raised); returns how many were woken."""
-    woken = 0
-    for group in groups.throttled_groups():
-        woken += wake_group(group, now=now) or 0
-    for queue in groups.throttled_queues():
-        woken += wake_queue(queue, now) or 0
-    return woken
-
-
-def _publish_woken(woken: list[tuple[int, int, int, float | None]]) -> None:
-    messages = []
-    for pk, definition_pk, index, timeout in woken:
-        spec = load_spec(definition_pk)
-        messages.append(publish.step_message(spec, pk, index, timeout))
-    publish.publish_on_commit(messages)

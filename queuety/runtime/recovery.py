@@ -10,7 +10,7 @@ from django.db.models import Q
 
 from queuety import exceptions
 from queuety.models import StepRun, StepStatus
-from queuety.runtime import gates
+from queuety.runtime import wakeups
 from queuety.runtime.claim import claim_of
 from queuety.runtime.outcome import record_failure
 from queuety.store.definitions import load_spec
@@ -46,9 +46,9 @@ def recover_attempt(step_run_id: int, claimed_by: str, *, hard_timeout: bool) ->
             queues.add(row.queue)
     # Its slot (and its share of its queue's budget) is free again: the next waiting starts.
     for queue in sorted(queues):
-        gates.wake_queue(queue)
+        wakeups.wake_queue(queue)
     for group in sorted(freed):
-        gates.wake_group(group)
+        wakeups.wake_group(group)
     return recorded
 
 

@@ -26,9 +26,17 @@ class AttemptOutputs:
         self.artifacts_written = 0
         self._chunks: list[Any] | None = None
         self._writer: chunks.ChunkWriter | None = None
+        self._ended = False
+
+    def end(self) -> None:
+        """The attempt's body is over (returned, raised, or was abandoned at its deadline): a
+        write from a thread it left running is refused, so it can neither join the recorded
+        outcome nor leave an invisible row behind it."""
+        self._ended = True
 
     def put_artifact(self, key: str, content: Any, kind: str,
                      metadata: dict[str, Any] | None) -> None:
+        self._refuse_once_ended(f"artifact {key!r}")
         encoded = rules.encode(key, content, kind, metadata, limit=settings.MAX_ARTIFACT_BYTES,
                                run_id=self.held.run_id)
         artifacts.write_pending(self.held, self.step_name, encoded)
@@ -42,6 +50,7 @@ class AttemptOutputs:
 
     def append_chunk(self, content: Any) -> None:
         self._refuse_unless_streaming()
+        self._refuse_once_ended("a chunk")
         text = rules.encode_chunk(content, limit=settings.MAX_CHUNK_BYTES, step=self.step_name,
                                   run_id=self.held.run_id)
         if self._writer is None:
@@ -58,6 +67,13 @@ class AttemptOutputs:
     def finish_stream(self) -> None:
         if self._writer is not None:
             self._writer.close()
+
+    def _refuse_once_ended(self, what: str) -> None:
+        if self._ended:
+            raise exceptions.StepTimeout(
+                f"Step {self.step_name!r} of run {self.held.run_id} (attempt "
+                f"{self.held.attempt}) wrote {what} after its attempt had ended (its deadline "
+                "passed while the body went on in a thread); the write is refused.")
 
     def _refuse_unless_streaming(self) -> None:
         if not self.streams:

@@ -21,7 +21,7 @@ from queuety.conf import settings
 from queuety.core import flow
 from queuety.core.status import FINISHED
 from queuety.models import Event, RunStatus, StepRun, StepStatus, WorkflowRun
-from queuety.runtime import gates
+from queuety.runtime import wakeups
 from queuety.runtime.claim import claim_of
 from queuety.runtime.expiry import expire_due
 from queuety.runtime.finish import fail_run, fail_unloadable
@@ -164,7 +164,7 @@ def wake_throttled(now: datetime) -> int:
     groups.release_stale_woken(now - timedelta(seconds=settings.REDELIVER_AFTER))
     longest = max((float(rate[1]) for rate in settings.RATE_LIMITS.values()), default=0.0)
     groups.prune_starts(now - timedelta(seconds=max(longest, 3600.0)))
-    return gates.wake_all(now)
+    return wakeups.wake_all(now)
 
 
 def republish_due(now: datetime) -> int:

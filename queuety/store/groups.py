@@ -24,10 +24,11 @@ from queuety.store import locks, sql
 def lock(group: str | None, queue: str | None) -> None:
     """Serialise, until this transaction ends, every admission of ``group`` and of ``queue``.
 
-    Transaction-scoped advisory locks on PostgreSQL, always the queue's before the group's
-    (a queue's waker takes its queue's lock, then the locks of several groups, in name order:
-    :func:`lock_groups`), so two admissions never wait for each other in a cycle. SQLite
-    serialises writers itself (the demo's single machine).
+    Transaction-scoped advisory locks on PostgreSQL (``queuety.store.locks``), the queue's
+    before the group's. A queue's waker holds its queue's lock and then takes only the group
+    locks that are free (:func:`try_lock_groups`): a transaction that landed a step in one
+    group may be waiting for the queue's lock while it holds that group's. SQLite serialises
+    writers itself (the demo's single machine).
     """
     if queue is not None:
         locks.hold(locks.QUEUE, [queue])
@@ -35,12 +36,13 @@ def lock(group: str | None, queue: str | None) -> None:
         locks.hold(locks.GROUP, [group])
 
 
-def lock_groups(names: list[str]) -> None:
-    """Take the locks of several groups, in name order (after their queue's, see :func:`lock`)."""
-    locks.hold(locks.GROUP, names)
+def try_lock_groups(names: list[str]) -> set[str]:
+    """Take, without waiting, the locks of those of ``names`` that are free; return them
+    (a queue's waker, which holds its queue's lock: see :func:`lock`)."""
+    return locks.try_hold(locks.GROUP, names)
 
 
-def _holding(**where: str) -> Q:
+def _holding(**where: Any) -> Q:
     """Rows holding a slot of a group or a share of a queue's budget (``where``):
     admitted for their current attempt, or woken."""
     return Q(**where) & (
@@ -69,6 +71,57 @@ def load(limits: resources.Limits, now: datetime, *, excluding: int | None = Non
         queue_cost = others.filter(_holding(queue=limits.queue)).aggregate(
             cost=Coalesce(Sum("cost_units"), 0))["cost"]
     return resources.Load(in_flight, cost, starts, queue_cost)
+
+
+def loads(limits: dict[str, resources.Limits], now: datetime) -> dict[str, resources.Load]:
+    """What each group of ``limits`` holds now (as :func:`load`, without any queue): one
+    query for all of them, and one more for the rate windows of those with a rate limit."""
+    if not limits:
+        return {}
+    held = {row["concurrency_group"]: row for row in StepRun.objects.filter(
+        _holding(concurrency_group__in=list(limits))).values("concurrency_group").annotate(
+        n=Count("pk"), cost=Coalesce(Sum("cost_units"), 0),
+        woken=Count("pk", filter=Q(woken=True)))}
+    windows = {name: resources.rate_window(found.rate[1])
+               for name, found in limits.items() if found.rate is not None}
+    starts: dict[str, int] = dict.fromkeys(windows, 0)
+    if windows:
+        since = now - timedelta(seconds=max(windows.values()))
+        for name, at in GroupStart.objects.filter(group__in=list(windows), started_at__gt=since
+                                                  ).values_list("group", "started_at"):
+            if at > now - timedelta(seconds=windows[name]):
+                starts[name] += 1
+    found: dict[str, resources.Load] = {}
+    for name in limits:
+        row = held.get(name, {"n": 0, "cost": 0, "woken": 0})
+        found[name] = resources.Load(row["n"], row["cost"],
+                                     starts.get(name, 0) + row["woken"] if name in windows
+                                     else 0)
+    return found
+
+
+def holding_on_queue(queue: str) -> dict[str, tuple[int, int]]:
+    """What each group (``""``: in no group) holds of ``queue``'s budget now: ``{group:
+    (steps, cost)}`` of its steps admitted or woken on that queue."""
+    return {row["concurrency_group"]: (row["n"], row["cost"]) for row in StepRun.objects.filter(
+        _holding(queue=queue)).values("concurrency_group").annotate(
+        n=Count("pk"), cost=Coalesce(Sum("cost_units"), 0))}
+
+
+def served(names: list[str]) -> dict[str, float]:
+    """When each of the groups ``names`` last had a step woken from a queue's line (epoch
+    seconds; a group never served is absent): the round-robin's memory."""
+    return {name: at.timestamp() for name, at in ResourceGroup.objects.filter(
+        name__in=names, served_at__isnull=False).values_list("name", "served_at")
+        if at is not None}
+
+
+def mark_served(names: set[str], now: datetime) -> None:
+    """Remember that groups ``names`` had a step woken from a queue's line at ``now``."""
+    if names:
+        ResourceGroup.objects.bulk_create(
+            [ResourceGroup(name=name, served_at=now) for name in sorted(names)],
+            update_conflicts=True, unique_fields=["name"], update_fields=["served_at"])
 
 
 def oldest_start(group: str, since: datetime) -> datetime | None:
@@ -156,14 +209,14 @@ def defer(step_run_id: int, attempt: int, claimed_by: str, due: datetime,
 
 
 def waiting(groups: list[str], limit: int) -> list[resources.Waiting]:
-    """Throttled rows of ``groups`` under no queue cost budget, best first (highest priority,
-    then oldest), at most ``limit``. (Rows under a queue's budget wait in that queue's line,
-    across groups: :func:`waiting_for_queue`.)"""
-    found = (StepRun.objects.filter(status=StepStatus.THROTTLED, concurrency_group__in=groups,
-                                    queue="")
+    """Throttled rows of ``groups``, best first (highest priority, then oldest), at most
+    ``limit``. A row under a queue's budget (its ``queue``) is woken in that queue's line,
+    across groups (:func:`waiting_for_queue`)."""
+    found = (StepRun.objects.filter(status=StepStatus.THROTTLED, concurrency_group__in=groups)
              .order_by("-priority", "pk")
-             .values_list("pk", "concurrency_group", "priority", "cost_units")[:limit])
-    return [resources.Waiting(pk, group, priority, cost) for pk, group, priority, cost in found]
+             .values_list("pk", "concurrency_group", "priority", "cost_units", "queue")[:limit])
+    return [resources.Waiting(pk, group, priority, cost, queue)
+            for pk, group, priority, cost, queue in found]
 
 
 def waiting_for_queue(queue: str, limit: int, per_group: int
@@ -181,15 +234,15 @@ def waiting_for_queue(queue: str, limit: int, per_group: int
                            "throttled_by")[:limit])
     rows, records = [], {}
     for pk, group, priority, cost, rank, record in ranked:
-        rows.append(resources.Waiting(pk, group, priority, cost))
+        rows.append(resources.Waiting(pk, group, priority, cost, queue))
         if rank == 1:
             records[group] = record
     return rows, records
 
 
 def throttled_groups(limit: int = 500) -> list[str]:
-    """Groups with throttled rows under no queue budget (the sweeper's backstop wakes each)."""
-    return list(StepRun.objects.filter(status=StepStatus.THROTTLED, queue="")
+    """Groups with throttled rows (the sweeper's backstop wakes each)."""
+    return list(StepRun.objects.filter(status=StepStatus.THROTTLED)
                 .exclude(concurrency_group="")
                 .values_list("concurrency_group", flat=True).distinct()
                 .order_by("concurrency_group")[:limit])

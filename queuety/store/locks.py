@@ -19,6 +19,19 @@ from queuety.store import sql
 GROUP, QUEUE, ARTIFACT = sql.GROUP_LOCK_KEY, sql.QUEUE_LOCK_KEY, 7_404
 
 
+def try_hold(namespace: int, names: Iterable[str]) -> set[str]:
+    """Take, without waiting, the locks of ``names`` that are free, until this transaction
+    ends; return the names locked (all of them on SQLite). For a taker that already holds
+    another lock, which must never wait for one held by a transaction that may be waiting
+    for its own."""
+    wanted = sorted(set(names))
+    if connection.vendor != "postgresql" or not wanted:
+        return set(wanted)
+    with connection.cursor() as cursor:
+        cursor.execute(sql.TRY_LOCKS, [wanted, namespace])
+        return {row[0] for row in cursor.fetchall()}
+
+
 def hold(namespace: int, names: Iterable[str]) -> None:
     """Take the locks of ``names`` in ``namespace`` until this transaction ends, in name
     order (call inside ``transaction.atomic()``)."""

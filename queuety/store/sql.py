@@ -203,6 +203,12 @@ QUEUE_LOCK_KEY = 7_403
 #: Serialises the admissions of one group (or queue) until the transaction ends.
 GROUP_LOCK = "SELECT pg_advisory_xact_lock(%s, hashtext(%s))"
 
+#: Takes, without waiting, the locks of names (a text array) in one namespace; returns the
+#: names whose lock it got.
+TRY_LOCKS = """
+SELECT name FROM unnest(%s::text[]) AS name WHERE pg_try_advisory_xact_lock(%s, hashtext(name))
+"""
+
 #: Wakes throttled rows (pending, woken, due now) and reads back what their messages need, in
 #: one statement: ``(id, definition id, step index, timeout)``.
 WAKE_THROTTLED = """

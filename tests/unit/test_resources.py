@@ -139,27 +139,38 @@ def test_wake_order_is_priority_then_round_robin_across_keys_then_oldest():
     assert resources.wake_order(waiting, {}) == []
 
 
-def test_wake_order_goes_on_round_robin_across_wake_ups_by_what_each_key_holds():
-    # One slot of a shared queue budget frees at a time: the key holding fewer goes next,
-    # though the big tenant's head is older.
-    waiting = ([Waiting(i, "tenant:big", 1) for i in range(1, 6)]
-               + [Waiting(i, "tenant:small", 1) for i in (40, 41)])
-    free = {"tenant:big": 9, "tenant:small": 9}
-    woken = []
-    holding = {"tenant:big": 1, "tenant:small": 0}
-    for _ in range(4):
-        first = resources.wake_order(waiting, free, holding)[0]
-        woken.append(first)
+def _serve_one_at_a_time(backlog: dict[str, int], budget: int, turns: int) -> str:
+    """Simulate a queue's line under a budget of ``budget`` steps, one freeing at a time
+    (the oldest running ends first); return which tenant each wake-up served."""
+    waiting = [Waiting(pk, key, 1) for pk, key in enumerate(
+        key for key, count in backlog.items() for _ in range(count))]
+    running: list[str] = []
+    served: dict[str, float] = {}
+    order = ""
+    for clock in range(turns):
+        if len(running) == budget:
+            running.pop(0)
+        holding = {key: running.count(key) for key in backlog}
+        first = resources.wake_order(waiting, dict.fromkeys(backlog, 9), holding, served)[0]
         key = next(w.group for w in waiting if w.id == first)
         waiting = [w for w in waiting if w.id != first]
-        # The woken step holds its slot; the step that had run there ends.
-        holding = {k: 0 for k in holding} | {key: 1}
-    assert woken == [40, 1, 41, 2]
-    # Nothing held: the oldest goes first, as within one wake-up.
-    assert resources.wake_order(waiting, free, {})[:2] == [3, 4]
-    # Priority still comes before what a key holds.
+        running.append(key)
+        served[key] = clock
+        order += key
+    return order
+
+
+def test_wake_order_goes_round_the_keys_across_wake_ups_that_free_one_slot_each():
+    # The big tenant queued first, with a far older head, yet the slots go round.
+    assert _serve_one_at_a_time({"a": 20, "b": 5}, budget=1, turns=8) == "abababab"
+    assert _serve_one_at_a_time({"a": 20, "b": 20, "c": 20}, budget=2, turns=9) == \
+        "abcabcabc"
+    shares = _serve_one_at_a_time({"a": 40, "b": 40, "c": 40}, budget=4, turns=30)
+    assert {shares.count(key) for key in "abc"} == {10}
+    # Priority still comes before what a key holds or when it was served.
     urgent = [Waiting(7, "tenant:big", 2), Waiting(8, "tenant:small", 1)]
-    assert resources.wake_order(urgent, free, {"tenant:big": 5}) == [7, 8]
+    assert resources.wake_order(urgent, {"tenant:big": 9, "tenant:small": 9},
+                                {"tenant:big": 5}, {"tenant:small": 0.0}) == [7, 8]
 
 
 def test_memory_verdict_checks_the_process_and_the_machine():

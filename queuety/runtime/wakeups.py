@@ -1,0 +1,191 @@
+"""Waking throttled steps: when an admitted attempt gives its slot back, when a rate limit's
+window reopens, when a dead worker's slot is recovered, and the sweeper's backstop.
+
+A group's throttled steps are woken into its free slots, highest priority first, then oldest
+(:func:`wake_group`). Steps waiting for a queue's cost budget stand in one line per queue,
+whatever their group, and are woken as far as the budget's free cost fits: highest priority
+first, then round-robin across their groups, then oldest, each group's own limits holding too
+(:func:`wake_queue`). A woken step is pending, holds its slot (and its share of the queue's
+budget) and has its message on the way, or is handed to the releasing process to run next.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import datetime
+
+from django.db import transaction
+from django.utils import timezone
+
+from queuety import publish
+from queuety.conf import settings
+from queuety.core import resources
+from queuety.runtime.gates import limits_from_record, set_rate_timer
+from queuety.store import groups
+from queuety.store.definitions import load_spec
+
+#: How soon a queue's waker looks again for a group whose lock was busy.
+BUSY_RETRY_SECONDS = 0.05
+
+#: Woken rows: ``(id, definition id, step index, timeout)``.
+Woken = list[tuple[int, int, int, float | None]]
+
+
+def release(limits: resources.Limits | None, *, keep: bool = False) -> int | None:
+    """An admitted attempt under ``limits`` ended (completed, failed, retried or recovered):
+    wake the throttled steps its slot, and any other free one, lets start: its queue's line
+    when it ran under a queue's cost budget, then its group's.
+
+    With ``keep``, the best woken step without a timeout is not published but returned: the
+    caller (the worker process whose slot it takes) runs it next, with no broker hop, or
+    hands it back with :func:`hand_back`. Call after the attempt's outcome committed, so the
+    count sees its slot free.
+    """
+    if limits is None:
+        return None
+    kept = None
+    done: set[str] = set()
+    if limits.queue is not None and limits.queue_cost is not None:
+        kept = wake_queue(limits.queue, keep=keep)
+        done.add(limits.queue)
+    if limits.group is not None:
+        handed = wake_group(limits.group, limits, keep=keep and kept is None, done=done)
+        kept = kept if kept is not None or not keep else handed
+    return kept if keep else None
+
+
+def wake_group(group: str, limits: resources.Limits | None = None,
+               now: datetime | None = None, *, keep: bool = False,
+               done: set[str] | frozenset[str] = frozenset()) -> int | None:
+    """Wake as many of ``group``'s throttled steps as its free slots allow, best first.
+    A step under a queue's budget is woken in that queue's line (:func:`wake_queue`, called
+    here for each such queue not in ``done``); it keeps its place, so a lower step is not
+    woken into the slot it waits for. ``limits``: as the caller knows them, else as the best
+    waiting row was throttled under. With ``keep``, the best woken step without a timeout is
+    returned instead of published (see :func:`release`); otherwise, how many were woken."""
+    now = now or timezone.now()
+    queues: set[str] = set()
+    with transaction.atomic():
+        groups.lock(group, None)
+        if limits is None:
+            best = groups.waiting([group], 1)
+            if not best:
+                return None if keep else 0
+            limits = limits_from_record(group, groups.throttle_record(best[0].id))
+        limits = replace(limits, queue=None, queue_cost=None)  # the queue's line decides that
+        free = _free(group, limits, groups.load(limits, now), now, waiting=None)
+        if free <= 0:
+            return None if keep else 0
+        plain = []
+        for row in groups.waiting([group], free):
+            if row.queue:
+                queues.add(row.queue)
+            else:
+                plain.append(row.id)
+        woken = groups.wake(plain, now)
+        kept = _keep_or_publish(woken, keep)
+    for queue in sorted(queues - set(done)):
+        woken_there = wake_queue(queue, now, keep=keep and kept is None)
+        if keep and kept is None:
+            kept = woken_there
+    return kept if keep else len(woken)
+
+
+def wake_queue(queue: str, now: datetime | None = None, *, keep: bool = False) -> int | None:
+    """Wake the steps waiting for ``queue``'s cost budget, in whatever group, as many as its
+    free budget fits (at least one when nothing holds any): highest priority first, then
+    round-robin across their groups (the keys of a family such as ``tenant:*`` share the
+    queue's budget, and a tenant with 1,000 waiting steps must not starve one with 5), then
+    oldest; each group's own limits hold too. With ``keep``, as :func:`release`; otherwise
+    how many were woken.
+
+    The round-robin goes on across wake-ups: the group holding the fewest of the queue's
+    steps goes next, and of those holding as many, the one served longest ago.
+    """
+    now = now or timezone.now()
+    budget = settings.QUEUE_COST_BUDGETS.get(queue)
+    # No group can take more than the whole budget's worth (each step costs at least 1); a
+    # removed budget releases its whole line.
+    share = 200 if budget is None else max(int(budget), 1)
+    with transaction.atomic():
+        groups.lock(None, queue)
+        candidates, records = groups.waiting_for_queue(queue, min(4 * share, 200), share)
+        if not candidates:
+            return None if keep else 0
+        named = sorted(name for name in records if name)
+        # Only the group locks that are free: a transaction holding one (landing a step in
+        # that group) may be waiting for this queue's lock.
+        locked = groups.try_lock_groups(named)
+        limits = {name: replace(limits_from_record(name, records[name]), queue=None,
+                                queue_cost=None) for name in named if name in locked}
+        free = {"": len(candidates)}
+        for name, load in groups.loads(limits, now).items():
+            free[name] = _free(name, limits[name], load, now, waiting=True)
+        holding = groups.holding_on_queue(queue)
+        running = sum(cost for _, cost in holding.values())
+        chosen: list[int] = []
+        costs = {row.id: row.cost for row in candidates}
+        for pk in resources.wake_order(candidates, free,
+                                       {name: n for name, (n, _) in holding.items()},
+                                       groups.served(named)):
+            if budget is not None and running and running + costs[pk] > budget:
+                break  # the best that does not fit waits first in line, not overtaken
+            running += costs[pk]
+            chosen.append(pk)
+        woken = groups.wake(chosen, now)
+        group_of = {row.id: row.group for row in candidates}
+        groups.mark_served({group_of[row[0]] for row in woken if group_of[row[0]]}, now)
+        if budget is None or running < budget:
+            # Room is left while a busy group's steps wait: look again for them shortly.
+            for name in sorted(set(named) - locked):
+                publish.wake_group_on_commit(name, BUSY_RETRY_SECONDS)
+        kept = _keep_or_publish(woken, keep)
+    return kept if keep else len(woken)
+
+
+def hand_back(step_run_id: int) -> None:
+    """Publish a woken step a worker process kept (:func:`release`) but will not run now."""
+    row = groups.woken_row(step_run_id)
+    if row is not None:
+        _publish_woken([row])
+
+
+def wake_all(now: datetime) -> int:
+    """Wake every group's throttled steps into their free slots and every queue's line into
+    its free budget (the sweeper's backstop for a wake-up that was lost, or a limit the site
+    raised); returns how many were woken."""
+    woken = 0
+    queues = frozenset(groups.throttled_queues())
+    for queue in sorted(queues):
+        woken += wake_queue(queue, now) or 0
+    for group in groups.throttled_groups():
+        woken += wake_group(group, now=now, done=queues) or 0
+    return woken
+
+
+def _free(group: str, limits: resources.Limits, load: resources.Load, now: datetime, *,
+          waiting: bool | None) -> int:
+    """How many more of ``group``'s steps may start now (under its lock), given its load.
+    When none may because of its rate limit and steps wait (``waiting``; None: look), its
+    timer is set for the moment one more fits."""
+    free = resources.free_slots(limits, load)
+    if free <= 0 and limits.rate is not None and load.starts_in_window >= limits.rate[0] and \
+            (waiting or (waiting is None and groups.waiting([group], 1))):
+        set_rate_timer(group, limits.rate[1], now)
+    return free
+
+
+def _keep_or_publish(woken: Woken, keep: bool) -> int | None:
+    """Publish the woken rows, except, with ``keep``, the best one without a timeout: that
+    one's id is returned for the caller to run (see :func:`release`)."""
+    kept = next((row[0] for row in woken if row[3] is None), None) if keep else None
+    _publish_woken([row for row in woken if row[0] != kept])
+    return kept
+
+
+def _publish_woken(woken: Woken) -> None:
+    messages = []
+    for pk, definition_pk, index, timeout in woken:
+        spec = load_spec(definition_pk)
+        messages.append(publish.step_message(spec, pk, index, timeout))
+    publish.publish_on_commit(messages)
