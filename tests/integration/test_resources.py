@@ -366,8 +366,8 @@ def test_a_release_on_one_queue_wakes_the_groups_step_waiting_on_a_budgeted_queu
     for round_ in range(3):
         label = f"first{round_}"
         holder = flow.dispatch({"token": token, "nap": 0.6, "label": label})
-        _wait_until(lambda: label in [s[2] for s in resource_steps.starts(token)], 30,
-                    "the first step to start")
+        _wait_until(lambda label=label: label in [s[2] for s in resource_steps.starts(token)],
+                    30, "the first step to start")
         waiter = other.dispatch({"token": token, "nap": 0.05, "label": f"second{round_}"})
         row = StepRun.objects.get(run_id=waiter)
         assert (row.status, row.queue) == ("throttled", budget_node.queue)
