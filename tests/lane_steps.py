@@ -34,6 +34,18 @@ def sync_uninterruptible(state):
     return {"late": True}
 
 
+def writes_after_its_deadline(state, context):
+    """Writes an artifact at once and another after its deadline, from the thread the lane
+    abandoned: the late write is refused (its error marked), never stored."""
+    context.put_artifact("early", {"at": "start"})
+    time.sleep(state["body"])
+    try:
+        context.put_artifact("late", {"at": "after the deadline"})
+    except Exception as error:  # noqa: BLE001 - what the late write met is the test's answer
+        mark(f"{state['token']}-refused", type(error).__name__)
+    return {"late": True}
+
+
 async def blocks_the_loop(state):
     """Blocks the event loop (time.sleep in async def): the lane reports it by name."""
     mark(f"{state['token']}-start", repr(time.time()))

@@ -17,7 +17,7 @@ import pytest
 from django.db import connection
 
 import queuety
-from queuety.models import Event, StepRun
+from queuety.models import Artifact, Event, StepRun
 from tests import lane_steps
 from tests.integration.conftest import Worker, wait_for
 from tests.workflows import marks
@@ -156,6 +156,24 @@ def test_an_uninterruptible_sync_body_times_out_at_its_deadline_and_its_thread_i
     assert f"queuety-lane-body-{failed.step_run_id} runs on until its call returns" in log
     assert f"Abandoned thread queuety-lane-body-{failed.step_run_id} ended" in log
     assert "late" not in queuety.workflow_status(run_id).state  # never merged
+
+
+def test_an_abandoned_body_cannot_write_an_artifact_after_its_deadline(lane):
+    token = uuid.uuid4().hex[:12]
+    run_id = (queuety.workflow("lane_late_artifact")
+              .then(lane_steps.writes_after_its_deadline, timeout=1, queue=lane.queue)
+              .dispatch({"token": token, "body": 2}))
+    assert wait_for(run_id, timeout=30, worker=lane).status == "failed"
+    deadline = time.monotonic() + 10
+    while not marks(f"{token}-refused") and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert [line.split()[1] for line in marks(f"{token}-refused")] == ["StepTimeout"]
+    # The write before the deadline shows with the recorded failure; the late one nowhere,
+    # not even as an invisible row of the attempt.
+    assert queuety.artifacts(run_id) and [a["key"] for a in queuety.artifacts(run_id)] == [
+        "early"]
+    assert list(Artifact.objects.filter(run_id=run_id).values_list("key", "visible")) == [
+        ("early", True)]
 
 
 def test_a_body_that_blocks_the_event_loop_is_reported_by_name(lane):
