@@ -139,17 +139,19 @@ def wake(run_ids: list[int]) -> None:
         transaction.on_commit(partial(_send_wake_ups, list(run_ids)))
 
 
-def wake_group_on_commit(group: str, countdown: float) -> None:
+def wake_group_on_commit(group: str, countdown: float, *, wait: bool = True) -> None:
     """Once this transaction commits, ask a worker to start ``group``'s throttled steps in
-    ``countdown`` seconds (when a rate limit's window reopens). A broker error is logged:
-    the sweeper wakes throttled groups too."""
-    transaction.on_commit(partial(_send_group_wake_up, group, countdown))
+    ``countdown`` seconds (when a rate limit's window reopens; without ``wait``, a retry that
+    leaves the group alone if its lock is busy). A broker error is logged: the sweeper wakes
+    throttled groups too."""
+    transaction.on_commit(partial(_send_group_wake_up, group, countdown, wait))
 
 
-def _send_group_wake_up(group: str, countdown: float) -> None:
+def _send_group_wake_up(group: str, countdown: float, wait: bool) -> None:
     options: dict[str, Any] = {"queue": settings.QUEUE} if settings.QUEUE else {}
     try:
-        _send(WAKE_GROUP, (group,), {**options, "countdown": countdown})
+        _send(WAKE_GROUP, (group,) if wait else (group, False),
+              {**options, "countdown": countdown})
     except Exception:  # noqa: BLE001 - the sweeper wakes throttled groups anyway
         logger.exception("Could not publish %s(%r); the sweeper will do it.", WAKE_GROUP, group)
 

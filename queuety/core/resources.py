@@ -286,6 +286,40 @@ def wake_order(waiting: list[Waiting], free: dict[str, int],
         last[key] = 1e18 + len(order)  # served now: after every key served before it
 
 
+def within_budgets(order: list[Waiting], *, queue_budget: int | None = None,
+                   queue_running: int = 0,
+                   group_budgets: dict[str, tuple[int | None, int]] | None = None,
+                   outranked_by: int | None = None) -> list[int]:
+    """Of throttled rows in the order they would be woken (:func:`wake_order`), the ids that
+    fit, each row's own cost counted: against a queue's cost budget (``queue_running`` held
+    now; the first that does not fit waits first in line, and nothing after it is woken) and
+    against each group's cost budget (``group_budgets[key] = (budget, running)``; a group's
+    first row that does not fit closes that group). A budget admits one row when nothing holds
+    any of it (see :func:`verdict`). ``outranked_by``: a priority whose waiting rows could not
+    be looked at now; nothing of a lower priority overtakes them.
+    """
+    chosen: list[int] = []
+    closed: set[str] = set()
+    running = queue_running
+    spent = {key: used for key, (_, used) in (group_budgets or {}).items()}
+    for row in order:
+        if outranked_by is not None and row.priority < outranked_by:
+            break
+        if row.group in closed:
+            continue
+        budget = (group_budgets or {}).get(row.group, (None, 0))[0]
+        used = spent.get(row.group, 0)
+        if budget is not None and used and used + row.cost > budget:
+            closed.add(row.group)
+            continue
+        if queue_budget is not None and running and running + row.cost > queue_budget:
+            break
+        running += row.cost
+        spent[row.group] = used + row.cost
+        chosen.append(row.id)
+    return chosen
+
+
 def describe_throttle(limits: Limits, reason: str, load: Load) -> dict[str, Any]:
     """The ``throttled_by`` record of a step that was not started: the group, the reason and
     the numbers behind it, as ``workflow_status()``, the admin and the CLI show them."""

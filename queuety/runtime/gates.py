@@ -91,7 +91,10 @@ def publish_landed(spec: WorkflowSpec, step_run_id: int, index: int, run_id: int
     is marked woken, so it holds its slot until its gate admits it and later landings see
     the group as it will be. Returns whether the row was parked.
 
-    A step in no group and under no queue budget is published with no query.
+    A step in no group and under no queue budget is published with no query. So is one whose
+    group or queue is busy while this transaction already holds another's lock (it lands
+    several runs' steps): it must not wait (``queuety.store.locks``), and its gate decides it
+    when a worker claims it.
     """
     try:
         limits = limits_at(spec, index, state, run_id)
@@ -103,7 +106,9 @@ def publish_landed(spec: WorkflowSpec, step_run_id: int, index: int, run_id: int
     priority = resources.PRIORITIES[spec.priority_of(index) or resources.NORMAL]
     now = timezone.now()
     with transaction.atomic():
-        groups.lock(limits.group, limits.queue if limits.queue_cost is not None else None)
+        if not groups.lock(limits.group, _budget_queue(limits)):
+            publish.publish_on_commit([publish.message_for(spec, step_run_id, index)])
+            return False
         load = groups.load(limits, now, excluding=step_run_id)
         why = resources.verdict(limits, load)
         if why is None:
@@ -140,7 +145,11 @@ def enter(held: Claim, spec: WorkflowSpec) -> Passage:
     if groups.admit_woken(held.step_run_id, held.attempt, limits, priority, now):
         return Passage(True, limits)
     with transaction.atomic():
-        groups.lock(limits.group, limits.queue if limits.queue_cost is not None else None)
+        if not groups.lock(limits.group, _budget_queue(limits)):
+            raise exceptions.QueuetyError(
+                f"The gate of step run id={held.step_run_id} (run {held.run_id}) was reached "
+                "inside a transaction that holds another group's lock, and this group's was "
+                "busy; a step is claimed in a transaction of its own.")
         load = groups.load(limits, now, excluding=held.step_run_id)
         why = resources.verdict(limits, load)
         if why is None:
@@ -155,6 +164,11 @@ def enter(held: Claim, spec: WorkflowSpec) -> Passage:
             set_rate_timer(limits.group, limits.rate[1], now)
         became_throttled(held, spec, record)
     return Passage(False)
+
+
+def _budget_queue(limits: resources.Limits) -> str | None:
+    """The queue whose budget bounds the step (its lock is taken), or None."""
+    return limits.queue if limits.queue_cost is not None else None
 
 
 def became_throttled(held: Claim, spec: WorkflowSpec, record: dict[str, Any]) -> None:

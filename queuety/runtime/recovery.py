@@ -48,7 +48,7 @@ def recover_attempt(step_run_id: int, claimed_by: str, *, hard_timeout: bool) ->
     for queue in sorted(queues):
         wakeups.wake_queue(queue)
     for group in sorted(freed):
-        wakeups.wake_group(group)
+        wakeups.wake_group(group, done=queues)
     return recorded
 
 

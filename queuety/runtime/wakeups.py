@@ -6,11 +6,14 @@ A group's throttled steps are woken into its free slots, highest priority first,
 whatever their group, and are woken as far as the budget's free cost fits: highest priority
 first, then round-robin across their groups, then oldest, each group's own limits holding too
 (:func:`wake_queue`). A woken step is pending, holds its slot (and its share of the queue's
-budget) and has its message on the way, or is handed to the releasing process to run next.
+budget) and has its message on the way, or is handed to the releasing process to run next
+when it is for that process's queue.
 """
 
 from __future__ import annotations
 
+import threading
+import time
 from dataclasses import replace
 from datetime import datetime
 
@@ -24,11 +27,15 @@ from queuety.runtime.gates import limits_from_record, set_rate_timer
 from queuety.store import groups
 from queuety.store.definitions import load_spec
 
-#: How soon a queue's waker looks again for a group whose lock was busy.
+#: How soon a queue's waker looks again for a group whose lock was busy (at most once per
+#: group and process in that time).
 BUSY_RETRY_SECONDS = 0.05
 
 #: Woken rows: ``(id, definition id, step index, timeout)``.
 Woken = list[tuple[int, int, int, float | None]]
+
+_retries_sent: dict[str, float] = {}
+_retries_lock = threading.Lock()
 
 
 def release(limits: resources.Limits | None, *, keep: bool = False) -> int | None:
@@ -36,10 +43,10 @@ def release(limits: resources.Limits | None, *, keep: bool = False) -> int | Non
     wake the throttled steps its slot, and any other free one, lets start: its queue's line
     when it ran under a queue's cost budget, then its group's.
 
-    With ``keep``, the best woken step without a timeout is not published but returned: the
-    caller (the worker process whose slot it takes) runs it next, with no broker hop, or
-    hands it back with :func:`hand_back`. Call after the attempt's outcome committed, so the
-    count sees its slot free.
+    With ``keep``, the best woken step without a timeout and for the same Celery queue is not
+    published but returned: the caller (the worker process whose slot it takes) runs it next,
+    with no broker hop, or hands it back with :func:`hand_back`. Call after the attempt's
+    outcome committed, so the count sees its slot free.
     """
     if limits is None:
         return None
@@ -49,46 +56,53 @@ def release(limits: resources.Limits | None, *, keep: bool = False) -> int | Non
         kept = wake_queue(limits.queue, keep=keep)
         done.add(limits.queue)
     if limits.group is not None:
-        handed = wake_group(limits.group, limits, keep=keep and kept is None, done=done)
+        handed = wake_group(limits.group, limits, keep=keep and kept is None,
+                            on_queue=limits.queue, done=done)
         kept = kept if kept is not None or not keep else handed
     return kept if keep else None
 
 
 def wake_group(group: str, limits: resources.Limits | None = None,
                now: datetime | None = None, *, keep: bool = False,
-               done: set[str] | frozenset[str] = frozenset()) -> int | None:
-    """Wake as many of ``group``'s throttled steps as its free slots allow, best first.
-    A step under a queue's budget is woken in that queue's line (:func:`wake_queue`, called
-    here for each such queue not in ``done``); it keeps its place, so a lower step is not
-    woken into the slot it waits for. ``limits``: as the caller knows them, else as the best
-    waiting row was throttled under. With ``keep``, the best woken step without a timeout is
-    returned instead of published (see :func:`release`); otherwise, how many were woken."""
+               on_queue: str | None = None, done: set[str] | frozenset[str] = frozenset(),
+               wait: bool = True) -> int | None:
+    """Wake as many of ``group``'s throttled steps as its free slots (and cost budget) allow,
+    best first; its steps under a queue's budget are woken through that queue's line
+    (:func:`wake_queue`, for each such queue not in ``done``). ``limits``: as the caller
+    knows them, else as the best waiting row was throttled under. With ``keep``, the best
+    woken step without a timeout whose Celery queue is ``on_queue`` is returned instead of
+    published (see :func:`release`); otherwise, how many were woken. Without ``wait``, a
+    group whose lock is busy is left alone (a retry; the sweeper is the backstop)."""
     now = now or timezone.now()
-    queues: set[str] = set()
+    woken: Woken = []
     with transaction.atomic():
-        groups.lock(group, None)
+        if wait:
+            groups.lock(group, None)
+        elif not groups.try_lock_groups([group]):
+            return None if keep else 0
         if limits is None:
             best = groups.waiting([group], 1)
             if not best:
                 return None if keep else 0
             limits = limits_from_record(group, groups.throttle_record(best[0].id))
         limits = replace(limits, queue=None, queue_cost=None)  # the queue's line decides that
-        free = _free(group, limits, groups.load(limits, now), now, waiting=None)
+        load = groups.load(limits, now)
+        free = _free(group, limits, load, now, waiting=None)
         if free <= 0:
             return None if keep else 0
-        plain = []
-        for row in groups.waiting([group], free):
-            if row.queue:
-                queues.add(row.queue)
-            else:
-                plain.append(row.id)
-        woken = groups.wake(plain, now)
-        kept = _keep_or_publish(woken, keep)
-    for queue in sorted(queues - set(done)):
-        woken_there = wake_queue(queue, now, keep=keep and kept is None)
+        rows = groups.waiting([group], free, plain=True)
+        woken = groups.wake(resources.within_budgets(
+            rows, group_budgets={group: (limits.group_cost, load.group_cost)}), now)
+        queues = sorted(set(groups.throttled_queues(group=group)) - set(done))
+        kept = _keep_or_publish(woken, keep, on_queue)
+    count = len(woken)
+    for queue in queues:
+        found = wake_queue(queue, now, keep=keep and kept is None and queue == on_queue)
         if keep and kept is None:
-            kept = woken_there
-    return kept if keep else len(woken)
+            kept = found
+        elif not keep:
+            count += found or 0
+    return kept if keep else count
 
 
 def wake_queue(queue: str, now: datetime | None = None, *, keep: bool = False) -> int | None:
@@ -96,8 +110,8 @@ def wake_queue(queue: str, now: datetime | None = None, *, keep: bool = False) -
     free budget fits (at least one when nothing holds any): highest priority first, then
     round-robin across their groups (the keys of a family such as ``tenant:*`` share the
     queue's budget, and a tenant with 1,000 waiting steps must not starve one with 5), then
-    oldest; each group's own limits hold too. With ``keep``, as :func:`release`; otherwise
-    how many were woken.
+    oldest; each group's own limits hold too. With ``keep``, as :func:`release` (the steps in
+    this line are all for ``queue``); otherwise how many were woken.
 
     The round-robin goes on across wake-ups: the group holding the fewest of the queue's
     steps goes next, and of those holding as many, the one served longest ago.
@@ -113,33 +127,36 @@ def wake_queue(queue: str, now: datetime | None = None, *, keep: bool = False) -
         if not candidates:
             return None if keep else 0
         named = sorted(name for name in records if name)
-        # Only the group locks that are free: a transaction holding one (landing a step in
-        # that group) may be waiting for this queue's lock.
+        # Only the group locks that are free: a busy one may be held by a long transaction
+        # (one landing several runs' steps), and this queue's admissions must not wait for it.
         locked = groups.try_lock_groups(named)
+        busy = [name for name in named if name not in locked]
         limits = {name: replace(limits_from_record(name, records[name]), queue=None,
-                                queue_cost=None) for name in named if name in locked}
+                                queue_cost=None) for name in locked}
         free = {"": len(candidates)}
-        for name, load in groups.loads(limits, now).items():
+        loads = groups.loads(limits, now)
+        for name, load in loads.items():
             free[name] = _free(name, limits[name], load, now, waiting=True)
         holding = groups.holding_on_queue(queue)
-        running = sum(cost for _, cost in holding.values())
-        chosen: list[int] = []
-        costs = {row.id: row.cost for row in candidates}
-        for pk in resources.wake_order(candidates, free,
-                                       {name: n for name, (n, _) in holding.items()},
-                                       groups.served(named)):
-            if budget is not None and running and running + costs[pk] > budget:
-                break  # the best that does not fit waits first in line, not overtaken
-            running += costs[pk]
-            chosen.append(pk)
+        order = resources.wake_order(candidates, free,
+                                     {name: n for name, (n, _) in holding.items()},
+                                     groups.served(named))
+        by_id = {row.id: row for row in candidates}
+        chosen = resources.within_budgets(
+            [by_id[pk] for pk in order], queue_budget=budget,
+            queue_running=sum(cost for _, cost in holding.values()),
+            group_budgets={name: (limits[name].group_cost, loads[name].group_cost)
+                           for name in limits},
+            # A busy group's best is not overtaken by a lower priority.
+            outranked_by=max((row.priority for row in candidates if row.group in busy),
+                             default=None))
         woken = groups.wake(chosen, now)
-        group_of = {row.id: row.group for row in candidates}
-        groups.mark_served({group_of[row[0]] for row in woken if group_of[row[0]]}, now)
-        if budget is None or running < budget:
-            # Room is left while a busy group's steps wait: look again for them shortly.
-            for name in sorted(set(named) - locked):
-                publish.wake_group_on_commit(name, BUSY_RETRY_SECONDS)
-        kept = _keep_or_publish(woken, keep)
+        groups.mark_served({by_id[row[0]].group for row in woken if by_id[row[0]].group})
+        if busy and (budget is None or
+                     sum(cost for _, cost in holding.values()) + sum(
+                         by_id[pk].cost for pk in chosen) < budget):
+            _retry_later(busy)  # room is left while their steps wait
+        kept = _keep_or_publish(woken, keep, queue)
     return kept if keep else len(woken)
 
 
@@ -175,10 +192,32 @@ def _free(group: str, limits: resources.Limits, load: resources.Load, now: datet
     return free
 
 
-def _keep_or_publish(woken: Woken, keep: bool) -> int | None:
-    """Publish the woken rows, except, with ``keep``, the best one without a timeout: that
-    one's id is returned for the caller to run (see :func:`release`)."""
-    kept = next((row[0] for row in woken if row[3] is None), None) if keep else None
+def _retry_later(busy: list[str]) -> None:
+    """Ask a worker to look at the busy groups again shortly, without waiting for their locks
+    (``queuety.wake_group`` with ``wait=False``): at most once per group and process in
+    :data:`BUSY_RETRY_SECONDS`, so a group held for long sends no storm of retries."""
+    moment = time.monotonic()
+    with _retries_lock:
+        due = [name for name in busy
+               if moment - _retries_sent.get(name, -BUSY_RETRY_SECONDS) >= BUSY_RETRY_SECONDS]
+        for name in due:
+            _retries_sent[name] = moment
+        if len(_retries_sent) > 10_000:  # forget groups not seen for a while
+            for name in [n for n, at in _retries_sent.items() if moment - at > 60]:
+                del _retries_sent[name]
+    for name in due:
+        publish.wake_group_on_commit(name, BUSY_RETRY_SECONDS, wait=False)
+
+
+def _keep_or_publish(woken: Woken, keep: bool, on_queue: str | None) -> int | None:
+    """Publish the woken rows, except, with ``keep``, the best one without a timeout whose
+    Celery queue is ``on_queue`` (the releasing process's): that one's id is returned for the
+    caller to run (see :func:`release`)."""
+    kept = None
+    if keep:
+        kept = next((pk for pk, definition_pk, index, timeout in woken if timeout is None and
+                     (load_spec(definition_pk).queue_of(index) or settings.QUEUE) == on_queue),
+                    None)
     _publish_woken([row for row in woken if row[0] != kept])
     return kept
 

@@ -12,8 +12,9 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import connection, transaction
-from django.db.models import Count, F, Q, Sum, Window
+from django.db.models import Count, F, OuterRef, Q, Subquery, Sum, Window
 from django.db.models.functions import Coalesce, RowNumber
+from django.utils import timezone
 
 from queuety.core import resources
 from queuety.core.status import StepStatus
@@ -21,19 +22,16 @@ from queuety.models import GroupStart, ResourceGroup, StepRun
 from queuety.store import locks, sql
 
 
-def lock(group: str | None, queue: str | None) -> None:
-    """Serialise, until this transaction ends, every admission of ``group`` and of ``queue``.
-
-    Transaction-scoped advisory locks on PostgreSQL (``queuety.store.locks``), the queue's
-    before the group's. A queue's waker holds its queue's lock and then takes only the group
-    locks that are free (:func:`try_lock_groups`): a transaction that landed a step in one
-    group may be waiting for the queue's lock while it holds that group's. SQLite serialises
-    writers itself (the demo's single machine).
+def lock(group: str | None, queue: str | None) -> bool:
+    """Serialise, until this transaction ends, every admission of ``group`` and of ``queue``:
+    their advisory locks (``queuety.store.locks``), the queue's before the group's. False
+    when this transaction already held a resource lock and one of these is busy (it must not
+    wait: see ``queuety.store.locks``); the caller then decides without them. SQLite
+    serialises writers itself (the demo's single machine).
     """
-    if queue is not None:
-        locks.hold(locks.QUEUE, [queue])
-    if group is not None:
-        locks.hold(locks.GROUP, [group])
+    wanted = ([(locks.QUEUE, queue)] if queue is not None else []) + (
+        [(locks.GROUP, group)] if group is not None else [])
+    return locks.acquire(wanted)
 
 
 def try_lock_groups(names: list[str]) -> set[str]:
@@ -84,13 +82,13 @@ def loads(limits: dict[str, resources.Limits], now: datetime) -> dict[str, resou
         woken=Count("pk", filter=Q(woken=True)))}
     windows = {name: resources.rate_window(found.rate[1])
                for name, found in limits.items() if found.rate is not None}
-    starts: dict[str, int] = dict.fromkeys(windows, 0)
+    starts: dict[str, int] = {}
     if windows:
-        since = now - timedelta(seconds=max(windows.values()))
-        for name, at in GroupStart.objects.filter(group__in=list(windows), started_at__gt=since
-                                                  ).values_list("group", "started_at"):
-            if at > now - timedelta(seconds=windows[name]):
-                starts[name] += 1
+        recent = Q()
+        for name, seconds in windows.items():
+            recent |= Q(group=name, started_at__gt=now - timedelta(seconds=seconds))
+        starts = dict(GroupStart.objects.filter(recent).values("group").annotate(
+            n=Count("pk")).values_list("group", "n"))
     found: dict[str, resources.Load] = {}
     for name in limits:
         row = held.get(name, {"n": 0, "cost": 0, "woken": 0})
@@ -116,9 +114,10 @@ def served(names: list[str]) -> dict[str, float]:
         if at is not None}
 
 
-def mark_served(names: set[str], now: datetime) -> None:
-    """Remember that groups ``names`` had a step woken from a queue's line at ``now``."""
+def mark_served(names: set[str]) -> None:
+    """Remember that groups ``names`` had a step woken from a queue's line just now."""
     if names:
+        now = timezone.now()
         ResourceGroup.objects.bulk_create(
             [ResourceGroup(name=name, served_at=now) for name in sorted(names)],
             update_conflicts=True, unique_fields=["name"], update_fields=["served_at"])
@@ -208,12 +207,14 @@ def defer(step_run_id: int, attempt: int, claimed_by: str, due: datetime,
              heartbeat_at=None, available_at=due, published_at=due, throttled_by=record))
 
 
-def waiting(groups: list[str], limit: int) -> list[resources.Waiting]:
+def waiting(groups: list[str], limit: int, *, plain: bool = False) -> list[resources.Waiting]:
     """Throttled rows of ``groups``, best first (highest priority, then oldest), at most
-    ``limit``. A row under a queue's budget (its ``queue``) is woken in that queue's line,
-    across groups (:func:`waiting_for_queue`)."""
-    found = (StepRun.objects.filter(status=StepStatus.THROTTLED, concurrency_group__in=groups)
-             .order_by("-priority", "pk")
+    ``limit``; with ``plain``, only those under no queue's budget (a row under one, its
+    ``queue`` set, is woken in that queue's line, across groups: :func:`waiting_for_queue`)."""
+    rows = StepRun.objects.filter(status=StepStatus.THROTTLED, concurrency_group__in=groups)
+    if plain:
+        rows = rows.filter(queue="")
+    found = (rows.order_by("-priority", "pk")
              .values_list("pk", "concurrency_group", "priority", "cost_units", "queue")[:limit])
     return [resources.Waiting(pk, group, priority, cost, queue)
             for pk, group, priority, cost, queue in found]
@@ -223,13 +224,17 @@ def waiting_for_queue(queue: str, limit: int, per_group: int
                       ) -> tuple[list[resources.Waiting], dict[str, dict[str, Any] | None]]:
     """Throttled rows under ``queue``'s cost budget, of every group (``""``: in no group):
     each group's best ``per_group`` (highest priority, then oldest), interleaved so that a
-    group with 1,000 waiting rows does not fill the ``limit`` before one with 5 is seen; and
-    the ``throttled_by`` of each group's best row (the limits it waits under)."""
+    group with 1,000 waiting rows does not fill the ``limit`` before one with 5 is seen (the
+    groups served longest ago first, so more groups than ``limit`` still take turns); and the
+    ``throttled_by`` of each group's best row (the limits it waits under)."""
+    served_at = ResourceGroup.objects.filter(name=OuterRef("concurrency_group")).values(
+        "served_at")[:1]
     ranked = (StepRun.objects.filter(status=StepStatus.THROTTLED, queue=queue)
               .annotate(rank=Window(RowNumber(), partition_by=[F("concurrency_group")],
-                                    order_by=[F("priority").desc(), F("pk").asc()]))
+                                    order_by=[F("priority").desc(), F("pk").asc()]),
+                        served=Subquery(served_at))
               .filter(rank__lte=per_group)
-              .order_by("-priority", "rank", "pk")
+              .order_by("-priority", "rank", F("served").asc(nulls_first=True), "pk")
               .values_list("pk", "concurrency_group", "priority", "cost_units", "rank",
                            "throttled_by")[:limit])
     rows, records = [], {}

@@ -3,15 +3,19 @@ or queue (``queuety.store.groups``) and the writes of one artifact key (``queuet
 artifacts``) across every process and machine.
 
 Each lock is ``pg_advisory_xact_lock(namespace, hashtext(name))``, released when the
-transaction ends; several are taken in name order, so two takers never wait for each other
-in a cycle. On SQLite (the demo's single machine) they are no-ops: it serialises writers.
+transaction (or the savepoint it was taken in) ends. No cycle of waiters can form among the
+resource locks, because of one rule: a transaction that already holds a resource lock never
+waits for another one, it only *tries* (:func:`acquire`). A transaction that lands several
+runs' steps in groups (a ``dispatch()`` loop inside one ``atomic()``) would otherwise hold one
+group's lock while it waits for the next, in whatever order its runs come. On SQLite (the
+demo's single machine) the locks are no-ops: it serialises writers itself.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-from django.db import connection
+from django.db import connection, transaction
 
 from queuety.store import sql
 
@@ -19,11 +23,42 @@ from queuety.store import sql
 GROUP, QUEUE, ARTIFACT = sql.GROUP_LOCK_KEY, sql.QUEUE_LOCK_KEY, 7_404
 
 
+def _holding_marker() -> None:
+    """Registered with ``on_commit`` while this transaction holds a resource lock: Django
+    drops it when the transaction, or the savepoint the lock was taken in, ends, exactly as
+    PostgreSQL releases the lock."""
+
+
+def holding() -> bool:
+    """Whether this transaction already holds a resource lock taken by :func:`acquire`."""
+    return any(entry[1] is _holding_marker for entry in connection.run_on_commit)
+
+
+def acquire(locks: list[tuple[int, str]]) -> bool:
+    """Take the resource locks ``locks`` (``(namespace, name)``, in the order given) until this
+    transaction ends; call inside ``transaction.atomic()``. A transaction holding none yet
+    waits for each; one that already holds a resource lock only tries, and gets False when one
+    is busy (what it took meanwhile stays held): the caller then decides without the lock."""
+    if connection.vendor != "postgresql" or not locks:
+        return True
+    wait = not holding()
+    with connection.cursor() as cursor:
+        for namespace, name in locks:
+            if wait:
+                cursor.execute(sql.GROUP_LOCK, [namespace, name])
+            else:
+                cursor.execute(sql.TRY_LOCK, [namespace, name])
+                if not cursor.fetchone()[0]:
+                    return False
+    if wait:
+        transaction.on_commit(_holding_marker)
+    return True
+
+
 def try_hold(namespace: int, names: Iterable[str]) -> set[str]:
     """Take, without waiting, the locks of ``names`` that are free, until this transaction
-    ends; return the names locked (all of them on SQLite). For a taker that already holds
-    another lock, which must never wait for one held by a transaction that may be waiting
-    for its own."""
+    ends; return the names locked (all of them on SQLite). For a taker that holds another
+    lock and must not stall behind a long transaction holding one of these."""
     wanted = sorted(set(names))
     if connection.vendor != "postgresql" or not wanted:
         return set(wanted)
@@ -33,10 +68,10 @@ def try_hold(namespace: int, names: Iterable[str]) -> set[str]:
 
 
 def hold(namespace: int, names: Iterable[str]) -> None:
-    """Take the locks of ``names`` in ``namespace`` until this transaction ends, in name
-    order (call inside ``transaction.atomic()``)."""
+    """Take the locks of ``names`` in ``namespace`` until this transaction ends, waiting for
+    each, in the order of their keys (call inside ``transaction.atomic()``): for locks no one
+    holds while waiting for another (an artifact key's)."""
     if connection.vendor != "postgresql":
         return
     with connection.cursor() as cursor:
-        for name in sorted(set(names)):
-            cursor.execute(sql.GROUP_LOCK, [namespace, name])
+        cursor.execute(sql.HOLD_LOCKS, [namespace, sorted(set(names))])

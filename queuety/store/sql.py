@@ -203,6 +203,16 @@ QUEUE_LOCK_KEY = 7_403
 #: Serialises the admissions of one group (or queue) until the transaction ends.
 GROUP_LOCK = "SELECT pg_advisory_xact_lock(%s, hashtext(%s))"
 
+#: Tries to take one such lock without waiting; returns whether it did.
+TRY_LOCK = "SELECT pg_try_advisory_xact_lock(%s, hashtext(%s))"
+
+#: Takes the locks of names (a text array) in one namespace, waiting for each, in the order
+#: of their keys (so two takers of overlapping sets never wait for each other in a cycle).
+HOLD_LOCKS = """
+SELECT pg_advisory_xact_lock(%s, hashtext(name))
+  FROM (SELECT name FROM unnest(%s::text[]) AS name ORDER BY hashtext(name)) AS names
+"""
+
 #: Takes, without waiting, the locks of names (a text array) in one namespace; returns the
 #: names whose lock it got.
 TRY_LOCKS = """

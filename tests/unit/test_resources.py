@@ -239,3 +239,20 @@ def test_a_rate_window_is_its_period_plus_a_small_slack():
     assert resources.rate_window(1.0) == pytest.approx(1.05)
     assert resources.rate_window(60.0) == pytest.approx(60.05)   # 50 ms at most
     assert resources.rate_window(0.2) == pytest.approx(0.21)     # 5% of a short period
+
+
+def test_within_budgets_counts_each_rows_own_cost():
+    rows = [Waiting(1, "g", 1, cost=1), Waiting(2, "g", 1, cost=10), Waiting(3, "h", 1, cost=3),
+            Waiting(4, "g", 1, cost=1)]
+    # Group g's budget of 10 holds 4 now: the 10-unit row closes g (the 1-unit row after it
+    # does not overtake it); h has no budget of its own.
+    assert resources.within_budgets(rows, group_budgets={"g": (10, 4)}) == [1, 3]
+    # Nothing held: a budget still admits one row, however costly.
+    assert resources.within_budgets([Waiting(9, "g", 1, cost=50)],
+                                    group_budgets={"g": (10, 0)}) == [9]
+    # A queue's budget stops the line at the first row that does not fit.
+    assert resources.within_budgets(rows, queue_budget=12, queue_running=0) == [1, 2]
+    # Rows of a lower priority do not overtake a busy group's better one.
+    ranked = [Waiting(5, "a", 2), Waiting(6, "b", 1)]
+    assert resources.within_budgets(ranked, outranked_by=2) == [5]
+    assert resources.within_budgets(ranked, outranked_by=3) == []
