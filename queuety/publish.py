@@ -139,18 +139,19 @@ def wake(run_ids: list[int]) -> None:
         transaction.on_commit(partial(_send_wake_ups, list(run_ids)))
 
 
-def wake_group_on_commit(group: str, countdown: float, *, wait: bool = True) -> None:
+def wake_group_on_commit(group: str, countdown: float, *, wait: bool = True,
+                         retry: int = 0) -> None:
     """Once this transaction commits, ask a worker to start ``group``'s throttled steps in
     ``countdown`` seconds (when a rate limit's window reopens; without ``wait``, a retry that
     leaves the group alone if its lock is busy). A broker error is logged: the sweeper wakes
-    throttled groups too."""
-    transaction.on_commit(partial(_send_group_wake_up, group, countdown, wait))
+    throttled groups too. ``retry``: how many such retries came before this one."""
+    transaction.on_commit(partial(_send_group_wake_up, group, countdown, wait, retry))
 
 
-def _send_group_wake_up(group: str, countdown: float, wait: bool) -> None:
+def _send_group_wake_up(group: str, countdown: float, wait: bool, retry: int) -> None:
     options: dict[str, Any] = {"queue": settings.QUEUE} if settings.QUEUE else {}
     try:
-        _send(WAKE_GROUP, (group,) if wait else (group, False),
+        _send(WAKE_GROUP, (group,) if wait else (group, False, retry),
               {**options, "countdown": countdown})
     except Exception:  # noqa: BLE001 - the sweeper wakes throttled groups anyway
         logger.exception("Could not publish %s(%r); the sweeper will do it.", WAKE_GROUP, group)

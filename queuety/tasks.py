@@ -175,8 +175,8 @@ def fire_schedule(self: Any, schedule: str, after: int | None = None,
     fire comes back every ``SWEEP_INTERVAL`` until the run it waits for has finished."""
     schedules.fire_and_follow(schedule, after=after, now=schedules.sent_at(self.request))
 @shared_task(name="queuety.wake_group", ignore_result=True)
-def wake_group(group: str, wait: bool = True) -> int:
+def wake_group(group: str, wait: bool = True, retry: int = 0) -> int:
     """Start concurrency group ``group``'s throttled steps into its free slots, those in a
     queue's line through that line (sent when a rate limit's window reopens, or, without
     ``wait``, when a queue's waker found the group busy; the sweeper is the backstop)."""
-    return wakeups.wake_group(group, wait=wait) or 0
+    return wakeups.wake_group(group, wait=wait, retry=retry) or 0

@@ -289,14 +289,17 @@ def wake_order(waiting: list[Waiting], free: dict[str, int],
 def within_budgets(order: list[Waiting], *, queue_budget: int | None = None,
                    queue_running: int = 0,
                    group_budgets: dict[str, tuple[int | None, int]] | None = None,
-                   outranked_by: int | None = None) -> list[int]:
+                   outranked_by: int | None = None,
+                   floors: dict[str, tuple[int, int]] | None = None) -> list[int]:
     """Of throttled rows in the order they would be woken (:func:`wake_order`), the ids that
     fit, each row's own cost counted: against a queue's cost budget (``queue_running`` held
     now; the first that does not fit waits first in line, and nothing after it is woken) and
     against each group's cost budget (``group_budgets[key] = (budget, running)``; a group's
     first row that does not fit closes that group). A budget admits one row when nothing holds
     any of it (see :func:`verdict`). ``outranked_by``: a priority whose waiting rows could not
-    be looked at now; nothing of a lower priority overtakes them.
+    be looked at now; nothing of a lower priority overtakes them. ``floors[key] = (priority,
+    id)``: a row of that key that must come before, elsewhere (a group's best step waiting in
+    no queue's line); the key's rows it does not precede wait for it.
     """
     chosen: list[int] = []
     closed: set[str] = set()
@@ -306,6 +309,10 @@ def within_budgets(order: list[Waiting], *, queue_budget: int | None = None,
         if outranked_by is not None and row.priority < outranked_by:
             break
         if row.group in closed:
+            continue
+        floor = (floors or {}).get(row.group)
+        if floor is not None and (row.priority, -row.id) < (floor[0], -floor[1]):
+            closed.add(row.group)
             continue
         budget = (group_budgets or {}).get(row.group, (None, 0))[0]
         used = spent.get(row.group, 0)

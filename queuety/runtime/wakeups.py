@@ -20,7 +20,7 @@ from datetime import datetime
 from django.db import transaction
 from django.utils import timezone
 
-from queuety import publish
+from queuety import exceptions, publish
 from queuety.conf import settings
 from queuety.core import resources
 from queuety.runtime.gates import limits_from_record, set_rate_timer
@@ -28,8 +28,10 @@ from queuety.store import groups
 from queuety.store.definitions import load_spec
 
 #: How soon a queue's waker looks again for a group whose lock was busy (at most once per
-#: group and process in that time).
+#: group and process in that time), doubling for each retry that finds it busy again, and
+#: how many retries at most (0.05 + 0.1 + ... + 0.8 s; then the sweeper's pass).
 BUSY_RETRY_SECONDS = 0.05
+BUSY_RETRIES = 5
 
 #: Woken rows: ``(id, definition id, step index, timeout)``.
 Woken = list[tuple[int, int, int, float | None]]
@@ -65,53 +67,66 @@ def release(limits: resources.Limits | None, *, keep: bool = False) -> int | Non
 def wake_group(group: str, limits: resources.Limits | None = None,
                now: datetime | None = None, *, keep: bool = False,
                on_queue: str | None = None, done: set[str] | frozenset[str] = frozenset(),
-               wait: bool = True) -> int | None:
-    """Wake as many of ``group``'s throttled steps as its free slots (and cost budget) allow,
-    best first; its steps under a queue's budget are woken through that queue's line
-    (:func:`wake_queue`, for each such queue not in ``done``). ``limits``: as the caller
-    knows them, else as the best waiting row was throttled under. With ``keep``, the best
-    woken step without a timeout whose Celery queue is ``on_queue`` is returned instead of
-    published (see :func:`release`); otherwise, how many were woken. Without ``wait``, a
-    group whose lock is busy is left alone (a retry; the sweeper is the backstop)."""
+               wait: bool = True, retry: int = 0) -> int | None:
+    """Wake as many of ``group``'s throttled steps as its free slots (and cost budget)
+    allow, best first. Its steps waiting in a queue's line go first, through that line
+    (:func:`wake_queue`, for each such queue not in ``done``), as far as they come before its
+    best step in no line; then that one and the rest of those, into the slots left.
+    ``limits``: as the caller knows them, else as the best waiting row was throttled under.
+
+    With ``keep``, the best woken step without a timeout whose Celery queue is ``on_queue``
+    is returned instead of published (see :func:`release`); otherwise, how many were woken.
+    Without ``wait`` (a retry after a queue's line found the group busy), the group is left
+    alone if its lock is busy again.
+    """
     now = now or timezone.now()
+    kept: int | None = None
+    count = 0
+    queues = sorted(set(groups.throttled_queues(group=group)) - set(done))
+    if queues:
+        # Each line in a transaction of its own, before this group's lock is taken below.
+        best = groups.waiting([group], 1, plain=True)
+        floors = {group: (best[0].priority, best[0].id)} if best else None
+        for queue in queues:
+            mine = keep and kept is None and queue == on_queue
+            found = wake_queue(queue, now, keep=mine, floors=floors, retry=retry)
+            if mine:
+                kept = found
+            elif not keep:
+                count += found or 0
     woken: Woken = []
     with transaction.atomic():
         if wait:
-            groups.lock(group, None)
+            _lock_or_raise(group, None)
         elif not groups.try_lock_groups([group]):
-            return None if keep else 0
+            return kept if keep else count
         if limits is None:
-            best = groups.waiting([group], 1)
-            if not best:
-                return None if keep else 0
-            limits = limits_from_record(group, groups.throttle_record(best[0].id))
+            first = groups.waiting([group], 1)
+            if not first:
+                return kept if keep else count
+            limits = limits_from_record(group, groups.throttle_record(first[0].id))
         limits = replace(limits, queue=None, queue_cost=None)  # the queue's line decides that
         load = groups.load(limits, now)
         free = _free(group, limits, load, now, waiting=None)
-        if free <= 0:
-            return None if keep else 0
-        rows = groups.waiting([group], free, plain=True)
-        woken = groups.wake(resources.within_budgets(
-            rows, group_budgets={group: (limits.group_cost, load.group_cost)}), now)
-        queues = sorted(set(groups.throttled_queues(group=group)) - set(done))
-        kept = _keep_or_publish(woken, keep, on_queue)
-    count = len(woken)
-    for queue in queues:
-        found = wake_queue(queue, now, keep=keep and kept is None and queue == on_queue)
-        if keep and kept is None:
-            kept = found
-        elif not keep:
-            count += found or 0
-    return kept if keep else count
+        if free > 0:
+            rows = groups.waiting([group], free, plain=True)
+            woken = groups.wake(resources.within_budgets(
+                rows, group_budgets={group: (limits.group_cost, load.group_cost)}), now)
+            handed = _keep_or_publish(woken, keep and kept is None, on_queue)
+            kept = kept if kept is not None else handed
+    return kept if keep else count + len(woken)
 
 
-def wake_queue(queue: str, now: datetime | None = None, *, keep: bool = False) -> int | None:
+def wake_queue(queue: str, now: datetime | None = None, *, keep: bool = False,
+               floors: dict[str, tuple[int, int]] | None = None, retry: int = 0
+               ) -> int | None:
     """Wake the steps waiting for ``queue``'s cost budget, in whatever group, as many as its
     free budget fits (at least one when nothing holds any): highest priority first, then
     round-robin across their groups (the keys of a family such as ``tenant:*`` share the
     queue's budget, and a tenant with 1,000 waiting steps must not starve one with 5), then
     oldest; each group's own limits hold too. With ``keep``, as :func:`release` (the steps in
-    this line are all for ``queue``); otherwise how many were woken.
+    this line are all for ``queue``); otherwise how many were woken. ``floors``: see
+    ``core.resources.within_budgets``; ``retry``: how many retries of a busy group led here.
 
     The round-robin goes on across wake-ups: the group holding the fewest of the queue's
     steps goes next, and of those holding as many, the one served longest ago.
@@ -122,7 +137,7 @@ def wake_queue(queue: str, now: datetime | None = None, *, keep: bool = False) -
     # removed budget releases its whole line.
     share = 200 if budget is None else max(int(budget), 1)
     with transaction.atomic():
-        groups.lock(None, queue)
+        _lock_or_raise(None, queue)
         candidates, records = groups.waiting_for_queue(queue, min(4 * share, 200), share)
         if not candidates:
             return None if keep else 0
@@ -138,24 +153,23 @@ def wake_queue(queue: str, now: datetime | None = None, *, keep: bool = False) -
         for name, load in loads.items():
             free[name] = _free(name, limits[name], load, now, waiting=True)
         holding = groups.holding_on_queue(queue)
+        running = sum(cost for _, cost in holding.values())
         order = resources.wake_order(candidates, free,
                                      {name: n for name, (n, _) in holding.items()},
                                      groups.served(named))
         by_id = {row.id: row for row in candidates}
         chosen = resources.within_budgets(
-            [by_id[pk] for pk in order], queue_budget=budget,
-            queue_running=sum(cost for _, cost in holding.values()),
+            [by_id[pk] for pk in order], queue_budget=budget, queue_running=running,
             group_budgets={name: (limits[name].group_cost, loads[name].group_cost)
                            for name in limits},
             # A busy group's best is not overtaken by a lower priority.
             outranked_by=max((row.priority for row in candidates if row.group in busy),
-                             default=None))
+                             default=None),
+            floors=floors)
         woken = groups.wake(chosen, now)
         groups.mark_served({by_id[row[0]].group for row in woken if by_id[row[0]].group})
-        if busy and (budget is None or
-                     sum(cost for _, cost in holding.values()) + sum(
-                         by_id[pk].cost for pk in chosen) < budget):
-            _retry_later(busy)  # room is left while their steps wait
+        if busy and (budget is None or running + sum(by_id[pk].cost for pk in chosen) < budget):
+            _retry_later(busy, retry)  # room is left while their steps wait
         kept = _keep_or_publish(woken, keep, queue)
     return kept if keep else len(woken)
 
@@ -182,31 +196,47 @@ def wake_all(now: datetime) -> int:
 
 def _free(group: str, limits: resources.Limits, load: resources.Load, now: datetime, *,
           waiting: bool | None) -> int:
-    """How many more of ``group``'s steps may start now (under its lock), given its load.
-    When none may because of its rate limit and steps wait (``waiting``; None: look), its
-    timer is set for the moment one more fits."""
-    free = resources.free_slots(limits, load)
+    """How many more of ``group``'s steps may start now (under its lock), given its load, by
+    its concurrency and rate limits (its cost budget is counted row by row, each with its own
+    cost: ``core.resources.within_budgets``), at most a line's worth. When none may because
+    of its rate limit and steps wait (``waiting``; None: look), its timer is set for the
+    moment one more fits."""
+    free = min(resources.free_slots(replace(limits, group_cost=None), load), 200)
     if free <= 0 and limits.rate is not None and load.starts_in_window >= limits.rate[0] and \
             (waiting or (waiting is None and groups.waiting([group], 1))):
         set_rate_timer(group, limits.rate[1], now)
     return free
 
 
-def _retry_later(busy: list[str]) -> None:
+def _retry_later(busy: list[str], retry: int) -> None:
     """Ask a worker to look at the busy groups again shortly, without waiting for their locks
-    (``queuety.wake_group`` with ``wait=False``): at most once per group and process in
-    :data:`BUSY_RETRY_SECONDS`, so a group held for long sends no storm of retries."""
+    (``queuety.wake_group`` with ``wait=False``): after :data:`BUSY_RETRY_SECONDS`, doubling
+    for each retry that found a group busy again, :data:`BUSY_RETRIES` times at most (then the
+    sweeper's pass), and at most once per group and process in that time, so a group held
+    by a long transaction sends no storm of retries."""
+    if retry >= BUSY_RETRIES:
+        return
+    delay = BUSY_RETRY_SECONDS * 2 ** retry
     moment = time.monotonic()
     with _retries_lock:
-        due = [name for name in busy
-               if moment - _retries_sent.get(name, -BUSY_RETRY_SECONDS) >= BUSY_RETRY_SECONDS]
+        due = [name for name in busy if moment - _retries_sent.get(name, -delay) >= delay]
         for name in due:
             _retries_sent[name] = moment
         if len(_retries_sent) > 10_000:  # forget groups not seen for a while
             for name in [n for n, at in _retries_sent.items() if moment - at > 60]:
                 del _retries_sent[name]
     for name in due:
-        publish.wake_group_on_commit(name, BUSY_RETRY_SECONDS, wait=False)
+        publish.wake_group_on_commit(name, delay, wait=False, retry=retry + 1)
+
+
+def _lock_or_raise(group: str | None, queue: str | None) -> None:
+    """Take a group's or a queue's lock for a waker, which runs in a transaction of its own
+    (so it may wait: ``queuety.store.locks``)."""
+    if not groups.lock(group, queue):
+        raise exceptions.QueuetyError(
+            f"The wake-up of {'group ' + repr(group) if group else 'queue ' + repr(queue)} ran "
+            "inside a transaction that holds another group's lock, and this one was busy; "
+            "wake-ups run in transactions of their own.")
 
 
 def _keep_or_publish(woken: Woken, keep: bool, on_queue: str | None) -> int | None:

@@ -4,8 +4,9 @@ artifacts``) across every process and machine.
 
 Each lock is ``pg_advisory_xact_lock(namespace, hashtext(name))``, released when the
 transaction (or the savepoint it was taken in) ends. No cycle of waiters can form among the
-resource locks, because of one rule: a transaction that already holds a resource lock never
-waits for another one, it only *tries* (:func:`acquire`). A transaction that lands several
+resource locks, because of one rule: a transaction waits only for the locks of one
+:func:`acquire` (a step's queue, then its group); once it holds a resource lock, a later
+:func:`acquire` only *tries*. (A queue's waker then only tries its groups: :func:`try_hold`.) A transaction that lands several
 runs' steps in groups (a ``dispatch()`` loop inside one ``atomic()``) would otherwise hold one
 group's lock while it waits for the next, in whatever order its runs come. On SQLite (the
 demo's single machine) the locks are no-ops: it serialises writers itself.

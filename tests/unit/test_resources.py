@@ -256,3 +256,10 @@ def test_within_budgets_counts_each_rows_own_cost():
     ranked = [Waiting(5, "a", 2), Waiting(6, "b", 1)]
     assert resources.within_budgets(ranked, outranked_by=2) == [5]
     assert resources.within_budgets(ranked, outranked_by=3) == []
+
+
+def test_within_budgets_leaves_a_groups_rows_that_its_better_step_elsewhere_precedes():
+    rows = [Waiting(3, "g", 2), Waiting(5, "g", 1), Waiting(6, "h", 1), Waiting(8, "g", 1)]
+    # g's best step in no queue's line is (priority 1, id 7): g's priority-2 row and its older
+    # priority-1 row go first, the younger one waits for it; h is not held back.
+    assert resources.within_budgets(rows, floors={"g": (1, 7)}) == [3, 5, 6]

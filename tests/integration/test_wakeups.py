@@ -1,0 +1,93 @@
+"""Wake-ups of throttled steps decided in this process against PostgreSQL, with publishing
+captured (no worker): what a release wakes, what it hands to the releasing process, and in
+which order, when a group's steps wait on two queues (queuety.runtime.wakeups)."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+import queuety
+from queuety import publish
+from queuety.models import StepRun
+from queuety.runtime import gates, wakeups
+from queuety.store.definitions import load_spec
+from tests import resource_steps
+from tests.settings import BUDGET_QUEUE
+
+
+@pytest.fixture
+def group() -> str:
+    return f"w-{uuid.uuid4().hex[:10]}"
+
+
+def _flows(group: str, **options):
+    plain = queuety.workflow("wake_plain").then(resource_steps.ledgered,
+                                                concurrency_group=group, **options)
+    budgeted = queuety.workflow("wake_budgeted").then(
+        resource_steps.ledgered, concurrency_group=group, queue=BUDGET_QUEUE, **options)
+    return plain, budgeted
+
+
+def _end(run_id: int) -> gates.resources.Limits:
+    """The step of ``run_id`` (woken, holding its slot) ends: its limits, for release()."""
+    row = StepRun.objects.select_related("run").get(run_id=run_id)
+    StepRun.objects.filter(pk=row.pk).update(status="completed", woken=False)
+    return gates.limits_at(load_spec(row.run.definition_id), 0, row.run.state, run_id)
+
+
+def test_a_release_hands_off_only_a_step_of_its_own_queue(group):
+    plain, budgeted = _flows(group, concurrency_limit=1)
+    with publish.captured() as sent:
+        holder = plain.dispatch({"nap": 0})
+        waiter = budgeted.dispatch({"nap": 0})
+        assert StepRun.objects.get(run_id=waiter).status == "throttled"
+        kept = wakeups.release(_end(holder), keep=True)
+    # The waiting step is for the budgeted queue's workers: published there, not handed to the
+    # releasing process (which takes the default queue's messages).
+    assert kept is None
+    row = StepRun.objects.get(run_id=waiter)
+    assert (row.status, row.woken) == ("pending", True)
+    assert [m.step_run_id for m in sent][-1] == row.pk
+
+
+def test_a_groups_better_step_in_a_queue_line_starts_before_its_lower_one_in_none(group):
+    plain, budgeted = _flows(group, concurrency_limit=1)
+    with publish.captured():
+        holder = plain.dispatch({"nap": 0})
+        low = plain.with_priority("low").dispatch({"nap": 0})
+        high = budgeted.with_priority("high").dispatch({"nap": 0})
+        assert set(StepRun.objects.filter(run_id__in=[low, high]).values_list(
+            "status", flat=True)) == {"throttled"}
+        wakeups.release(_end(holder))
+    assert StepRun.objects.get(run_id=high).status == "pending"
+    assert StepRun.objects.get(run_id=low).status == "throttled"
+    # And the plain one goes next, when the queue's step has ended.
+    with publish.captured():
+        wakeups.release(_end(high))
+    assert StepRun.objects.get(run_id=low).status == "pending"
+
+
+def test_a_release_counts_each_waiting_steps_own_cost_against_the_group_budget(group):
+    # A budget of 10, a step of cost 8 ends: the three of cost 1 waiting all fit (counting
+    # the free room with the ended step's cost would have let one in).
+    from django.test import override_settings
+
+    from tests.settings import QUEUETY as TEST_QUEUETY
+
+    with override_settings(QUEUETY={**TEST_QUEUETY, "GROUP_COST_BUDGETS": {group: 10}}):
+        big = queuety.workflow("wake_cost_big").then(resource_steps.ledgered,
+                                                     concurrency_group=group, cost_units=8)
+        small = queuety.workflow("wake_cost_small").then(resource_steps.ledgered,
+                                                         concurrency_group=group, cost_units=1)
+        other = queuety.workflow("wake_cost_other").then(resource_steps.ledgered,
+                                                         concurrency_group=group, cost_units=5)
+        with publish.captured():
+            holder = big.dispatch({"nap": 0})
+            second = other.dispatch({"nap": 0})   # 8 + 5 > 10: waits
+            waiting = [small.dispatch({"nap": 0}) for _ in range(3)]
+            wakeups.release(_end(holder))
+        # The oldest (cost 5) first, then the three of cost 1: 5 + 3 = 8 fits in 10.
+        assert StepRun.objects.get(run_id=second).status == "pending"
+        assert [StepRun.objects.get(run_id=pk).status for pk in waiting] == ["pending"] * 3
