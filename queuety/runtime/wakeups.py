@@ -67,54 +67,67 @@ def release(limits: resources.Limits | None, *, keep: bool = False) -> int | Non
 def wake_group(group: str, limits: resources.Limits | None = None,
                now: datetime | None = None, *, keep: bool = False,
                on_queue: str | None = None, done: set[str] | frozenset[str] = frozenset(),
-               wait: bool = True, retry: int = 0) -> int | None:
+               wait: bool = True, retry: int = 0, plain: bool = False) -> int | None:
     """Wake as many of ``group``'s throttled steps as its free slots (and cost budget)
-    allow, best first. Its steps waiting in a queue's line go first, through that line
-    (:func:`wake_queue`, for each such queue not in ``done``), as far as they come before its
-    best step in no line; then that one and the rest of those, into the slots left.
+    allow, best first. A step of it that waits in a queue's line is woken through that line
+    (:func:`wake_queue`, for each such queue not in ``done``), keeping its place: the group's
+    steps in no line that come after it take only the slots the line leaves.
     ``limits``: as the caller knows them, else as the best waiting row was throttled under.
 
     With ``keep``, the best woken step without a timeout whose Celery queue is ``on_queue``
     is returned instead of published (see :func:`release`); otherwise, how many were woken.
     Without ``wait`` (a retry after a queue's line found the group busy), the group is left
-    alone if its lock is busy again.
+    alone if its lock is busy again, and its lines are looked at whatever its own slots.
+    With ``plain``, only its steps in no line are woken (what the lines left).
     """
     now = now or timezone.now()
-    kept: int | None = None
-    count = 0
-    queues = sorted(set(groups.throttled_queues(group=group)) - set(done))
-    if queues:
-        # Each line in a transaction of its own, before this group's lock is taken below.
-        best = groups.waiting([group], 1, plain=True)
-        floors = {group: (best[0].priority, best[0].id)} if best else None
-        for queue in queues:
-            mine = keep and kept is None and queue == on_queue
-            found = wake_queue(queue, now, keep=mine, floors=floors, retry=retry)
-            if mine:
-                kept = found
-            elif not keep:
-                count += found or 0
-    woken: Woken = []
+    lines: set[str] = set()
+    if not wait:
+        lines = set(groups.throttled_queues(group=group)) - set(done)
     with transaction.atomic():
         if wait:
             _lock_or_raise(group, None)
         elif not groups.try_lock_groups([group]):
-            return kept if keep else count
+            return None if keep else 0
         if limits is None:
             first = groups.waiting([group], 1)
             if not first:
-                return kept if keep else count
+                return None if keep else 0
             limits = limits_from_record(group, groups.throttle_record(first[0].id))
         limits = replace(limits, queue=None, queue_cost=None)  # the queue's line decides that
         load = groups.load(limits, now)
         free = _free(group, limits, load, now, waiting=None)
-        if free > 0:
-            rows = groups.waiting([group], free, plain=True)
-            woken = groups.wake(resources.within_budgets(
-                rows, group_budgets={group: (limits.group_cost, load.group_cost)}), now)
-            handed = _keep_or_publish(woken, keep and kept is None, on_queue)
-            kept = kept if kept is not None else handed
-    return kept if keep else count + len(woken)
+        rows = groups.waiting([group], free, plain=plain) if free > 0 else []
+        # The steps in no line before the group's first step in one; that one and the rest
+        # wait for what its line leaves.
+        cut = next((n for n, row in enumerate(rows) if row.queue), len(rows))
+        woken = groups.wake(resources.within_budgets(
+            rows[:cut], group_budgets={group: (limits.group_cost, load.group_cost)}), now)
+        kept = _keep_or_publish(woken, keep, on_queue)
+    count = len(woken)
+    lines |= {row.queue for row in rows[cut:] if row.queue} - set(done)
+    if not lines:
+        return kept if keep else count
+    # A line wakes this group's steps only as far as they come before its best in no line.
+    better = next((row for row in rows[cut:] if not row.queue), None) or next(
+        iter(groups.waiting([group], 1, plain=True)), None)
+    floors = None if better is None else {group: (better.priority, better.id)}
+    for queue in sorted(lines):
+        mine = keep and kept is None and queue == on_queue
+        found = wake_queue(queue, now, keep=mine, retry=retry, floors=floors)
+        if mine:
+            kept = found
+        elif not keep:
+            count += found or 0
+    if cut < len(rows):
+        # What the lines left of the slots goes to the group's steps in no line.
+        again = wake_group(group, None, now, keep=keep and kept is None, on_queue=on_queue,
+                           plain=True)
+        if keep and kept is None:
+            kept = again
+        elif not keep:
+            count += again or 0
+    return kept if keep else count
 
 
 def wake_queue(queue: str, now: datetime | None = None, *, keep: bool = False,

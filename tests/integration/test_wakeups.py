@@ -18,8 +18,15 @@ from tests.settings import BUDGET_QUEUE
 
 
 @pytest.fixture
-def group() -> str:
-    return f"w-{uuid.uuid4().hex[:10]}"
+def group():
+    """A group of the test's own; its runs are cancelled afterwards, so none is left holding
+    a share of the budgeted queue (or its message for a later test's worker to run)."""
+    name = f"w-{uuid.uuid4().hex[:10]}"
+    yield name
+    for run_id in set(StepRun.objects.filter(concurrency_group__startswith=name).exclude(
+            status__in=("completed", "failed", "cancelled")).values_list("run_id", flat=True)):
+        with publish.captured():
+            queuety.cancel(run_id)
 
 
 def _flows(group: str, **options):
@@ -91,3 +98,24 @@ def test_a_release_counts_each_waiting_steps_own_cost_against_the_group_budget(g
         # The oldest (cost 5) first, then the three of cost 1: 5 + 3 = 8 fits in 10.
         assert StepRun.objects.get(run_id=second).status == "pending"
         assert [StepRun.objects.get(run_id=pk).status for pk in waiting] == ["pending"] * 3
+
+
+def test_a_step_waiting_for_its_full_queue_does_not_hold_its_groups_slot(group):
+    plain, budgeted = _flows(group, concurrency_limit=1)
+    others = queuety.workflow("wake_others").then(
+        resource_steps.ledgered, concurrency_group=f"{group}-x", queue=BUDGET_QUEUE,
+        concurrency_limit=9)
+    with publish.captured():
+        fill = [others.dispatch({"nap": 0}) for _ in range(2)]   # the queue's budget of 2
+        holder = plain.dispatch({"nap": 0})
+        in_line = budgeted.dispatch({"nap": 0})                 # older, waits in the line
+        after = plain.dispatch({"nap": 0})
+        wakeups.release(_end(holder))
+    # The line is full, so its step waits there; the group's slot goes to the next step.
+    assert StepRun.objects.get(run_id=in_line).status == "throttled"
+    assert StepRun.objects.get(run_id=after).status == "pending"
+    # When the queue frees, the line's step has its turn (the group's slot is free again).
+    with publish.captured():
+        wakeups.release(_end(after))
+        wakeups.release(_end(fill[0]))
+    assert StepRun.objects.get(run_id=in_line).status == "pending"
