@@ -21,6 +21,7 @@ from django.conf import settings
 from django.db import connection
 
 import queuety
+from tests.pythons import SUPPORTED, venv_python
 from tests.servers import require_servers
 
 # PostgreSQL and a real broker, or the run stops here (tests.settings alone would fall back to
@@ -126,6 +127,24 @@ class Worker:
     def pool_pids(self) -> list[int]:
         stats = self.control_app().control.inspect([self.nodename], timeout=2).stats() or {}
         return list(stats.get(self.nodename, {}).get("pool", {}).get("processes", []))
+
+
+@pytest.fixture(scope="session", params=SUPPORTED, ids=lambda v: f"py{v}")
+def pyworker(request, db_session, worker, tmp_path_factory):
+    """A worker on one Python version, consuming a queue of its own (8 pool processes).
+
+    Session-scoped, so pytest runs every test of one version (test_fanout.py's, then
+    test_timeout_outcome.py's and test_timeouts.py's) on one worker before the next version's
+    starts: three worker starts in the suite, not three per module, and never two at once.
+    """
+    version = request.param
+    handle = Worker(tmp_path_factory.mktemp(f"py{version}"), python=venv_python(version),
+                    queue=f"timeouts-{version}-{uuid.uuid4().hex[:6]}", beat=False,
+                    concurrency=8)
+    handle.version = version
+    handle.start()
+    yield handle
+    handle.stop()
 
 
 def wait_for(run_id: int, statuses=("completed", "failed", "cancelled"), timeout: float = 30,
