@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -77,6 +78,11 @@ class Worker:
         return app
 
     def start(self) -> None:
+        self.launch()
+        self._wait_ready()
+
+    def launch(self) -> None:
+        """Start the process without waiting for it to answer (``start`` waits too)."""
         self.starts += 1
         self.nodename = f"{self.node_prefix}-{uuid.uuid4().hex[:8]}@localhost"
         command = [
@@ -90,7 +96,6 @@ class Worker:
         with open(self.log_path, "w") as log:
             self.proc = subprocess.Popen(command, cwd=ROOT, env=self.env, stdout=log,
                                          stderr=subprocess.STDOUT, start_new_session=True)
-        self._wait_ready()
 
     def _wait_ready(self, timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout
@@ -145,6 +150,23 @@ def pyworker(request, db_session, worker, tmp_path_factory):
     handle.start()
     yield handle
     handle.stop()
+
+
+def start_together(*workers: Worker) -> None:
+    """Start the workers' processes at once, then wait until each answers a ping (their
+    start-ups overlap instead of queueing one behind the other)."""
+    for handle in workers:
+        handle.launch()
+    for handle in workers:
+        handle._wait_ready()
+
+
+def stop_together(workers, **options) -> None:
+    """``stop(**options)`` every worker at the same time (each warm shutdown takes a while)."""
+    workers = list(workers)
+    with ThreadPoolExecutor(max_workers=max(1, len(workers))) as pool:
+        for done in [pool.submit(handle.stop, **options) for handle in workers]:
+            done.result()
 
 
 def wait_for(run_id: int, statuses=("completed", "failed", "cancelled"), timeout: float = 30,
