@@ -134,22 +134,42 @@ class Worker:
         return list(stats.get(self.nodename, {}).get("pool", {}).get("processes", []))
 
 
-@pytest.fixture(scope="session", params=SUPPORTED, ids=lambda v: f"py{v}")
-def pyworker(request, db_session, worker, tmp_path_factory):
-    """A worker on one Python version, consuming a queue of its own (8 pool processes).
+#: The per-Python workers started so far (``pyworker``), by version.
+_PYWORKERS: dict[str, Worker] = {}
 
-    Session-scoped, so pytest runs every test of one version (test_fanout.py's, then
-    test_timeout_outcome.py's and test_timeouts.py's) on one worker before the next version's
-    starts: three worker starts in the suite, not three per module, and never two at once.
-    """
+
+@pytest.fixture(scope="session", params=SUPPORTED, ids=lambda v: f"py{v}")
+def _pyworker(request, db_session, worker, tmp_path_factory):
     version = request.param
     handle = Worker(tmp_path_factory.mktemp(f"py{version}"), python=venv_python(version),
                     queue=f"timeouts-{version}-{uuid.uuid4().hex[:6]}", beat=False,
                     concurrency=8)
     handle.version = version
+    _PYWORKERS[version] = handle
     handle.start()
     yield handle
     handle.stop()
+
+
+@pytest.fixture
+def pyworker(_pyworker):
+    """A worker on one Python version, consuming a queue of its own (8 pool processes).
+
+    Its process is session-scoped, so pytest runs every test of one version (test_fanout.py's,
+    test_timeout_outcome.py's and test_timeouts.py's) on one worker before the next version's
+    starts: three worker starts in the suite, not three per module, and never two at once.
+    """
+    if _pyworker.proc.poll() is not None:  # stopped when the tests that use one were over
+        _pyworker.start()
+    return _pyworker
+
+
+def pytest_runtest_teardown(item, nextitem):
+    # pytest keeps the last version's worker to the end of the session: stop it as soon as
+    # the next test needs none (pyworker starts it again for a test that comes later).
+    if nextitem is None or "pyworker" not in getattr(nextitem, "fixturenames", ()):
+        for handle in _PYWORKERS.values():
+            handle.stop()
 
 
 def start_together(*workers: Worker) -> None:
