@@ -1,12 +1,14 @@
-"""One contender of the idempotency race: dispatch when the go-file appears; print the run id
-and how many messages this process published.
+"""One contender of the idempotency race: dispatch when "go" arrives on stdin; print the run
+id and how many messages this process published.
 
-    python -m tests.race_dispatch KEY QUEUE GO_FILE
+    python -m tests.race_dispatch KEY QUEUE
+
+Waiting contenders block on a read (no polling), so the ones still starting get the CPU, and
+the test's one write per contender opens the line for all of them at once.
 """
 
 import os
 import sys
-import time
 
 import django
 
@@ -16,7 +18,7 @@ django.setup()
 import queuety  # noqa: E402
 from tests import workflows  # noqa: E402
 
-key, queue, go_file = sys.argv[1:4]
+key, queue = sys.argv[1:3]
 builder = (queuety.workflow("race").on_queue(queue).idempotency_key(key)
            .then(workflows.step_a))
 from queuety import publish  # noqa: E402
@@ -37,9 +39,6 @@ publish.publish = _counting
 
 definition_id(builder.build())  # resolve handlers and the definition row beforehand
 print("ready", flush=True)
-give_up = time.monotonic() + 300  # the test is gone if the line never opens
-while not os.path.exists(go_file):
-    if time.monotonic() > give_up:
-        sys.exit("race_dispatch: no start signal within 300 s; giving up.")
-    time.sleep(0.001)
+if sys.stdin.readline().strip() != "go":  # end of file: the test is gone
+    sys.exit("race_dispatch: the test closed the line without a start signal; giving up.")
 print(builder.dispatch({"token": key}), len(sent), flush=True)

@@ -89,9 +89,13 @@ class Site:
         return done.stdout
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def site(tmp_path_factory):
-    """A migrated database of its own, a worker, a seeded set of runs and a running server."""
+    """A migrated database of its own, a worker, a seeded set of runs and a running server.
+
+    One for tests/browser, not one per module: the modules after test_admin_browser.py start
+    runs of their own and read only those (and the world is dropped when the package ends).
+    """
     require_browser()
     name = f"test_queuety_browser_{uuid.uuid4().hex[:8]}"
     with _admin_connection() as admin:

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -21,6 +22,7 @@ from django.conf import settings
 from django.db import connection
 
 import queuety
+from tests.pythons import SUPPORTED, venv_python
 from tests.servers import require_servers
 
 # PostgreSQL and a real broker, or the run stops here (tests.settings alone would fall back to
@@ -76,6 +78,11 @@ class Worker:
         return app
 
     def start(self) -> None:
+        self.launch()
+        self._wait_ready()
+
+    def launch(self) -> None:
+        """Start the process without waiting for it to answer (``start`` waits too)."""
         self.starts += 1
         self.nodename = f"{self.node_prefix}-{uuid.uuid4().hex[:8]}@localhost"
         command = [
@@ -89,7 +96,6 @@ class Worker:
         with open(self.log_path, "w") as log:
             self.proc = subprocess.Popen(command, cwd=ROOT, env=self.env, stdout=log,
                                          stderr=subprocess.STDOUT, start_new_session=True)
-        self._wait_ready()
 
     def _wait_ready(self, timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout
@@ -126,6 +132,61 @@ class Worker:
     def pool_pids(self) -> list[int]:
         stats = self.control_app().control.inspect([self.nodename], timeout=2).stats() or {}
         return list(stats.get(self.nodename, {}).get("pool", {}).get("processes", []))
+
+
+#: The per-Python workers started so far (``pyworker``), by version.
+_PYWORKERS: dict[str, Worker] = {}
+
+
+@pytest.fixture(scope="session", params=SUPPORTED, ids=lambda v: f"py{v}")
+def _pyworker(request, db_session, worker, tmp_path_factory):
+    version = request.param
+    handle = Worker(tmp_path_factory.mktemp(f"py{version}"), python=venv_python(version),
+                    queue=f"timeouts-{version}-{uuid.uuid4().hex[:6]}", beat=False,
+                    concurrency=8)
+    handle.version = version
+    _PYWORKERS[version] = handle
+    handle.start()
+    yield handle
+    handle.stop()
+
+
+@pytest.fixture
+def pyworker(_pyworker):
+    """A worker on one Python version, consuming a queue of its own (8 pool processes).
+
+    Its process is session-scoped, so pytest runs every test of one version (test_fanout.py's,
+    test_timeout_outcome.py's and test_timeouts.py's) on one worker before the next version's
+    starts: three worker starts in the suite, not three per module, and never two at once.
+    """
+    if _pyworker.proc.poll() is not None:  # stopped when the tests that use one were over
+        _pyworker.start()
+    return _pyworker
+
+
+def pytest_runtest_teardown(item, nextitem):
+    # pytest keeps the last version's worker to the end of the session: stop it as soon as
+    # the next test needs none (pyworker starts it again for a test that comes later).
+    if nextitem is None or "pyworker" not in getattr(nextitem, "fixturenames", ()):
+        for handle in _PYWORKERS.values():
+            handle.stop()
+
+
+def start_together(*workers: Worker) -> None:
+    """Start the workers' processes at once, then wait until each answers a ping (their
+    start-ups overlap instead of queueing one behind the other)."""
+    for handle in workers:
+        handle.launch()
+    for handle in workers:
+        handle._wait_ready()
+
+
+def stop_together(workers, **options) -> None:
+    """``stop(**options)`` every worker at the same time (each warm shutdown takes a while)."""
+    workers = list(workers)
+    with ThreadPoolExecutor(max_workers=max(1, len(workers))) as pool:
+        for done in [pool.submit(handle.stop, **options) for handle in workers]:
+            done.result()
 
 
 def wait_for(run_id: int, statuses=("completed", "failed", "cancelled"), timeout: float = 30,

@@ -12,7 +12,6 @@ import queuety
 from queuety.models import Event, StepRun
 from tests import workflows
 from tests.integration.conftest import wait_for
-from tests.integration.test_timeouts import pyworker  # noqa: F401 - the per-Python worker
 
 pytestmark = pytest.mark.worker
 
@@ -46,7 +45,7 @@ def _digest(value) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:10]
 
 
-def test_F2_join_output_is_identical_across_runs_and_pythons(pyworker, semantics):  # noqa: F811
+def test_F2_join_output_is_identical_across_runs_and_pythons(pyworker, semantics):
     """10 for_each runs whose items finish in reverse order, 10 parallel runs whose two
     branches race: the join output is the same every time, ordered by item index or branch
     declaration, on every supported Python (the digests match across the page's columns)."""

@@ -57,28 +57,29 @@ def test_idempotency__second_dispatch_returns_the_first_run_and_reports_the_conf
     assert WorkflowRun.objects.filter(idempotency_key=key).count() == 1
 
 
-def test_idempotency__32_processes_racing_on_one_key_start_one_run(worker, token, tmp_path,
-                                                                   semantics):
+def test_idempotency__32_processes_racing_on_one_key_start_one_run(worker, token, semantics):
     from project.celery import app
 
     key, queue = f"race:{token}", f"race-{token}"
-    go_file = tmp_path / "go"
     contenders = [subprocess.Popen(
-        [sys.executable, "-m", "tests.race_dispatch", key, queue, str(go_file)],
-        cwd=ROOT, env=worker.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        [sys.executable, "-m", "tests.race_dispatch", key, queue],
+        cwd=ROOT, env=worker.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
         for _ in range(32)]
     ids, published = [], 0
     try:
         for process in contenders:  # every contender is connected and waiting at the line
             assert process.stdout.readline().strip() == "ready", process.stderr.read()
-        go_file.touch()
+        for process in contenders:
+            process.stdin.write("go\n")
+            process.stdin.flush()
         for process in contenders:
             out, err = process.communicate(timeout=120)
             assert process.returncode == 0, err
             run_id, sent = map(int, out.split())
             ids.append(run_id)
             published += sent
-    finally:  # a contender left waiting at the line would spin on after a failure
+    finally:  # a contender left waiting at the line would wait on after a failure
         for process in contenders:
             if process.poll() is None:
                 process.kill()

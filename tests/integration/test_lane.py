@@ -113,14 +113,15 @@ def test_an_async_body_is_cancelled_at_its_deadline(lane):
     token = uuid.uuid4().hex[:12]
     run_id = (queuety.workflow("lane_async_timeout")
               .then(lane_steps.await_too_long, timeout=1, queue=lane.queue)
-              .dispatch({"token": token, "body": 5}))
+              .dispatch({"token": token, "body": 4}))
     status = wait_for(run_id, timeout=30, worker=lane)
     assert status.status == "failed"
     assert status.error["type"] == "queuety.exceptions.StepTimeout"
     failed = Event.objects.get(run_id=run_id, kind="step_failed")
     claimed = StepRun.objects.get(pk=failed.step_run_id).claimed_at
     assert 1.0 <= (failed.created_at - claimed).total_seconds() <= 3.0
-    time.sleep(5)
+    # Until well past the moment an uncancelled 4 s body would have marked it.
+    time.sleep(max(0.0, times(token, "start")[0] + 5.5 - time.time()))
     assert marks(f"{token}-after") == []  # cancelled: the body never went on
 
 
@@ -150,11 +151,15 @@ def test_an_uninterruptible_sync_body_times_out_at_its_deadline_and_its_thread_i
     claimed = StepRun.objects.get(pk=failed.step_run_id).claimed_at
     assert 1.0 <= (failed.created_at - claimed).total_seconds() <= 3.0
     assert marks(f"{token}-after") == []  # recorded while the body still ran
-    time.sleep(5)
+    ended = f"Abandoned thread queuety-lane-body-{failed.step_run_id} ended"
+    deadline = time.monotonic() + 15
+    while not (marks(f"{token}-after") and ended in lane.log()):
+        assert time.monotonic() < deadline, lane.log()[-3000:]
+        time.sleep(0.1)
     assert len(marks(f"{token}-after")) == 1  # the thread ran on, and ended
     log = lane.log()
     assert f"queuety-lane-body-{failed.step_run_id} runs on until its call returns" in log
-    assert f"Abandoned thread queuety-lane-body-{failed.step_run_id} ended" in log
+    assert ended in log
     assert "late" not in queuety.workflow_status(run_id).state  # never merged
 
 

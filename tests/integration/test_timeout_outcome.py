@@ -18,7 +18,6 @@ import queuety
 from queuety.models import Event, StepRun
 from tests import timeout_steps
 from tests.integration.conftest import wait_for
-from tests.integration.test_timeouts import pyworker  # noqa: F401 - the per-Python worker
 
 pytestmark = pytest.mark.worker
 
@@ -31,7 +30,7 @@ def _recorded_after(event: Event) -> float:
     return (event.created_at - claimed).total_seconds()
 
 
-def test_a_body_that_handles_its_interruption_still_times_out(pyworker, semantics):  # noqa: F811
+def test_a_body_that_handles_its_interruption_still_times_out(pyworker, semantics):
     runs = {name: (queuety.workflow(f"swallow_{name}").on_queue(pyworker.queue)
                    .then(f"tests.timeout_steps.{name}", timeout=TIMEOUT)
                    .then("tests.workflows.step_a")
@@ -56,7 +55,7 @@ def test_a_body_that_handles_its_interruption_still_times_out(pyworker, semantic
                      "all StepTimeout; " + ", ".join(measured), python=pyworker.version)
 
 
-def test_a_swallowed_timeout_is_retried_as_a_timeout(pyworker):  # noqa: F811
+def test_a_swallowed_timeout_is_retried_as_a_timeout(pyworker):
     retry = queuety.RetryPolicy(max_attempts=2, initial_delay=0.2, jitter=0,
                                 retry_on=[TimeoutError])
     run_id = (queuety.workflow("swallow_retried").on_queue(pyworker.queue)
@@ -73,7 +72,7 @@ def test_a_swallowed_timeout_is_retried_as_a_timeout(pyworker):  # noqa: F811
     assert status.error["type"] == "queuety.exceptions.StepTimeout"
 
 
-def test_a_for_each_item_that_swallows_its_interruption_times_out(pyworker):  # noqa: F811
+def test_a_for_each_item_that_swallows_its_interruption_times_out(pyworker):
     run_id = (queuety.workflow("swallow_items").on_queue(pyworker.queue)
               .for_each("items", "tests.timeout_steps.item_returns_after_catching",
                         timeout=TIMEOUT)
@@ -88,7 +87,7 @@ def test_a_for_each_item_that_swallows_its_interruption_times_out(pyworker):  # 
     assert not Event.objects.filter(run_id=run_id, kind="item_completed").exists()
 
 
-def test_a_timeout_error_caught_before_the_deadline_is_the_bodys_own(pyworker):  # noqa: F811
+def test_a_timeout_error_caught_before_the_deadline_is_the_bodys_own(pyworker):
     run_id = (queuety.workflow("own_timeout_error").on_queue(pyworker.queue)
               .then("tests.timeout_steps.catches_its_own_timeout_error_early", timeout=5)
               .dispatch({"token": uuid.uuid4().hex[:12], "body": 0}))

@@ -16,24 +16,10 @@ from queuety import publish
 from queuety.conf import settings as queuety_settings
 from queuety.models import Event, StepRun
 from tests import timeout_steps
-from tests.integration.conftest import Worker, wait_for
-from tests.pythons import SUPPORTED, venv_python
+from tests.integration.conftest import wait_for
 from tests.workflows import marks
 
 pytestmark = pytest.mark.worker
-
-
-@pytest.fixture(scope="module", params=SUPPORTED, ids=lambda v: f"py{v}")
-def pyworker(request, db_session, worker, tmp_path_factory):
-    """A worker on one Python version, consuming a queue of its own (8 pool processes)."""
-    version = request.param
-    handle = Worker(tmp_path_factory.mktemp(f"py{version}"), python=venv_python(version),
-                    queue=f"timeouts-{version}-{uuid.uuid4().hex[:6]}", beat=False,
-                    concurrency=8)
-    handle.version = version
-    handle.start()
-    yield handle
-    handle.stop()
 
 
 def dispatch(pyworker, handler, token, *, timeout, body, retry=None):

@@ -20,6 +20,7 @@ from django.utils import timezone
 
 from queuety import inbox
 from queuety.models import Event, StepRun, WorkflowRun
+from tests.integration.conftest import start_together, stop_together
 from tests.reliability import steps
 from tests.reliability.chaos import (
     PoolWorker,
@@ -211,15 +212,13 @@ class Scenario:
                     data__error__type="queuety.exceptions.WorkerLost").count()}
 
     def stop(self) -> None:
-        for worker in self.workers:
-            worker.stop(timeout=10)
+        stop_together(self.workers, timeout=10)
 
 
 def run_scenario(scenario: Scenario, faults, figures, case: str, drain_timeout: float) -> None:
     started = time.monotonic()
     try:
-        for worker in scenario.workers:
-            worker.start()
+        start_together(*scenario.workers)
         with publishing_to(scenario.broker_url, scenario.queue):
             # A wave of new runs before each fault keeps steps in flight for every fault; all
             # of them stay live together (the unsignalled half waits) until the end.

@@ -194,23 +194,26 @@ def merged_once(run_ids, letters: list[str]) -> list[str]:
     return problems
 
 
-def race_dispatch(bouncer: PgBouncer, worker: PoolWorker, key: str, go_file: Path) -> list[int]:
+def race_dispatch(bouncer: PgBouncer, worker: PoolWorker, key: str) -> list[int]:
     """``CONTENDERS`` processes dispatch one idempotency key at once, through the pooler."""
     env = {**worker.env, "DATABASE_URL": bouncer.url(connection.settings_dict["NAME"])}
     contenders = [subprocess.Popen(
-        [sys.executable, "-m", "tests.race_dispatch", key, worker.queue, str(go_file)],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        [sys.executable, "-m", "tests.race_dispatch", key, worker.queue],
+        cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
         for _ in range(CONTENDERS)]
     ids = []
     try:
         for process in contenders:
             assert process.stdout.readline().strip() == "ready", process.stderr.read()
-        go_file.touch()
+        for process in contenders:
+            process.stdin.write("go\n")
+            process.stdin.flush()
         for process in contenders:
             out, err = process.communicate(timeout=60)
             assert process.returncode == 0, err
             ids.append(int(out.split()[0]))
-    finally:  # a contender left waiting at the line would spin on after a failure
+    finally:  # a contender left waiting at the line would wait on after a failure
         for process in contenders:
             if process.poll() is None:
                 process.kill()
@@ -308,7 +311,7 @@ def test_pgbouncer__unprepared__runs_signals_and_a_dispatch_race_all_complete_me
         for thread in threads:
             thread.join()
         key = f"pgbouncer-race:{prefix}"
-        race_ids = race_dispatch(bouncer, worker, key, tmp_path / "go")
+        race_ids = race_dispatch(bouncer, worker, key)
         statuses = wait_all(run_ids + signal_ids + race_ids[:1], worker, 40)
         elapsed = time.monotonic() - started
         log = worker.log()

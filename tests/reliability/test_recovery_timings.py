@@ -28,7 +28,7 @@ from queuety.conf import DEFAULTS
 from queuety.models import Event, StepRun, Worker
 from queuety.sweeper_beat import ensure_sweeper_schedule
 from tests import workflows
-from tests.integration.conftest import wait_for
+from tests.integration.conftest import start_together, stop_together, wait_for
 from tests.reliability.chaos import PoolWorker
 
 SWEEP = DEFAULTS["SWEEP_INTERVAL"]
@@ -67,8 +67,7 @@ def pools(shipped_sweep, tmp_path):
     steps_queue = f"shipped-{uuid.uuid4().hex[:8]}"
     sweeper = ShippedWorker(tmp_path, f"{steps_queue}-sweeper", beat=True, name="sweeper")
     victim = ShippedWorker(tmp_path, steps_queue, beat=False, name="victim")
-    sweeper.start()
-    victim.start()
+    start_together(sweeper, victim)
     started = [sweeper, victim]
 
     def restart_victim() -> ShippedWorker:
@@ -78,8 +77,7 @@ def pools(shipped_sweep, tmp_path):
         return again
 
     yield steps_queue, victim, restart_victim
-    for worker in started:
-        worker.stop()  # warm: each leaves the registry
+    stop_together(started)  # warm: each leaves the registry
 
 
 def _first(run_id, kind, timeout=120):
