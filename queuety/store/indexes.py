@@ -14,28 +14,29 @@ from typing import Any
 from django.db import migrations
 
 
+def _online(schema_editor: Any, model: Any, index: Any, *, add: bool) -> None:
+    """Build (``add``) or drop ``index``: concurrently on PostgreSQL, plainly elsewhere."""
+    change = schema_editor.add_index if add else schema_editor.remove_index
+    if schema_editor.connection.vendor == "postgresql":
+        change(model, index, concurrently=True)
+    else:
+        change(model, index)
+
+
 class AddIndexOnline(migrations.AddIndex):
     """``AddIndex``, built concurrently on PostgreSQL (in a migration with ``atomic = False``)."""
 
     def database_forwards(self, app_label: str, schema_editor: Any, from_state: Any,
                           to_state: Any) -> None:
         model = to_state.apps.get_model(app_label, self.model_name)
-        if not self.allow_migrate_model(schema_editor.connection.alias, model):
-            return
-        if schema_editor.connection.vendor == "postgresql":
-            schema_editor.add_index(model, self.index, concurrently=True)
-        else:
-            schema_editor.add_index(model, self.index)
+        if self.allow_migrate_model(schema_editor.connection.alias, model):
+            _online(schema_editor, model, self.index, add=True)
 
     def database_backwards(self, app_label: str, schema_editor: Any, from_state: Any,
                            to_state: Any) -> None:
         model = from_state.apps.get_model(app_label, self.model_name)
-        if not self.allow_migrate_model(schema_editor.connection.alias, model):
-            return
-        if schema_editor.connection.vendor == "postgresql":
-            schema_editor.remove_index(model, self.index, concurrently=True)
-        else:
-            schema_editor.remove_index(model, self.index)
+        if self.allow_migrate_model(schema_editor.connection.alias, model):
+            _online(schema_editor, model, self.index, add=False)
 
 
 class RemoveIndexOnline(migrations.RemoveIndex):
@@ -45,22 +46,15 @@ class RemoveIndexOnline(migrations.RemoveIndex):
 
     def database_forwards(self, app_label: str, schema_editor: Any, from_state: Any,
                           to_state: Any) -> None:
-        model = from_state.apps.get_model(app_label, self.model_name)
-        if not self.allow_migrate_model(schema_editor.connection.alias, model):
-            return
-        index = from_state.models[app_label, self.model_name_lower].get_index_by_name(self.name)
-        if schema_editor.connection.vendor == "postgresql":
-            schema_editor.remove_index(model, index, concurrently=True)
-        else:
-            schema_editor.remove_index(model, index)
+        self._change(app_label, schema_editor, from_state, add=False)
 
     def database_backwards(self, app_label: str, schema_editor: Any, from_state: Any,
                            to_state: Any) -> None:
-        model = to_state.apps.get_model(app_label, self.model_name)
-        if not self.allow_migrate_model(schema_editor.connection.alias, model):
-            return
-        index = to_state.models[app_label, self.model_name_lower].get_index_by_name(self.name)
-        if schema_editor.connection.vendor == "postgresql":
-            schema_editor.add_index(model, index, concurrently=True)
-        else:
-            schema_editor.add_index(model, index)
+        self._change(app_label, schema_editor, to_state, add=True)
+
+    def _change(self, app_label: str, schema_editor: Any, state: Any, *, add: bool) -> None:
+        """Drop (or, going back, build) the index as ``state`` (the one that has it) knows it."""
+        model = state.apps.get_model(app_label, self.model_name)
+        if self.allow_migrate_model(schema_editor.connection.alias, model):
+            index = state.models[app_label, self.model_name_lower].get_index_by_name(self.name)
+            _online(schema_editor, model, index, add=add)
