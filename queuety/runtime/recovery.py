@@ -45,10 +45,7 @@ def recover_attempt(step_run_id: int, claimed_by: str, *, hard_timeout: bool) ->
         if row.queue:
             queues.add(row.queue)
     # Its slot (and its share of its queue's budget) is free again: the next waiting starts.
-    for queue in sorted(queues):
-        wakeups.wake_queue(queue)
-    for group in sorted(freed):
-        wakeups.wake_group(group, done=queues)
+    wakeups.wake_freed(freed, queues)
     return recorded
 
 

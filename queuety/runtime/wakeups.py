@@ -55,7 +55,8 @@ def release(limits: resources.Limits | None, *, keep: bool = False) -> int | Non
     kept = None
     done: set[str] = set()
     if limits.queue is not None and limits.queue_cost is not None:
-        kept = wake_queue(limits.queue, keep=keep)
+        floors = None if limits.group is None else _floors(limits.group, None)
+        kept = wake_queue(limits.queue, keep=keep, floors=floors)
         done.add(limits.queue)
     if limits.group is not None:
         handed = wake_group(limits.group, limits, keep=keep and kept is None,
@@ -77,57 +78,86 @@ def wake_group(group: str, limits: resources.Limits | None = None,
     With ``keep``, the best woken step without a timeout whose Celery queue is ``on_queue``
     is returned instead of published (see :func:`release`); otherwise, how many were woken.
     Without ``wait`` (a retry after a queue's line found the group busy), the group is left
-    alone if its lock is busy again, and its lines are looked at whatever its own slots.
-    With ``plain``, only its steps in no line are woken (what the lines left).
+    alone if its lock is busy again, and its lines are looked at whatever its own slots (a
+    line that finds it busy again retries later). With ``plain``, only its steps in no line
+    are woken (what the lines left).
     """
     now = now or timezone.now()
     lines: set[str] = set()
     if not wait:
         lines = set(groups.throttled_queues(group=group)) - set(done)
+    rows: list[resources.Waiting] = []
+    woken: Woken = []
+    kept = None
     with transaction.atomic():
         if wait:
             _lock_or_raise(group, None)
-        elif not groups.try_lock_groups([group]):
-            return None if keep else 0
-        if limits is None:
+            locked = True
+        else:
+            locked = bool(groups.try_lock_groups([group]))
+        if locked and limits is None:
             first = groups.waiting([group], 1)
-            if not first:
-                return None if keep else 0
-            limits = limits_from_record(group, groups.throttle_record(first[0].id))
-        limits = replace(limits, queue=None, queue_cost=None)  # the queue's line decides that
-        load = groups.load(limits, now)
-        free = _free(group, limits, load, now, waiting=None)
-        rows = groups.waiting([group], free, plain=plain) if free > 0 else []
-        # The steps in no line before the group's first step in one; that one and the rest
-        # wait for what its line leaves.
-        cut = next((n for n, row in enumerate(rows) if row.queue), len(rows))
-        woken = groups.wake(resources.within_budgets(
-            rows[:cut], group_budgets={group: (limits.group_cost, load.group_cost)}), now)
-        kept = _keep_or_publish(woken, keep, on_queue)
+            limits = None if not first else limits_from_record(
+                group, groups.throttle_record(first[0].id))
+        if locked and limits is not None:
+            limits = replace(limits, queue=None, queue_cost=None)  # its line decides that
+            load = groups.load(limits, now)
+            free = _free(group, limits, load, now, waiting=None)
+            rows = groups.waiting([group], free, plain=plain) if free > 0 else []
+            # The steps in no line before the group's first step in one; that one and the
+            # rest wait for what its line leaves.
+            cut = next((n for n, row in enumerate(rows) if row.queue), len(rows))
+            woken = groups.wake(resources.within_budgets(
+                rows[:cut], group_budgets={group: (limits.group_cost, load.group_cost)}), now)
+            kept = _keep_or_publish(woken, keep, on_queue)
     count = len(woken)
-    lines |= {row.queue for row in rows[cut:] if row.queue} - set(done)
-    if not lines:
-        return kept if keep else count
-    # A line wakes this group's steps only as far as they come before its best in no line.
-    better = next((row for row in rows[cut:] if not row.queue), None) or next(
-        iter(groups.waiting([group], 1, plain=True)), None)
-    floors = None if better is None else {group: (better.priority, better.id)}
-    for queue in sorted(lines):
-        mine = keep and kept is None and queue == on_queue
-        found = wake_queue(queue, now, keep=mine, retry=retry, floors=floors)
-        if mine:
-            kept = found
-        elif not keep:
-            count += found or 0
-    if cut < len(rows):
+    in_line = [row for row in rows if row.queue]
+    lines |= {row.queue for row in in_line} - set(done)
+    if lines:
+        # A line wakes this group's steps only as far as they come before its best in no
+        # line that is still waiting.
+        woken_ids = {row[0] for row in woken}
+        floors = _floors(group, next((row for row in rows if not row.queue
+                                      and row.id not in woken_ids), None))
+        for queue in sorted(lines):
+            mine = keep and kept is None and queue == on_queue
+            found = wake_queue(queue, now, keep=mine, retry=retry, floors=floors)
+            if mine:
+                kept = found
+            elif not keep:
+                count += found or 0
+    if in_line and limits is not None:
         # What the lines left of the slots goes to the group's steps in no line.
-        again = wake_group(group, None, now, keep=keep and kept is None, on_queue=on_queue,
-                           plain=True)
+        again = wake_group(group, limits, now, keep=keep and kept is None, on_queue=on_queue,
+                           wait=wait, plain=True)
         if keep and kept is None:
             kept = again
         elif not keep:
             count += again or 0
     return kept if keep else count
+
+
+def wake_freed(freed: set[str], queues: set[str]) -> None:
+    """Slots of groups ``freed`` and shares of ``queues``' budgets were given back at once (a
+    dead worker's attempts, recovered): wake those queues' lines, then those groups, each
+    group's steps in a line not overtaking its better ones in none."""
+    floors: dict[str, tuple[int, int]] = {}
+    for group in sorted(freed):
+        floors.update(_floors(group, None) or {})
+    for queue in sorted(queues):
+        wake_queue(queue, floors=floors or None)
+    for group in sorted(freed):
+        wake_group(group, done=queues)
+
+
+def _floors(group: str, better: resources.Waiting | None
+            ) -> dict[str, tuple[int, int]] | None:
+    """The floor of ``group``'s steps in a queue's line: its best step in no line that
+    still waits (``better``, else looked up), which none of them may overtake."""
+    if better is None:
+        found = groups.waiting([group], 1, plain=True)
+        better = found[0] if found else None
+    return None if better is None else {group: (better.priority, better.id)}
 
 
 def wake_queue(queue: str, now: datetime | None = None, *, keep: bool = False,

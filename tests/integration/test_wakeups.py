@@ -119,3 +119,23 @@ def test_a_step_waiting_for_its_full_queue_does_not_hold_its_groups_slot(group):
         wakeups.release(_end(after))
         wakeups.release(_end(fill[0]))
     assert StepRun.objects.get(run_id=in_line).status == "pending"
+
+
+def test_a_release_whose_line_served_another_group_gives_its_slot_to_the_next_plain_step(
+        group):
+    plain, budgeted = _flows(group, concurrency_limit=2)
+    others = queuety.workflow("wake_others_line").then(
+        resource_steps.ledgered, concurrency_group=f"{group}-x", queue=BUDGET_QUEUE,
+        concurrency_limit=9)
+    with publish.captured():
+        ending, holding = budgeted.dispatch({"nap": 0}), budgeted.dispatch({"nap": 0})
+        other = others.dispatch({"nap": 0})                    # the queue's budget is full
+        in_line = budgeted.dispatch({"nap": 0})
+        after = plain.dispatch({"nap": 0})                     # the group's slots are full
+        wakeups.release(_end(ending))
+    # The line's freed share went to the other tenant (it held none); the group's freed slot
+    # is not left to its step that waits for the full line, but goes to its next one.
+    assert StepRun.objects.get(run_id=other).status == "pending"
+    assert StepRun.objects.get(run_id=in_line).status == "throttled"
+    assert StepRun.objects.get(run_id=after).status == "pending"
+    assert StepRun.objects.get(run_id=holding).status == "pending"
