@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import inspect
 from collections.abc import Callable
@@ -15,7 +14,7 @@ from queuety.core.budget import BudgetView
 from queuety.core.imports import dotted_path, import_path
 from queuety.core.progress import check_progress
 from queuety.core.retry import RetryPolicy
-from queuety.core.streaming import AttemptSink, consume, is_stream
+from queuety.core.streaming import AttemptSink, consume, is_stream, run_awaitable
 
 
 @dataclass(frozen=True, slots=True)
@@ -314,7 +313,7 @@ def call_handler(path: str, state: dict[str, Any], context: StepContext | None =
     """
     result = invoke_handler(path, state, context)
     if inspect.isawaitable(result):
-        result = _run_awaitable(result)
+        result = run_awaitable(result)
     return result
 
 
@@ -347,7 +346,7 @@ def call_item_handler(path: str, state: dict[str, Any], item: Any, index: int,
     ``handle_item(state, item, index)``."""
     result = invoke_item_handler(path, state, item, index, context)
     if inspect.isawaitable(result):
-        result = _run_awaitable(result)
+        result = run_awaitable(result)
     return result
 
 
@@ -386,21 +385,3 @@ def _wants_context(function: Any) -> bool:
         return False
     positional = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     return len(positional) >= 2 or any(p.kind is p.VAR_POSITIONAL for p in parameters)
-
-
-def _run_awaitable(awaitable: Any) -> Any:
-    # Not asyncio.run(): on the way out it waits for the default executor's threads, so a
-    # timed-out `await asyncio.to_thread(...)` would hold the attempt open until the thread
-    # finished. Here the loop is closed without waiting; the caller deals with leftover threads.
-    loop = asyncio.new_event_loop()
-    try:
-        return loop.run_until_complete(awaitable)
-    finally:
-        try:
-            pending = asyncio.all_tasks(loop)
-            for task in pending:
-                task.cancel()
-            if pending:
-                loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
-        finally:
-            loop.close()

@@ -81,7 +81,7 @@ def consume(produced: Generator[Any, Any, Any] | AsyncGenerator[Any, Any], sink:
         return returned
     result = on_complete(chunks, state)
     if inspect.isawaitable(result):
-        result = _run(result)
+        result = run_awaitable(result)
     return result
 
 
@@ -103,18 +103,30 @@ def _consume_async(produced: AsyncGenerator[Any, Any], sink: AttemptSink,
         try:
             with suppress(Exception):
                 loop.run_until_complete(produced.aclose())
-            pending = asyncio.all_tasks(loop)
-            for task in pending:
-                task.cancel()
-            if pending:
-                loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
         finally:
-            loop.close()
+            close_loop(loop)
 
 
-def _run(awaitable: Any) -> Any:
+def run_awaitable(awaitable: Any) -> Any:
+    """Run ``awaitable`` on a private event loop and return its result (a sync caller's
+    ``async`` handler, or an ``on_complete``)."""
+    # Not asyncio.run(): on the way out it waits for the default executor's threads, so a
+    # timed-out `await asyncio.to_thread(...)` would hold the attempt open until the thread
+    # finished. Here the loop is closed without waiting; the caller deals with leftover threads.
     loop = asyncio.new_event_loop()
     try:
         return loop.run_until_complete(awaitable)
+    finally:
+        close_loop(loop)
+
+
+def close_loop(loop: asyncio.AbstractEventLoop) -> None:
+    """Cancel the tasks a private loop still has, let them finish cancelling, and close it."""
+    try:
+        pending = asyncio.all_tasks(loop)
+        for task in pending:
+            task.cancel()
+        if pending:
+            loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
     finally:
         loop.close()
