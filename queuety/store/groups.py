@@ -8,6 +8,7 @@ so an attempt whose worker died gives its slot back as soon as recovery moves it
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -53,30 +54,25 @@ def load(limits: resources.Limits, now: datetime, *, excluding: int | None = Non
     """What ``limits``' group and queue hold now, not counting row ``excluding`` (the row
     being decided). Woken rows count as started for the rate limit, as they are about to, and
     hold their cost of the queue's budget, as they hold their group's slot."""
-    others = StepRun.objects.exclude(pk=excluding) if excluding else StepRun.objects.all()
-    in_flight = cost = woken = starts = queue_cost = 0
-    if limits.group is not None:
-        held = others.filter(_holding(concurrency_group=limits.group)).aggregate(
-            n=Count("pk"), cost=Coalesce(Sum("cost_units"), 0),
-            woken=Count("pk", filter=Q(woken=True)))
-        in_flight, cost, woken = held["n"], held["cost"], held["woken"]
-        if limits.rate is not None:
-            starts = GroupStart.objects.filter(
-                group=limits.group,
-                started_at__gt=now - timedelta(seconds=resources.rate_window(limits.rate[1]))
-            ).count() + woken
+    group = resources.Load() if limits.group is None else loads(
+        {limits.group: limits}, now, excluding=excluding)[limits.group]
+    queue_cost = 0
     if limits.queue_cost is not None and limits.queue is not None:
+        others = StepRun.objects.exclude(pk=excluding) if excluding else StepRun.objects.all()
         queue_cost = others.filter(_holding(queue=limits.queue)).aggregate(
             cost=Coalesce(Sum("cost_units"), 0))["cost"]
-    return resources.Load(in_flight, cost, starts, queue_cost)
+    return replace(group, queue_cost=queue_cost)
 
 
-def loads(limits: dict[str, resources.Limits], now: datetime) -> dict[str, resources.Load]:
-    """What each group of ``limits`` holds now (as :func:`load`, without any queue): one
-    query for all of them, and one more for the rate windows of those with a rate limit."""
+def loads(limits: dict[str, resources.Limits], now: datetime, *,
+          excluding: int | None = None) -> dict[str, resources.Load]:
+    """What each group of ``limits`` holds now (as :func:`load`, without any queue), not
+    counting row ``excluding``: one query for all of them, and one more for the rate windows
+    of those with a rate limit."""
     if not limits:
         return {}
-    held = {row["concurrency_group"]: row for row in StepRun.objects.filter(
+    rows = StepRun.objects.exclude(pk=excluding) if excluding else StepRun.objects.all()
+    held = {row["concurrency_group"]: row for row in rows.filter(
         _holding(concurrency_group__in=list(limits))).values("concurrency_group").annotate(
         n=Count("pk"), cost=Coalesce(Sum("cost_units"), 0),
         woken=Count("pk", filter=Q(woken=True)))}
