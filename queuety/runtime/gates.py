@@ -115,12 +115,9 @@ def publish_landed(spec: WorkflowSpec, step_run_id: int, index: int, run_id: int
             groups.reserve(step_run_id, limits, priority, now)
             publish.publish_on_commit([publish.message_for(spec, step_run_id, index)])
             return False
-        record = {**resources.describe_throttle(limits, why, load),
-                  "since": now.isoformat(), "limits": _limits_record(limits)}
+        record = _throttle_record(limits, why, load, now)
         groups.park(step_run_id, limits, priority, record)
-        if why == resources.RATE and limits.group is not None and limits.rate is not None:
-            set_rate_timer(limits.group, limits.rate[1], now)
-        _throttled(spec, index, run_id, step_run_id, record)
+        _throttled(spec, index, run_id, step_run_id, limits, record, now)
     return True
 
 
@@ -155,14 +152,11 @@ def enter(held: Claim, spec: WorkflowSpec) -> Passage:
         if why is None:
             groups.admit(held.step_run_id, held.attempt, limits, priority, now)
             return Passage(True, limits)
-        record = {**resources.describe_throttle(limits, why, load),
-                  "since": now.isoformat(), "limits": _limits_record(limits)}
+        record = _throttle_record(limits, why, load, now)
         if not groups.throttle(held.step_run_id, held.attempt, held.claimed_by, limits,
                                priority, record):
             return Passage(False)
-        if why == resources.RATE and limits.group is not None and limits.rate is not None:
-            set_rate_timer(limits.group, limits.rate[1], now)
-        became_throttled(held, spec, record)
+        _throttled(spec, held.step_index, held.run_id, held.step_run_id, limits, record, now)
     return Passage(False)
 
 
@@ -171,18 +165,24 @@ def _budget_queue(limits: resources.Limits) -> str | None:
     return limits.queue if limits.queue_cost is not None else None
 
 
-def became_throttled(held: Claim, spec: WorkflowSpec, record: dict[str, Any]) -> None:
-    """A claimed step was not started because of its resources and now waits, throttled
-    (called in the transaction that throttled it; ``record`` is its ``throttled_by``)."""
-    _throttled(spec, held.step_index, held.run_id, held.step_run_id, record)
+def _throttle_record(limits: resources.Limits, why: str, load: resources.Load,
+                     now: datetime) -> dict[str, Any]:
+    """The ``throttled_by`` of a step not started for ``why``: what status shows, and the
+    limits it was decided under (for its wake-up)."""
+    return {**resources.describe_throttle(limits, why, load), "since": now.isoformat(),
+            "limits": _limits_record(limits)}
 
 
 def _throttled(spec: WorkflowSpec, index: int, run_id: int, step_run_id: int,
-               record: dict[str, Any]) -> None:
-    """Tell that step ``index`` of run ``run_id`` waits throttled: the one place, for a claimed
-    step (:func:`became_throttled`) and one parked at landing (:func:`publish_landed`). Called
-    inside the throttling transaction: ``run_throttled`` reaches its webhook rows in it and
-    its receivers once it commits."""
+               limits: resources.Limits, record: dict[str, Any], now: datetime) -> None:
+    """Step ``index`` of run ``run_id`` now waits throttled (``record``): the one place, for
+    a claimed step (:func:`enter`) and one parked at landing (:func:`publish_landed`). Sets
+    the group's timer when its rate limit is why, and tells: called inside the throttling
+    transaction, ``run_throttled`` reaches its webhook rows in it and its receivers once it
+    commits."""
+    if record["reason"] == resources.RATE and limits.group is not None and \
+            limits.rate is not None:
+        set_rate_timer(limits.group, limits.rate[1], now)
     step = spec.steps[index].name
     signals.emit("run_throttled", run_id=run_id, workflow=spec.name, step=step,
                  reason=record.get("reason"))
