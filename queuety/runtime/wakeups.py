@@ -181,7 +181,8 @@ def wake_queue(queue: str, now: datetime | None = None, *, keep: bool = False,
     share = 200 if budget is None else max(int(budget), 1)
     with transaction.atomic():
         _lock_or_raise(None, queue)
-        candidates, records = groups.waiting_for_queue(queue, min(4 * share, 200), share)
+        line = groups.waiting_for_queue(queue, min(4 * share, 200), share)
+        candidates, records = line.rows, line.records
         if not candidates:
             return None if keep else 0
         named = sorted(name for name in records if name)
@@ -199,7 +200,7 @@ def wake_queue(queue: str, now: datetime | None = None, *, keep: bool = False,
         running = sum(cost for _, cost in holding.values())
         order = resources.wake_order(candidates, free,
                                      {name: n for name, (n, _) in holding.items()},
-                                     groups.served(named))
+                                     line.served)
         by_id = {row.id: row for row in candidates}
         chosen = resources.within_budgets(
             [by_id[pk] for pk in order], queue_budget=budget, queue_running=running,

@@ -8,7 +8,7 @@ so an attempt whose worker died gives its slot back as soon as recovery moves it
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -100,14 +100,6 @@ def holding_on_queue(queue: str) -> dict[str, tuple[int, int]]:
     return {row["concurrency_group"]: (row["n"], row["cost"]) for row in StepRun.objects.filter(
         _holding(queue=queue)).values("concurrency_group").annotate(
         n=Count("pk"), cost=Coalesce(Sum("cost_units"), 0))}
-
-
-def served(names: list[str]) -> dict[str, float]:
-    """When each of the groups ``names`` last had a step woken from a queue's line (epoch
-    seconds; a group never served is absent): the round-robin's memory."""
-    return {name: at.timestamp() for name, at in ResourceGroup.objects.filter(
-        name__in=names, served_at__isnull=False).values_list("name", "served_at")
-        if at is not None}
 
 
 def mark_served(names: set[str]) -> None:
@@ -216,13 +208,22 @@ def waiting(groups: list[str], limit: int, *, plain: bool = False) -> list[resou
             for pk, group, priority, cost, queue in found]
 
 
-def waiting_for_queue(queue: str, limit: int, per_group: int
-                      ) -> tuple[list[resources.Waiting], dict[str, dict[str, Any] | None]]:
+@dataclass(frozen=True, slots=True)
+class Line:
+    """The best of a queue's waiting steps (:func:`waiting_for_queue`)."""
+
+    rows: list[resources.Waiting]
+    records: dict[str, dict[str, Any] | None]
+    """The ``throttled_by`` of each group's best row (the limits it waits under)."""
+    served: dict[str, float]
+    """When each group was last served from a line (epoch seconds; absent: never)."""
+
+
+def waiting_for_queue(queue: str, limit: int, per_group: int) -> Line:
     """Throttled rows under ``queue``'s cost budget, of every group (``""``: in no group):
     each group's best ``per_group`` (highest priority, then oldest), interleaved so that a
     group with 1,000 waiting rows does not fill the ``limit`` before one with 5 is seen (the
-    groups served longest ago first, so more groups than ``limit`` still take turns); and the
-    ``throttled_by`` of each group's best row (the limits it waits under)."""
+    groups served longest ago first, so more groups than ``limit`` still take turns)."""
     served_at = ResourceGroup.objects.filter(name=OuterRef("concurrency_group")).values(
         "served_at")[:1]
     ranked = (StepRun.objects.filter(status=StepStatus.THROTTLED, queue=queue)
@@ -232,13 +233,15 @@ def waiting_for_queue(queue: str, limit: int, per_group: int
               .filter(rank__lte=per_group)
               .order_by("-priority", "rank", F("served").asc(nulls_first=True), "pk")
               .values_list("pk", "concurrency_group", "priority", "cost_units", "rank",
-                           "throttled_by")[:limit])
-    rows, records = [], {}
-    for pk, group, priority, cost, rank, record in ranked:
-        rows.append(resources.Waiting(pk, group, priority, cost, queue))
+                           "throttled_by", "served")[:limit])
+    line = Line([], {}, {})
+    for pk, group, priority, cost, rank, record, served_at in ranked:
+        line.rows.append(resources.Waiting(pk, group, priority, cost, queue))
         if rank == 1:
-            records[group] = record
-    return rows, records
+            line.records[group] = record
+            if served_at is not None and group:
+                line.served[group] = served_at.timestamp()
+    return line
 
 
 def throttled_groups(limit: int = 500) -> list[str]:
