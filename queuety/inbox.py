@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from queuety import exceptions
 from queuety.conf import settings
-from queuety.core import waits
+from queuety.core import landing, waits
 from queuety.core.definition import WorkflowSpec
 from queuety.core.status import FINISHED
 from queuety.models import Event, RunStatus, Signal, WorkflowRun
@@ -172,8 +172,8 @@ def _deliver(run: WorkflowRun, spec: WorkflowSpec, name: str, data: Any, *, sent
                     data={"signal": name, "signal_id": signal_row.pk, "sent_by": sent_by})]
     status = run.status
     if parked_here:
-        status = land(spec, run.pk, run.current_step, run.state, rows.usage_of(run), now,
-                      events, fail_on_breach=False)
+        status = land(spec, rows.run_view(run, now), run.current_step, events,
+                      landing.Mode.ASK)
     else:
         Event.objects.bulk_create(events)
     settled = parked_here and not (status == RunStatus.WAITING_FOR_SIGNAL and Signal.objects

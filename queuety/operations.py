@@ -20,6 +20,7 @@ from django.utils import timezone
 
 from queuety import exceptions, publish, signals, timeline
 from queuety.cleanup import start_cleanup
+from queuety.core import landing
 from queuety.core.definition import WorkflowSpec
 from queuety.core.status import FINISHED, LIVE_OR_HELD
 from queuety.models import Event, RunStatus, StepRun, StepStatus, WorkflowRun
@@ -159,8 +160,8 @@ def _continue(run: WorkflowRun, spec: WorkflowSpec, now: datetime, paused: bool 
         if step.fanout is not None:  # slots freed while paused go to held rows now
             release_held(spec, run.pk, live[0][2], run.current_step, now)
         return RunStatus.RUNNING
-    return land(spec, run.pk, run.current_step, run.state, rows.usage_of(run), now, [],
-                fail_on_breach=True, paused=paused)
+    return land(spec, rows.run_view(run, now), run.current_step, [],
+                landing.Mode.HOLD if paused else landing.Mode.MOVE)
 
 
 def retry(run_id: int, *, actor: str = "") -> None:

@@ -101,6 +101,25 @@ def for_each_items(spec: WorkflowSpec, run_id: int, step: StepSpec,
     return items
 
 
+def completed_kind(step: StepSpec) -> str:
+    """The timeline event of one finished branch (``parallel``) or item (``for_each``)."""
+    return "branch_completed" if step.kind == "parallel" else "item_completed"
+
+
+def join_mode(step: StepSpec) -> str:
+    """When a fan-out step's join settles: every branch of a ``parallel`` step, else the
+    ``for_each`` step's mode."""
+    spread = step.fanout
+    assert spread is not None, f"step {step.name!r} is not a fan-out step"
+    return fanout.ALL if step.kind == "parallel" else spread.mode
+
+
+def join_cost(step: StepSpec, succeeded: int) -> int:
+    """The cost units a settled fan-out adds: a ``parallel`` step's once, a ``for_each``
+    step's once per item that succeeded."""
+    return step.cost_units if step.kind == "parallel" else step.cost_units * succeeded
+
+
 def join_output(step: StepSpec, state: dict[str, Any], rows: list[dict[str, Any]], *,
                 run_id: int) -> dict[str, Any]:
     """What a settled fan-out merges: branch outputs in order, or the for_each aggregate

@@ -13,14 +13,14 @@ refused with :class:`~queuety.exceptions.WaitExpired`.
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
 from datetime import datetime
 
 from django.db import transaction
 
 from queuety import exceptions
-from queuety.core import engine, flow, pruning, waits
+from queuety.core import flow, waits
 from queuety.core.definition import WorkflowSpec
+from queuety.core.transition import transition
 from queuety.models import Event, RunStatus, WorkflowRun
 from queuety.runtime.finish import fail_at_wait
 from queuety.runtime.landing import land
@@ -30,7 +30,7 @@ from queuety.store.definitions import load_spec
 logger = logging.getLogger("queuety")
 
 #: The run columns a timeout reads under the lock.
-EXPIRY_FIELDS = (*rows.BOUNDARY_FIELDS, "wait_expires_at", "state_writes")
+EXPIRY_FIELDS = rows.RUN_VIEW_FIELDS
 
 
 def is_expired(run: WorkflowRun, now: datetime) -> bool:
@@ -67,7 +67,8 @@ def settle_by_timeout(spec: WorkflowSpec, run: WorkflowRun, now: datetime) -> st
     expired_at = run.wait_expires_at
     details = {"expires_at": None if expired_at is None else expired_at.isoformat(),
                "timeout_seconds": wait.timeout, "on_timeout": wait.on_timeout}
-    usage = rows.usage_of(run)
+    view = rows.run_view(run, now)
+    usage = view.usage
     if wait.on_timeout == waits.ON_TIMEOUT_FAIL:
         error = exceptions.WaitExpired(
             run.pk, f"Wait {step.name!r} of run {run.pk} timed out: no reply came within "
@@ -82,23 +83,18 @@ def settle_by_timeout(spec: WorkflowSpec, run: WorkflowRun, now: datetime) -> st
     output = waits.timeout_output(wait)
     target = spec.next_index(index) if wait.timeout_target is None \
         else spec.index_of(wait.timeout_target)
-    settled_usage = replace(usage, transitions=usage.transitions + 1)
-    state, writes, pruned = pruning.apply(spec.prune_state_after, {**run.state, **output},
-                                          run.state_writes, output, settled_usage.transitions)
+    moved = transition(spec, run.pk, view.state, view.writes, usage, output)
     event = Event(run_id=run.pk, kind="wait_timed_out", step_index=index, step_name=step.name,
-                  data={**details, "output": output, **pruning.event_data(pruned)})
-    try:
-        flow.check_budget(spec, run.pk, state, settled_usage)
-    except exceptions.BudgetExceeded as breach:
+                  data={**details, "output": output, **moved.event_data})
+    if moved.breach is not None:
         return fail_at_wait(spec, run.pk, index, run.state, usage, now, [event],
-                            flow.failure_record(breach, step=step.name, step_index=index,
+                            flow.failure_record(moved.breach, step=step.name, step_index=index,
                                                 attempt=None, max_attempts=None))
     logger.info("Wait %r of run id=%s timed out; on_timeout=%r", step.name, run.pk,
                 wait.on_timeout)
     try:
         with transaction.atomic():  # a savepoint: what land() wrote before refusing goes
-            return land(spec, run.pk, target, engine.public(state), settled_usage, now,
-                        [event], writes=writes)
+            return land(spec, view.after(moved), target, [event])
     except (exceptions.BudgetExceeded, exceptions.WorkflowDefinitionError) as refused:
         # The step after the timeout cannot be entered (a for_each whose items the timeout
         # left missing, a budget a start step would pass): the run fails at the wait, once,

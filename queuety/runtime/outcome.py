@@ -23,10 +23,11 @@ from django.utils import timezone
 from queuety import cleanup, exceptions, instruments, publish, signals
 from queuety.conf import settings
 from queuety.core import budget as budgets
-from queuety.core import engine, fanout, flow, pruning
+from queuety.core import engine, fanout, flow, landing
 from queuety.core.definition import WorkflowSpec
 from queuety.core.inline import InlineWindow
 from queuety.core.status import LIVE_OR_HELD
+from queuety.core.transition import transition
 from queuety.models import Event, RunStatus, StepRun, StepStatus
 from queuety.runtime import artifacts, gates
 from queuety.runtime.claim import Claim, applied_by, mark_completed, owned
@@ -68,7 +69,7 @@ def record_success_retrying(held: Claim, spec: WorkflowSpec, outcome: engine.Adv
     next_index = outcome.next_index
     next_timeout = None if next_index is None else spec.steps[next_index].timeout
     inlinable = window is not None and next_index is not None and \
-        spec.steps[next_index].kind == "task" and \
+        landing.lands_on_task(spec, next_index) and \
         spec.queue_of(next_index) == spec.queue_of(held.step_index)
     unprepared = False
     for tries, pause in enumerate((*TRANSITION_RETRY_DELAYS, None)):
@@ -121,7 +122,7 @@ def record_success(held: Claim, spec: WorkflowSpec, outcome: engine.Advance,
         duration_ms=duration_ms, data={"output": outcome.output, **(
             {"route": outcome.route} if outcome.route else {})},
     )
-    lands_on_task = outcome.next_index is None or spec.steps[outcome.next_index].kind == "task"
+    lands_on_task = landing.lands_on_task(spec, outcome.next_index)
     # A pruned run's transition needs its state_writes, which the one statement does not
     # carry: it takes the locked path (only workflows that use prune_state_after pay for it).
     if connection.vendor == "postgresql" and lands_on_task and spec.prune_state_after is None \
@@ -197,23 +198,18 @@ def _transition_locked(held: Claim, spec: WorkflowSpec, output: dict[str, Any],
     Raises:
         BudgetExceeded: rolls back the caller's transaction, completed step row included.
     """
-    pruned_run = spec.prune_state_after is not None
-    run = rows.lock_run(held.run_id, fields=(*rows.BOUNDARY_FIELDS, "state_writes")
-                        if pruned_run else rows.BOUNDARY_FIELDS)
+    run = rows.lock_run(held.run_id, fields=rows.RUN_VIEW_FIELDS)
     if run.status not in (RunStatus.RUNNING, RunStatus.PAUSED) or \
             run.current_step != held.step_index:
         return False
-    outcome = engine.advance(spec, held.run_id, run.state, held.step_index, output)
-    usage = budgets.Usage(run.transitions + 1,
-                          run.cost_units + spec.steps[held.step_index].cost_units,
-                          run.started_workflows)
-    state, writes, pruned = pruning.apply(spec.prune_state_after, outcome.state,
-                                          run.state_writes if pruned_run else None,
-                                          outcome.output, usage.transitions)
-    completed.data.update(pruning.event_data(pruned))
-    flow.check_budget(spec, run.pk, state, usage)
-    land(spec, run.pk, outcome.next_index, state, usage, now, [completed],
-         paused=run.status == RunStatus.PAUSED, writes=writes if pruned_run else None)
+    view = rows.run_view(run, now)
+    outcome = engine.advance(spec, held.run_id, view.state, held.step_index, output)
+    moved = transition(spec, run.pk, view.state, view.writes, view.usage,
+                               outcome.output, cost=spec.steps[held.step_index].cost_units,
+                               merged=outcome.state)
+    completed.data.update(moved.event_data)
+    land(spec, view.after(moved.checked()), outcome.next_index, [completed],
+         landing.mode_of(run.status))
     return True
 
 

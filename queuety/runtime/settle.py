@@ -6,7 +6,6 @@ Both decide under the waiting run's row lock, so concurrent finishes settle a jo
 
 from __future__ import annotations
 
-from dataclasses import replace
 from datetime import datetime
 from typing import Any, cast
 
@@ -15,9 +14,11 @@ from django.utils import timezone
 
 from queuety import exceptions
 from queuety.core import budget as budgets
-from queuety.core import engine, fanout, flow, pruning
+from queuety.core import engine, fanout, flow, landing
 from queuety.core.definition import WorkflowSpec
+from queuety.core.landing import RunView
 from queuety.core.status import FINISHED, LIVE_OR_HELD
+from queuety.core.transition import transition
 from queuety.models import Event, RunStatus, StepRun, StepStatus, WorkflowRun
 from queuety.runtime import artifacts
 from queuety.runtime.claim import Claim, mark_completed
@@ -39,7 +40,7 @@ def branch_done(held: Claim, spec: WorkflowSpec, output: Any, duration_ms: float
     spread = step.fanout
     assert spread is not None, f"step {step.name!r} is not a fan-out step"
     event = Event(run_id=held.run_id, step_run_id=held.step_run_id,
-                  kind="branch_completed" if step.kind == "parallel" else "item_completed",
+                  kind=flow.completed_kind(step),
                   step_index=held.step_index, step_name=step.name, attempt=held.attempt,
                   duration_ms=duration_ms, data={"output": output})
     with transaction.atomic():
@@ -47,7 +48,7 @@ def branch_done(held: Claim, spec: WorkflowSpec, output: Any, duration_ms: float
             event.kind, event.data["reason"] = "step_discarded", "no longer owned its row"
             event.save()
             return
-        run = rows.lock_run(held.run_id, fields=rows.BOUNDARY_FIELDS)
+        run = rows.lock_run(held.run_id, fields=rows.RUN_VIEW_FIELDS)
         if run.status not in (RunStatus.RUNNING, RunStatus.PAUSED) or \
                 run.current_step != held.step_index:
             event.kind, event.data["reason"] = "step_discarded", "the join had settled"
@@ -57,8 +58,9 @@ def branch_done(held: Claim, spec: WorkflowSpec, output: Any, duration_ms: float
             artifacts.publish(held)
         # Counting is enough until the join settles; only then are the outputs read.
         total, succeeded, failed = rows.fanout_counts(held.run_id, held.seq, held.step_index)
-        mode = fanout.ALL if step.kind == "parallel" else spread.mode
-        if fanout.progress(mode, spread.quorum, total, succeeded, failed) != fanout.SATISFIED:
+        verdict = fanout.progress(flow.join_mode(step), spread.quorum, total, succeeded,
+                                  failed)
+        if verdict != fanout.SATISFIED:
             event.save()
             if run.status == RunStatus.RUNNING:
                 release_held(spec, held.run_id, held.seq, held.step_index, now)
@@ -81,19 +83,13 @@ def settle(spec: WorkflowSpec, run: WorkflowRun, index: int, seq: int,
     ).update(status=StepStatus.CANCELLED, finished_at=now)
     output = flow.join_output(step, run.state, branches, run_id=run.pk)
     succeeded = sum(r["status"] == StepStatus.COMPLETED for r in branches)
-    cost = step.cost_units if step.kind == "parallel" else step.cost_units * succeeded
-    usage = budgets.Usage(run.transitions + 1, run.cost_units + cost, run.started_workflows)
-    writes = None if spec.prune_state_after is None else run.state_writes
-    state, writes, pruned = pruning.apply(spec.prune_state_after,
-                                          {**run.state, **engine.public(output)}, writes,
-                                          output, usage.transitions)
-    flow.check_budget(spec, run.pk, state, usage)
+    view = rows.run_view(run, now)
+    moved = transition(spec, run.pk, view.state, view.writes, view.usage, output,
+                       cost=flow.join_cost(step, succeeded)).checked()
     events.append(Event(run_id=run.pk, kind="step_completed", step_index=index,
                         step_name=step.name, data={"output": output, "cancelled": cancelled,
-                                                   **pruning.event_data(pruned)}))
-    land(spec, run.pk, spec.next_index(index), state, usage, now, events,
-         paused=run.status == RunStatus.PAUSED,
-         writes=None if spec.prune_state_after is None else writes)
+                                                   **moved.event_data}))
+    land(spec, view.after(moved), spec.next_index(index), events, landing.mode_of(run.status))
 
 
 def resume_waiting(run_id: int) -> str | None:
@@ -113,22 +109,24 @@ def resume_waiting(run_id: int) -> str | None:
             return None
         spec = load_spec(run.definition_id)
         index = run.current_step
+        view = rows.run_view(run, now)
         if spec.steps[index].kind == "wait_workflows":
-            return _move_on(spec, run, index, run.state, rows.usage_of(run), now, [])
-        return _child_finished(spec, run, index, rows.usage_of(run), now)
+            return _move_on(spec, run, view, index, [])
+        return _child_finished(spec, run, view, index)
 
 
-def _move_on(spec: WorkflowSpec, run: WorkflowRun, target: int | None,
-             state: dict[str, Any], usage: budgets.Usage, now: datetime,
-             events: list[Event], writes: dict[str, int] | None = None) -> str:
-    """Land a run woken at its wait on ``target``; a step there that cannot be done (a budget
-    breach, items that are not a list, ...) fails the run at the wait, state kept as it was.
+def _move_on(spec: WorkflowSpec, run: WorkflowRun, view: RunView, target: int | None,
+             events: list[Event]) -> str:
+    """Land a run woken at its wait on ``target`` (``view``: its state and counters to land
+    with); a step there that cannot be done (a budget breach, items that are not a list, ...)
+    fails the run at the wait, state kept as it was.
 
     Without this, the error would leave the run parked, and every sweep would hit it again.
     """
+    now = view.now
     try:
         with transaction.atomic():
-            return land(spec, run.pk, target, state, usage, now, list(events), writes=writes)
+            return land(spec, view, target, list(events))
     except (exceptions.BudgetExceeded, exceptions.WorkflowDefinitionError) as error:
         index = run.current_step
         return fail_at_wait(spec, run.pk, index, run.state, rows.usage_of(run), now, events,
@@ -137,9 +135,8 @@ def _move_on(spec: WorkflowSpec, run: WorkflowRun, target: int | None,
                                                 max_attempts=None))
 
 
-def _child_finished(spec: WorkflowSpec, parent: WorkflowRun, index: int,
-                    usage: budgets.Usage, now: datetime) -> str:
-    step = spec.steps[index]
+def _child_finished(spec: WorkflowSpec, parent: WorkflowRun, view: RunView, index: int) -> str:
+    step, usage, now = spec.steps[index], view.usage, view.now
     child = (WorkflowRun.objects.filter(parent_id=parent.pk, parent_step=index)
              .order_by("-pk").first())
     if child is None or child.status not in FINISHED:
@@ -151,24 +148,17 @@ def _child_finished(spec: WorkflowSpec, parent: WorkflowRun, index: int,
     if child.status != RunStatus.COMPLETED:
         return _child_failed(spec, parent, index, child, usage, now, events)
     output = engine.public(child.state)
-    settled = replace(usage, transitions=usage.transitions + 1)
-    pruned_run = spec.prune_state_after is not None
     # The child started with this run's state: only the keys it added or changed count as
     # written here, or merging it back would make the dispatch payload's keys prunable.
     changed = {k: v for k, v in output.items()
                if k not in parent.state or parent.state[k] != v}
-    state, writes, pruned = pruning.apply(spec.prune_state_after, {**parent.state, **output},
-                                          parent.state_writes if pruned_run else None,
-                                          changed, settled.transitions)
-    events[0].data.update(output=output, **pruning.event_data(pruned))
-    try:
-        flow.check_budget(spec, parent.pk, state, settled)
-    except exceptions.BudgetExceeded as breach:
-        return fail_at_wait(spec, parent.pk, index, parent.state, settled, now, events,
-                            flow.failure_record(breach, step=step.name, step_index=index,
+    moved = transition(spec, parent.pk, view.state, view.writes, usage, output, written=changed)
+    events[0].data.update(output=output, **moved.event_data)
+    if moved.breach is not None:
+        return fail_at_wait(spec, parent.pk, index, parent.state, moved.usage, now, events,
+                            flow.failure_record(moved.breach, step=step.name, step_index=index,
                                                 attempt=None, max_attempts=None))
-    return _move_on(spec, parent, spec.next_index(index), state, settled, now, events,
-                    writes if pruned_run else None)
+    return _move_on(spec, parent, view.after(moved), spec.next_index(index), events)
 
 
 def _child_failed(spec: WorkflowSpec, parent: WorkflowRun, index: int, child: WorkflowRun,

@@ -34,6 +34,7 @@ from django.db.models.functions import Now
 from queuety import exceptions
 from queuety.core.budget import Usage
 from queuety.core.definition import WorkflowSpec
+from queuety.core.landing import RunView
 from queuety.core.status import LIVE, LIVE_OR_HELD
 from queuety.models import RunStatus, StepRun, StepStatus, Worker, WorkflowRun
 from queuety.store import sql
@@ -263,6 +264,27 @@ def lock_run(run_id: Any, *, steps_first: bool = False,
 #: The columns the step boundary reads of a run it locks.
 BOUNDARY_FIELDS = ("name", "definition_id", "status", "state", "current_step", "transitions",
                    "cost_units", "started_workflows", "error")
+
+
+#: The columns a landing reads of the run it moves (:func:`run_view`): lock with these.
+RUN_VIEW_FIELDS = (*BOUNDARY_FIELDS, "wait_expires_at", "state_writes", "loops", "groups")
+
+
+def run_view(run: WorkflowRun, now: datetime) -> RunView:
+    """The landing's snapshot of ``run``, locked (or created) by this transaction at ``now``
+    and read with :data:`RUN_VIEW_FIELDS`; reading it makes no query.
+
+    Raises:
+        ValueError: ``run`` was read without some of those columns (a deferred column would
+            be read again, one query each, with no lock of its own).
+    """
+    missing = run.get_deferred_fields() & set(RUN_VIEW_FIELDS)
+    if missing:
+        raise ValueError(f"Run {run.pk} was locked without the columns {sorted(missing)} a "
+                         "landing reads; lock it with fields=rows.RUN_VIEW_FIELDS.")
+    return RunView(run.pk, run.status, run.current_step, run.transitions, run.wait_expires_at,
+                   run.state, usage_of(run), dict(run.state_writes or {}), dict(run.loops or {}),
+                   dict(run.groups or {}), now)
 
 
 def usage_of(run: WorkflowRun) -> Usage:
