@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.apps import AppConfig
 from django.db.models.signals import post_delete, post_migrate, post_save
 from django.utils.module_loading import autodiscover_modules
@@ -40,7 +42,7 @@ class QueuetyConfig(AppConfig):
         post_delete.connect(outbox.forget, sender=WebhookEndpoint)
 
 
-def _schedule_sweeper(using: str = "default", **kwargs) -> None:
+def _schedule_sweeper(using: str = "default", **kwargs: Any) -> None:
     """Create or update the django-celery-beat entry that runs the sweeper."""
     # Imported when called: queuety.sweeper_beat imports django-celery-beat's models, which cannot
     # be imported while the app registry is still loading this module.

@@ -4,15 +4,16 @@ reply read back from a POSTed form. Shared by the approval page and the admin.""
 from __future__ import annotations
 
 import json
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, NoReturn
 
 
-def refuse_constant(name: str):
+def refuse_constant(name: str) -> NoReturn:
     """``json.loads`` hook: NaN and Infinity are not JSON, so a reply holding them is refused."""
     raise ValueError(f"{name} is not JSON")
 
 
-def form_fields(schema: dict | None) -> list[dict[str, Any]] | None:
+def form_fields(schema: dict[str, Any] | None) -> list[dict[str, Any]] | None:
     """Form fields for a flat object schema; None means 'one JSON text area'."""
     if not schema or schema.get("type", "object") != "object" or "properties" not in schema:
         return None
@@ -27,7 +28,7 @@ def form_fields(schema: dict | None) -> list[dict[str, Any]] | None:
     return fields
 
 
-def form_reply(schema: dict | None, post) -> Any:
+def form_reply(schema: dict[str, Any] | None, post: Mapping[str, str]) -> Any:
     """Read a reply from the form: typed by each field's declared type, then the schema
     validates it exactly (a number field holding 'abc' stays 'abc' and is refused)."""
     fields = form_fields(schema)
@@ -42,7 +43,7 @@ def form_reply(schema: dict | None, post) -> Any:
         raw = post.get(field["name"])
         if field["kind"] == "boolean":
             reply[field["name"]] = raw == "on"
-        elif raw in (None, ""):
+        elif raw is None or raw == "":  # spelt out so mypy narrows raw to str below
             continue
         elif field["kind"] == "integer" and raw.lstrip("-").isdigit():
             reply[field["name"]] = int(raw)

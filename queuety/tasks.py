@@ -8,9 +8,10 @@ import os
 import time
 from typing import Any
 
-from billiard.einfo import ExceptionWithTraceback
+# celery-types' billiard stub leaves out ExceptionWithTraceback, which billiard.einfo defines.
+from billiard.einfo import ExceptionWithTraceback  # type: ignore[attr-defined]
 from billiard.exceptions import WorkerLostError
-from celery import shared_task, signals
+from celery import Task, shared_task, signals
 from celery.concurrency.thread import TaskPool as ThreadsPool
 from celery.worker.request import Request
 from django.db import close_old_connections
@@ -110,8 +111,11 @@ class StepRequest(Request):
         if not self.worker_pid or not self.args:
             return
         try:
-            recorded = recovery.recover_attempt(self.args[0], worker_id(self.worker_pid),
-                                                hard_timeout=hard_timeout)
+            recorded = recovery.recover_attempt(
+                self.args[0],
+                # celery-types say worker_pid is a str; the pools report the int pid.
+                worker_id(self.worker_pid),  # type: ignore[arg-type]
+                hard_timeout=hard_timeout)
         except Exception:  # noqa: BLE001 - the sweeper recovers the step later anyway
             logger.exception("Could not record the loss of step run id=%s", self.args[0])
             return
@@ -121,9 +125,12 @@ class StepRequest(Request):
                            self.worker_pid, self.args[0])
 
 
-@shared_task(name="queuety.execute_step", acks_late=True, reject_on_worker_lost=True,
-             ignore_result=True, Request=StepRequest, bind=True)
-def execute_step(self, step_run_id: int) -> None:
+# celery-types' bind=True overloads of shared_task take only the options they list, though
+# Celery sets any keyword (here Request) on the task class: to mypy the task is untyped.
+@shared_task(  # type: ignore[call-overload, untyped-decorator]
+    name="queuety.execute_step", acks_late=True, reject_on_worker_lost=True,
+    ignore_result=True, Request=StepRequest, bind=True)
+def execute_step(self: Task[[int], None], step_run_id: int) -> None:
     """Run one attempt of step row ``step_run_id``; duplicates are dropped by the claim."""
     started = time.monotonic()
     hard, soft = self.request.timelimit or (None, None)
@@ -168,7 +175,7 @@ def deliver_webhook(delivery_id: int) -> None:
 
 
 @shared_task(name="queuety.fire_schedule", ignore_result=True, bind=True)
-def fire_schedule(self: Any, schedule: str, after: int | None = None,
+def fire_schedule(self: Task[..., None], /, schedule: str, after: int | None = None,
                   **row_kwargs: Any) -> None:
     """Fire schedule ``schedule`` (sent by beat; ``row_kwargs`` are the rest of its row's
     kwargs, which ``fire`` reads from the row itself) for the tick it was sent at. A buffered

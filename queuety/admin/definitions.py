@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin
 from django.contrib.admin.views.main import ChangeList
@@ -39,8 +39,14 @@ class DefinitionChangeList(ChangeList):
             definition.run_counts = counts.get(definition.pk, {})
 
 
+if TYPE_CHECKING:  # ModelAdmin is generic in django-stubs only: not subscriptable at run time
+    _ModelAdmin = admin.ModelAdmin[WorkflowDefinition]
+else:
+    _ModelAdmin = admin.ModelAdmin
+
+
 @admin.register(WorkflowDefinition)
-class WorkflowDefinitionAdmin(admin.ModelAdmin):
+class WorkflowDefinitionAdmin(_ModelAdmin):
     """Workflow definitions (immutable shapes) with their run counts per status."""
 
     list_display = ("id", "name", "version", "short_hash", "runs", "created_at")

@@ -78,7 +78,8 @@ def progress_percent(progress: dict[str, Any] | None) -> int | None:
     """The bar of a step's reported progress: 0-100, or None when it gives no fraction."""
     data = (progress or {}).get("data") or {}
     total = data.get("total")
-    done = next((data[k] for k in DONE_KEYS if isinstance(data.get(k), int | float)), None)
+    done: float | None = next(
+        (data[k] for k in DONE_KEYS if isinstance(data.get(k), int | float)), None)
     if isinstance(total, int | float) and total > 0 and done is not None:
         return max(0, min(100, round(100 * done / total)))
     percent = data.get("percent")

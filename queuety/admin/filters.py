@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin
 from django.core.paginator import Paginator
 from django.db import connections
-from django.db.models import QuerySet
+from django.db.models import Model, QuerySet
 from django.http import (
     HttpRequest,
 )
@@ -26,7 +26,13 @@ from queuety.queries import waiting_on
 
 # -- counting big tables -----------------------------------------------------------------------
 
-class EstimatedCountPaginator(Paginator):
+if TYPE_CHECKING:  # Paginator is generic in django-stubs only: not subscriptable at run time
+    _Paginator = Paginator[Model]
+else:
+    _Paginator = Paginator
+
+
+class EstimatedCountPaginator(_Paginator):
     """A paginator that takes PostgreSQL's row estimate for big result sets.
 
     ``SELECT COUNT(*)`` reads every matching row, which dominates a changelist over millions of
@@ -37,7 +43,7 @@ class EstimatedCountPaginator(Paginator):
 
     exact_below = 10_000
     estimated = False
-    object_list: QuerySet[Any]  # for mypy: this paginator pages querysets only
+    object_list: QuerySet[Model]  # for mypy: this paginator pages querysets only
 
     @cached_property
     def count(self) -> int:

@@ -5,7 +5,7 @@ cost budget (``queries.queue_budgets()``): the same figures as ``manage.py queue
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin
 from django.core.exceptions import PermissionDenied
@@ -17,9 +17,14 @@ from django.urls import reverse
 from queuety import queries
 from queuety.models import ResourceGroup
 
+if TYPE_CHECKING:  # ModelAdmin is generic in django-stubs only: not subscriptable at run time
+    _ModelAdmin = admin.ModelAdmin[ResourceGroup]
+else:
+    _ModelAdmin = admin.ModelAdmin
+
 
 @admin.register(ResourceGroup)
-class ResourceGroupAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+class ResourceGroupAdmin(_ModelAdmin):
     """Read-only: the page lists live groups, counted from step rows, not this model's rows
     (which only remember when a rate-limited group's next wake-up is due)."""
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterator
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import django
 from django.contrib import admin, messages
@@ -47,7 +47,6 @@ from queuety.admin.filters import (
     NameFilter,
     VersionFilter,
     WaitingFilter,
-    waiting_on,
 )
 from queuety.admin.start import StartRunPages
 from queuety.core import budget as budgets
@@ -63,6 +62,7 @@ from queuety.models import (
     WorkflowDependency,
     WorkflowRun,
 )
+from queuety.queries import waiting_on
 from queuety.store import rows
 from queuety.store.definitions import definition_hash, effective_policy, load_spec
 
@@ -74,8 +74,14 @@ LIST_COLUMNS = ("id", "definition_id", "name", "status", "current_step", "total_
                 "created_at", "finished_at")
 
 
+if TYPE_CHECKING:  # ModelAdmin is generic in django-stubs only: not subscriptable at run time
+    _ModelAdmin = admin.ModelAdmin[WorkflowRun]
+else:
+    _ModelAdmin = admin.ModelAdmin
+
+
 @admin.register(WorkflowRun)
-class WorkflowRunAdmin(StartRunPages, admin.ModelAdmin):
+class WorkflowRunAdmin(StartRunPages, _ModelAdmin):
     """Workflow runs: a fast changelist, a run page with its actions, approvals and exports.
 
     Viewing needs ``queuety.view_workflowrun``; retry, pause, resume and cancel need
@@ -423,8 +429,12 @@ class WorkflowRunAdmin(StartRunPages, admin.ModelAdmin):
         """Runs linked to this one: its parent or starter, its children, the runs it
         started, and the runs it waits for (100 of each at most)."""
         awaited = WorkflowDependency.objects.filter(run_id=run.pk).values("depends_on")
-        links = [("parent (run_workflow)", WorkflowRun.objects.filter(pk=run.parent_id)),
-                 ("started it", WorkflowRun.objects.filter(pk=run.started_by_id)),
+        # pk=None is Django's IS NULL (no parent: no row), which the plugin's lookup types
+        # refuse.
+        links = [("parent (run_workflow)",
+                  WorkflowRun.objects.filter(pk=run.parent_id)),  # type: ignore[misc]
+                 ("started it",
+                  WorkflowRun.objects.filter(pk=run.started_by_id)),  # type: ignore[misc]
                  ("child (run_workflow)", WorkflowRun.objects.filter(parent_id=run.pk)),
                  ("started by this run", WorkflowRun.objects.filter(started_by_id=run.pk)),
                  ("awaited", WorkflowRun.objects.filter(pk__in=awaited))]

@@ -8,7 +8,7 @@ Starting a run needs ``queuety.add_workflowrun``.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django import forms
 from django.contrib import messages
@@ -18,6 +18,12 @@ from django.template.response import TemplateResponse
 from django.urls import URLPattern, path
 
 from queuety import exceptions, registry
+
+if TYPE_CHECKING:  # for annotations only
+    from django.contrib.admin import AdminSite
+    from django.db.models.options import Options
+
+    from queuety.models import WorkflowRun
 
 TEMPLATE = "admin/queuety/workflowrun/start.html"
 
@@ -52,6 +58,16 @@ class StartRunForm(forms.Form):
 
 class StartRunPages:
     """``start/`` and ``start/<name>/`` under the runs admin."""
+
+    if TYPE_CHECKING:
+        # What the runs admin this is mixed into provides (ModelAdmin's attributes and its
+        # own helpers); declared for the type checker only, the admin's own definitions win.
+        opts: Options[WorkflowRun]
+        admin_site: AdminSite
+
+        def _url(self, name: str, *args: Any) -> str: ...
+        def _context(self, request: HttpRequest, **extra: Any) -> dict[str, Any]: ...
+        def _breadcrumbs(self, current: str) -> dict[str, Any]: ...
 
     def start_urls(self) -> list[URLPattern]:
         """The pages' URL patterns, for ``get_urls()``."""

@@ -7,7 +7,7 @@ Deliveries are read-only; the ``Redeliver`` action sends chosen ones again.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from django import forms
@@ -21,8 +21,16 @@ from queuety.models import WebhookDelivery, WebhookEndpoint
 from queuety.signals import BY_WEBHOOK
 from queuety.webhooks import delivery
 
+if TYPE_CHECKING:  # generic in django-stubs only: not subscriptable at run time
+    _EndpointForm = forms.ModelForm[WebhookEndpoint]
+    _EndpointAdmin = admin.ModelAdmin[WebhookEndpoint]
+    _DeliveryAdmin = admin.ModelAdmin[WebhookDelivery]
+else:
+    _EndpointForm = forms.ModelForm
+    _EndpointAdmin = _DeliveryAdmin = admin.ModelAdmin
 
-class EndpointForm(forms.ModelForm):
+
+class EndpointForm(_EndpointForm):
     """The endpoint's form: events as checkboxes, the secret write-only."""
 
     url = forms.URLField(max_length=2000, assume_scheme="https",
@@ -60,7 +68,7 @@ class EndpointForm(forms.ModelForm):
 
 
 @admin.register(WebhookEndpoint)
-class WebhookEndpointAdmin(admin.ModelAdmin):
+class WebhookEndpointAdmin(_EndpointAdmin):
     """Endpoints: where events are POSTed. The secret column is never listed."""
 
     form = EndpointForm
@@ -74,7 +82,7 @@ class WebhookEndpointAdmin(admin.ModelAdmin):
 
 
 @admin.register(WebhookDelivery)
-class WebhookDeliveryAdmin(admin.ModelAdmin):
+class WebhookDeliveryAdmin(_DeliveryAdmin):
     """The delivery log: each event sent to each endpoint, its status and last answer."""
 
     list_display = ("pk", "event", "endpoint_url", "run_id", "status", "attempts",

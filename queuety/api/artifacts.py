@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from django.http import HttpResponse, StreamingHttpResponse
@@ -68,10 +68,11 @@ class ArtifactSchema(AutoSchema):
         return serializers.ArtifactWriteSerializer if self.method == "PUT" else None
 
     def get_response_serializers(self) -> Any:
-        answers: dict[Any, Any] = {"GET": {200: serializers.ArtifactContentSerializer},
-                                   "PUT": {200: serializers.ArtifactSerializer},
-                                   "DELETE": {204: None}}[self.method]
-        return {**answers, **ERRORS}
+        answers: dict[str, dict[int, type[serializers.ArtifactSerializer] | None]] = {
+            "GET": {200: serializers.ArtifactContentSerializer},
+            "PUT": {200: serializers.ArtifactSerializer},
+            "DELETE": {204: None}}
+        return {**answers[self.method], **ERRORS}
 
 
 @extend_schema(parameters=[RUN_ID, KEY])
@@ -163,7 +164,7 @@ class EventStreamRenderer(renderers.BaseRenderer):
     charset = "utf-8"
 
     def render(self, data: Any, accepted_media_type: str | None = None,
-               renderer_context: dict[str, Any] | None = None) -> bytes:
+               renderer_context: Mapping[str, Any] | None = None) -> bytes:
         return json.dumps(data).encode()
 
 

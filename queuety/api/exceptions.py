@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from rest_framework import status
-from rest_framework.exceptions import APIException
+from rest_framework.exceptions import APIException, ErrorDetail
 
 from queuety import exceptions
 
@@ -11,7 +11,11 @@ from queuety import exceptions
 class QueuetyAPIError(APIException):
     """An API error whose body may carry more than ``detail`` and ``code``."""
 
-    def __init__(self, detail: str, code: str, http_status: int, **extra) -> None:
+    # APIException stores a str detail as one ErrorDetail (with its code), never as the list
+    # or dict it allows for validation errors.
+    detail: ErrorDetail
+
+    def __init__(self, detail: str, code: str, http_status: int, **extra: object) -> None:
         super().__init__(detail=detail, code=code)
         self.status_code = http_status
         self.extra = extra

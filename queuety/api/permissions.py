@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from django.utils.module_loading import import_string
 from rest_framework import permissions
+from rest_framework.request import Request
+from rest_framework.views import APIView
 
 from queuety.conf import settings
+from queuety.models import WorkflowRun
 
 
 class RunPermission(permissions.BasePermission):
@@ -21,7 +24,7 @@ class RunPermission(permissions.BasePermission):
 
     message = "You do not have permission to act on workflow runs."
 
-    def has_permission(self, request, view) -> bool:
+    def has_permission(self, request: Request, view: APIView) -> bool:
         user = request.user
         if not (user and user.is_authenticated):
             return False
@@ -30,7 +33,7 @@ class RunPermission(permissions.BasePermission):
             else "queuety.signal_workflowrun")
         return user.has_perm(needed)
 
-    def has_object_permission(self, request, view, run) -> bool:
+    def has_object_permission(self, request: Request, view: APIView, run: WorkflowRun) -> bool:
         check = settings.RUN_ACCESS
         if check is None:
             return True

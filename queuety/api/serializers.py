@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from rest_framework import serializers
 
+# Each serializer below is Serializer[Any]: it describes a JSON shape read from plain dicts,
+# or from a list of them with many=True, which the stubs type as the same instance
+# parameter; there is no model instance to name.
 
-class WaitDetailsSerializer(serializers.Serializer):
+
+class WaitDetailsSerializer(serializers.Serializer[Any]):
     """What the current wait is waiting for (keys without a value are left out)."""
 
     step_name = serializers.CharField()
@@ -22,17 +28,20 @@ class WaitDetailsSerializer(serializers.Serializer):
         required=False, help_text="'fail', 'continue' or the name of the step to jump to.")
 
 
-class ProgressSerializer(serializers.Serializer):
+class ProgressSerializer(serializers.Serializer[Any]):
     """What the running step last reported with ``context.heartbeat(progress=...)``."""
 
     step_name = serializers.CharField()
     branch = serializers.IntegerField(help_text="The branch or item, for a fan-out step.")
-    data = serializers.DictField(help_text="The progress as the handler reported it.")
+    # The metaclass pops declared fields off the class, so this does not hide Serializer.data;
+    # the stubs cannot model that.
+    data = serializers.DictField(  # type: ignore[assignment]
+        help_text="The progress as the handler reported it.")
     text = serializers.CharField(help_text="In a few words, such as '450/1000 (45%)'.")
     reported_at = serializers.DateTimeField(allow_null=True)
 
 
-class WorkflowStatusSerializer(serializers.Serializer):
+class WorkflowStatusSerializer(serializers.Serializer[Any]):
     """The fields of ``queuety.workflow_status()``."""
 
     id = serializers.IntegerField()
@@ -60,7 +69,7 @@ class WorkflowStatusSerializer(serializers.Serializer):
     finished_at = serializers.DateTimeField(allow_null=True)
 
 
-class SignalReceiptSerializer(serializers.Serializer):
+class SignalReceiptSerializer(serializers.Serializer[Any]):
     """What a delivered signal or reply did."""
 
     signal_id = serializers.IntegerField()
@@ -70,12 +79,15 @@ class SignalReceiptSerializer(serializers.Serializer):
     status = serializers.CharField()
 
 
-class ErrorSerializer(serializers.Serializer):
+class ErrorSerializer(serializers.Serializer[Any]):
     """Every error: ``detail`` and ``code``; 400 adds ``errors``, a budget 409 its figures."""
 
     detail = serializers.CharField()
     code = serializers.CharField()
-    errors = serializers.ListField(child=serializers.DictField(), required=False)
+    # As ProgressSerializer.data: a declared field, popped off the class by the metaclass, not
+    # Serializer.errors.
+    errors = serializers.ListField(  # type: ignore[assignment]
+        child=serializers.DictField(), required=False)
     budget = serializers.CharField(required=False)
     limit = serializers.IntegerField(required=False)
     used = serializers.IntegerField(required=False)
@@ -83,7 +95,7 @@ class ErrorSerializer(serializers.Serializer):
                                   help_text="unknown_workflow: the registered names.")
 
 
-class WaitingRunSerializer(serializers.Serializer):
+class WaitingRunSerializer(serializers.Serializer[Any]):
     """A run waiting on a person, for ``GET waits/``."""
 
     id = serializers.IntegerField()
@@ -96,7 +108,7 @@ class WaitingRunSerializer(serializers.Serializer):
     schema = serializers.DictField(allow_null=True)
 
 
-class RunSummarySerializer(serializers.Serializer):
+class RunSummarySerializer(serializers.Serializer[Any]):
     """A run in ``GET runs/``: its row, without its state."""
 
     id = serializers.IntegerField()
@@ -114,7 +126,7 @@ class RunSummarySerializer(serializers.Serializer):
     finished_at = serializers.DateTimeField(allow_null=True)
 
 
-class RunPageSerializer(serializers.Serializer):
+class RunPageSerializer(serializers.Serializer[Any]):
     """A page of ``GET runs/``: follow ``next`` (a URL with a cursor) for older runs."""
 
     next = serializers.URLField(allow_null=True)
@@ -122,7 +134,7 @@ class RunPageSerializer(serializers.Serializer):
     results = RunSummarySerializer(many=True)
 
 
-class StartRunSerializer(serializers.Serializer):
+class StartRunSerializer(serializers.Serializer[Any]):
     """The body of ``POST runs/``."""
 
     workflow = serializers.CharField(help_text="A registered workflow's name (GET workflows/).")
@@ -133,14 +145,14 @@ class StartRunSerializer(serializers.Serializer):
         help_text="A key already used answers with the run it started (200, created false).")
 
 
-class StartedRunSerializer(serializers.Serializer):
+class StartedRunSerializer(serializers.Serializer[Any]):
     """What ``POST runs/`` answers: the run, and whether this request created it."""
 
     created = serializers.BooleanField()
     run = WorkflowStatusSerializer()
 
 
-class RegisteredWorkflowSerializer(serializers.Serializer):
+class RegisteredWorkflowSerializer(serializers.Serializer[Any]):
     """A registered workflow, in ``GET workflows/``."""
 
     name = serializers.CharField()
@@ -150,7 +162,7 @@ class RegisteredWorkflowSerializer(serializers.Serializer):
     description = serializers.CharField(allow_blank=True)
 
 
-class ArtifactSerializer(serializers.Serializer):
+class ArtifactSerializer(serializers.Serializer[Any]):
     """An artifact without its content (lists)."""
 
     key = serializers.CharField()
@@ -169,7 +181,7 @@ class ArtifactContentSerializer(ArtifactSerializer):
     content = serializers.JSONField()
 
 
-class ArtifactWriteSerializer(serializers.Serializer):
+class ArtifactWriteSerializer(serializers.Serializer[Any]):
     """The body of ``PUT runs/<id>/artifacts/<key>/``."""
 
     content = serializers.JSONField(help_text="A JSON value (kind json), a string (text, "
@@ -179,7 +191,7 @@ class ArtifactWriteSerializer(serializers.Serializer):
     metadata = serializers.DictField(required=False, allow_null=True)
 
 
-class ChunkSerializer(serializers.Serializer):
+class ChunkSerializer(serializers.Serializer[Any]):
     """One chunk a streaming step yielded."""
 
     index = serializers.IntegerField()
@@ -188,7 +200,7 @@ class ChunkSerializer(serializers.Serializer):
     created_at = serializers.DateTimeField()
 
 
-class ChunkPageSerializer(serializers.Serializer):
+class ChunkPageSerializer(serializers.Serializer[Any]):
     """The chunks of one step after a position."""
 
     step_name = serializers.CharField()

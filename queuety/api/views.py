@@ -121,12 +121,16 @@ class PostReplyView(RunAPIView):
     def body(self, request: Request) -> Any:
         return read_json_body(request)
 
-    def deliver(self, request: Request, pk: int, **kwargs: Any) -> inbox.SignalReceipt:
+    # The URL's other captures follow pk, as each subclass names them: mypy accepts any
+    # override of a signature ending in *args: Any, **kwargs: Any.
+    def deliver(self, request: Request, pk: int, *args: Any,
+                **kwargs: Any) -> inbox.SignalReceipt:
         raise NotImplementedError
 
-    def post(self, request: Request, pk: int, **kwargs: Any) -> Response:
+    def post(self, request: Request, pk: int, *args: Any, **kwargs: Any) -> Response:
         self.get_run(pk)
-        return replayable(request, lambda: self._answer(self.deliver(request, pk, **kwargs)))
+        return replayable(request,
+                          lambda: self._answer(self.deliver(request, pk, *args, **kwargs)))
 
     @staticmethod
     def _answer(receipt: inbox.SignalReceipt) -> Response:
@@ -150,13 +154,17 @@ def replayable(request: Request, answer: Callable[[], Response]) -> Response:
         return answer()
     if len(key) > 255:
         raise ParseError("The Idempotency-Key header is longer than 255 characters.")
+    user_id = request.user.pk
+    # Answers are kept by user id: the default permission classes let only authenticated
+    # users this far, and an anonymous one (whom a site's own classes may admit) has none.
+    assert user_id is not None
     try:
         with transaction.atomic():
             # The key row goes first: a concurrent retry blocks here until this answer is
             # committed, then replays it instead of delivering twice.
             try:
                 with transaction.atomic():
-                    ApiReply.objects.create(user_id=request.user.pk, key=key,
+                    ApiReply.objects.create(user_id=user_id, key=key,
                                             method="POST", path=request.path,
                                             status_code=0, body={})
             except IntegrityError:
@@ -166,16 +174,16 @@ def replayable(request: Request, answer: Callable[[], Response]) -> Response:
             except exceptions.WaitExpired as error:
                 # The reply found the wait past its timeout and settled it by the timeout:
                 # that must commit; the refusal is not an answer to store.
-                ApiReply.objects.filter(user_id=request.user.pk, key=key).delete()
+                ApiReply.objects.filter(user_id=user_id, key=key).delete()
                 expired = error
             else:
-                ApiReply.objects.filter(user_id=request.user.pk, key=key).update(
+                ApiReply.objects.filter(user_id=user_id, key=key).update(
                     status_code=response.status_code,
                     body=json.loads(json.dumps(response.data, cls=DjangoJSONEncoder)))
                 return response
         raise expired
     except _Replay:
-        stored = ApiReply.objects.get(user_id=request.user.pk, key=key)
+        stored = ApiReply.objects.get(user_id=user_id, key=key)
         if stored.path != request.path:
             raise api_errors.QueuetyAPIError(
                 f"Idempotency-Key {key!r} was already used for {stored.path}; use a new "
@@ -257,7 +265,9 @@ class SchemaView(SpectacularAPIView):
     def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         # A method of its own: the inherited one is documented on DRF's default schema class
         # unless the site's settings name drf-spectacular's (see RunAPIView).
-        return super().get(request, *args, **kwargs)
+        # drf-spectacular leaves SpectacularAPIView.get unannotated.
+        response: Response = super().get(request, *args, **kwargs)  # type: ignore[no-untyped-call]
+        return response
 
 
 def queuety_endpoints(endpoints: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
@@ -309,7 +319,8 @@ class ApprovalPageView(View):
         if response.status_code >= 400:
             # Django would log this answer with the request's path, which holds the token
             # (a reused, expired or forged link): log it here without the token instead.
-            response._has_been_logged = True
+            # Django's private flag, which its stubs do not declare.
+            response._has_been_logged = True  # type: ignore[attr-defined]
             logger.warning("Approval link refused with status %s.", response.status_code)
         return response
 
@@ -363,6 +374,9 @@ class ApprovalPageView(View):
                               status=status)
             return render(request, self.template_name, {
                 "error": "This request was already answered.", "dead": True}, status=410)
+        # Links are minted only at a human wait (approvals.make_token), and the run is still
+        # parked at that step of the same definition.
+        assert step.wait is not None
         context.update(run=run, step=step, wait=step.wait,
                        fields=replyforms.form_fields(step.wait.schema),
                        state=json.dumps(mask(run.state), indent=2, ensure_ascii=False)[:4000])

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
+from collections.abc import Callable
+from typing import Any, ParamSpec, TypeVar
 
 from django.core.management.base import BaseCommand
 
@@ -16,6 +17,9 @@ from queuety.core.describe import format_status
 from queuety.management import starting
 from queuety.management.starting import Error
 from queuety.runtime import sweeper
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 
 
 def _run_id(value: str) -> int:
@@ -398,7 +402,7 @@ class Command(BaseCommand):
                           f"Status: {receipt.status}.")
 
     @staticmethod
-    def _call(function, *args: Any, **kwargs: Any):
+    def _call(function: Callable[_P, _R], *args: _P.args, **kwargs: _P.kwargs) -> _R:
         try:
             return function(*args, **kwargs)
         except exceptions.RunNotFound as error:
