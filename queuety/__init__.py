@@ -49,6 +49,7 @@ from queuety.exceptions import (
     WorkflowWaitFailed,
 )
 from queuety.registry import RegisteredWorkflow, register, registered
+from queuety.version import __version__ as __version__
 
 __all__ = [
     "DEFAULT",
@@ -121,8 +122,6 @@ if TYPE_CHECKING:  # for annotations only: importing it would import Django
     from queuety.inbox import SignalReceipt
     from queuety.outputs import ChunkPage
     from queuety.schedules import Schedule
-
-__version__ = "0.1.0"
 
 
 def workflow_status(run_id: int) -> WorkflowStatus:

@@ -19,7 +19,7 @@ from django.db import transaction
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
-from queuety import __version__, exceptions, operations, outputs
+from queuety import exceptions, operations, outputs
 from queuety.conf import settings
 from queuety.core import artifacts as artifact_rules
 from queuety.core import budget as budgets
@@ -40,6 +40,7 @@ from queuety.runtime import artifacts as artifact_rows
 from queuety.store import rows
 from queuety.store.definitions import definition_id, load_spec
 from queuety.timeline import event_dict
+from queuety.version import __version__
 
 #: Version of the export document's shape; bumped on incompatible changes. 2 added
 #: ``artifacts`` and ``chunks``.

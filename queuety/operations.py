@@ -138,10 +138,9 @@ def _continue(run: WorkflowRun, spec: WorkflowSpec, now: datetime, paused: bool 
     With ``paused`` it only gets ready: its next row is created unpublished, for ``resume()``.
     """
     if run.current_step >= len(spec.steps):
-        WorkflowRun.objects.filter(pk=run.pk).update(
-            status=RunStatus.COMPLETED, finished_at=run.finished_at or now, updated_at=now,
-            revision=F("revision") + 1)
-        return RunStatus.COMPLETED
+        # Rewound to its last step, or forked from a completed run: landing past the last step
+        # completes it as a step's outcome does (its event, its waiters, ``run_completed``).
+        return land(spec, run.pk, None, run.state, rows.usage_of(run), now, [], paused=paused)
     step = spec.steps[run.current_step]
     live = list(StepRun.objects.filter(run_id=run.pk, kind="step",
                                        status__in=LIVE_OR_HELD)

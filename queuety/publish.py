@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from functools import partial
 from typing import Any, NamedTuple
 
@@ -87,13 +88,14 @@ _override: Callable[[list[Message]], None] | None = None
 _wake_override: Callable[[list[int]], None] | None = None
 
 
-def _send(name: str, args: tuple[Any, ...], options: dict[str, Any]) -> None:
+def _send(name: str, args: tuple[Any, ...], options: dict[str, Any],
+          kwargs: dict[str, Any] | None = None) -> None:
     """Send task ``name``; under ``task_always_eager`` run it here, as ``apply_async`` would
     (``send_task`` ignores eager mode), looking the task up by name in Celery's registry."""
     if current_app.conf.task_always_eager:
-        current_app.tasks[name].apply_async(args, **options)
+        current_app.tasks[name].apply_async(args, kwargs, **options)
     else:
-        current_app.send_task(name, args, ignore_result=True, **options)
+        current_app.send_task(name, args, kwargs, ignore_result=True, **options)
 
 
 def publish(messages: Iterable[Message]) -> None:
@@ -189,15 +191,31 @@ def _send_deliveries(delivery_ids: list[int], countdown: float | None) -> None:
                              DELIVER_WEBHOOK, delivery_id)
 
 
+#: The tasks :func:`send_later` is running here under ``task_always_eager`` (this context).
+_eager_later: ContextVar[frozenset[str]] = ContextVar("queuety_eager_later", default=frozenset())
+
+
 def send_later(name: str, kwargs: dict[str, Any], countdown: float) -> None:
     """Send task ``name`` with ``kwargs`` in ``countdown`` seconds, on ``QUEUETY["QUEUE"]``
-    (a schedule's buffered fire looking again). A broker error is logged, not raised."""
+    (a schedule's buffered fire looking again). A broker error is logged, not raised.
+
+    Under ``task_always_eager`` the task runs here at once (Celery runs an eager task without
+    its countdown), and a ``send_later`` of the same task from inside that run is dropped.
+    """
+    running = _eager_later.get()
+    if name in running and current_app.conf.task_always_eager:
+        # Eager mode has no later: a buffered fire looking again behind a run that is still
+        # live would see the same run and send itself again until the stack ran out.
+        logger.info("Task %s(%r) was not sent again from its own eager run.", name, kwargs)
+        return
     options: dict[str, Any] = {"queue": settings.QUEUE} if settings.QUEUE else {}
+    entered = _eager_later.set(running | {name})
     try:
-        current_app.send_task(name, kwargs=kwargs, ignore_result=True, countdown=countdown,
-                              **options)
+        _send(name, (), {**options, "countdown": countdown}, kwargs)
     except Exception:  # noqa: BLE001 - the caller's next periodic run is the backstop
         logger.exception("Could not publish %s(%r).", name, kwargs)
+    finally:
+        _eager_later.reset(entered)
 
 
 @contextmanager

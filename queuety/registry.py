@@ -148,6 +148,7 @@ def start_run(name: str, payload: Any = None, *, idempotency_key: str | None = N
     A key fixed on the registered builder (``.idempotency_key()``) is not used: a template
     started many times takes its key from each start.
     """
+    # Imported here: the facade imports this module, and ``dispatch`` imports Django.
     from queuety import dispatch
 
     entry = get(name)

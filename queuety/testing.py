@@ -36,7 +36,7 @@ from typing import Any
 from django.db.models import Q
 from django.utils import timezone
 
-from queuety import inbox, publish, queries, registry
+from queuety import dispatch, inbox, publish, queries, registry
 from queuety import timeline as timelines
 from queuety.core.builder import WorkflowBuilder
 from queuety.core.status import RunStatus, StepStatus, WorkflowStatus
@@ -169,8 +169,6 @@ def run_workflow(workflow: str | WorkflowBuilder, payload: dict[str, Any] | None
     """
     with _in_process():
         if isinstance(workflow, WorkflowBuilder):
-            from queuety import dispatch
-
             run_id = dispatch.dispatch(workflow.build(), payload,
                                        idempotency_key=idempotency_key)
         else:
@@ -222,8 +220,6 @@ def drive(run_id: int, *, max_steps: int = MAX_STEPS) -> int:
 
 def _family(run_id: int) -> list[int]:
     """Run ``run_id`` and every run it started, directly or through its children."""
-    from queuety.models import WorkflowRun
-
     family, frontier = [run_id], [run_id]
     while frontier:
         frontier = list(WorkflowRun.objects.filter(
@@ -236,8 +232,6 @@ def _family(run_id: int) -> list[int]:
 def _wake_waiting_runs(family: list[int], woken: list[int]) -> bool:
     """Move on the runs of ``family`` that wait for runs which have all finished; return
     whether any moved."""
-    from queuety.models import WorkflowRun
-
     moved = False
     for waiting in (WorkflowRun.objects.filter(pk__in=family,
                                                status=RunStatus.WAITING_FOR_WORKFLOWS)

@@ -25,7 +25,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from queuety import __version__, approvals, exceptions, inbox, queries, replyforms
+from queuety import approvals, exceptions, inbox, queries, replyforms
 from queuety.api import exceptions as api_errors
 from queuety.api import serializers
 from queuety.conf import settings
@@ -33,6 +33,7 @@ from queuety.core.waits import WaitSpec
 from queuety.masking import mask
 from queuety.models import ApiReply, RunStatus, WorkflowRun
 from queuety.store.definitions import load_spec
+from queuety.version import __version__
 
 logger = logging.getLogger("queuety")
 

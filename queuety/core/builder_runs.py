@@ -8,15 +8,12 @@ steps; these methods only declare them.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Self
 
 from queuety import exceptions
-from queuety.core.definition import StepSpec
+from queuety.core.definition import StepSpec, WorkflowSpec
 from queuety.core.dependencies import StartSpec, WaitWorkflowsSpec
 from queuety.core.retry import RetryPolicy
-
-if TYPE_CHECKING:  # for annotations only: builder.py imports this module, not the reverse
-    from queuety.core.builder import WorkflowBuilder
 
 
 class RunSteps:
@@ -28,11 +25,14 @@ class RunSteps:
     _steps: tuple[StepSpec, ...]
 
     if TYPE_CHECKING:
-        def _append(self, step: StepSpec) -> WorkflowBuilder:
+        def _append(self, step: StepSpec) -> Self:
             ...
 
-    def run_workflow(self, name: str, child: WorkflowBuilder, *,
-                     retry: RetryPolicy | None = None) -> WorkflowBuilder:
+        def build(self) -> WorkflowSpec:
+            ...
+
+    def run_workflow(self, name: str, child: Self, *,
+                     retry: RetryPolicy | None = None) -> Self:
         """Run ``child`` (a builder) as a child workflow named ``name``, started with this run's
         state; when it completes, its state's keys are merged here and this run goes on. Its
         failure or cancellation fails this run; cancelling this run cancels it.
@@ -60,10 +60,10 @@ class RunSteps:
                         retry=retry)
         return self._append(step)
 
-    def start_workflows(self, items_key: str, child: WorkflowBuilder,
+    def start_workflows(self, items_key: str, child: Self,
                         result_key: str = "started_workflow_ids", payload_key: str = "item",
                         inherit_state: bool = True, name: str | None = None,
-                        group_key: str | None = None) -> WorkflowBuilder:
+                        group_key: str | None = None) -> Self:
         """Start one run of ``child`` per item of ``state[items_key]`` and go on at once.
 
         The runs are created in the same transaction as this step's transition, so a crash or a
@@ -83,23 +83,23 @@ class RunSteps:
                         cost_units=0, child=child.build().to_dict(), start=start)
         return self._append(step)
 
-    def start_agents(self, items_key: str, child: WorkflowBuilder,
+    def start_agents(self, items_key: str, child: Self,
                      result_key: str = "agent_workflow_ids", payload_key: str = "agent_task",
                      inherit_state: bool = True, name: str | None = None,
-                     group_key: str | None = None) -> WorkflowBuilder:
+                     group_key: str | None = None) -> Self:
         """:meth:`start_workflows` with agent-flavoured defaults (step name ``start_agents``)."""
         return self.start_workflows(items_key, child, result_key, payload_key, inherit_state,
                                     name or "start_agents", group_key)
 
     def _wait_workflows(self, default_name: str, name: str | None,
-                        **options: Any) -> WorkflowBuilder:
+                        **options: Any) -> Self:
         step = StepSpec(name=name or default_name, kind="wait_workflows", cost_units=0,
                         workflows=WaitWorkflowsSpec(**options))
         return self._append(step)
 
     def wait_for_workflows(self, workflows: list[int] | str, mode: str = "all",
                            result_key: str | None = None, name: str | None = None,
-                           quorum: int | None = None) -> WorkflowBuilder:
+                           quorum: int | None = None) -> Self:
         """Park the run until other runs finish: ``all`` completed, ``any`` one, or a
         ``quorum`` of ``n``.
 
@@ -125,7 +125,7 @@ class RunSteps:
                                     quorum=quorum, result_key=result_key, **source)
 
     def wait_for_workflow(self, workflow: int | str, result_key: str | None = None,
-                          name: str | None = None) -> WorkflowBuilder:
+                          name: str | None = None) -> Self:
         """Park the run until the run ``workflow`` (an id, or a state key holding one)
         completes; see :meth:`wait_for_workflows`."""
         workflows = workflow if isinstance(workflow, str) else [workflow]
@@ -134,7 +134,7 @@ class RunSteps:
 
     def wait_for_workflow_group(self, group_key: str, mode: str = "all",
                                 quorum: int | None = None, result_key: str | None = None,
-                                name: str | None = None) -> WorkflowBuilder:
+                                name: str | None = None) -> Self:
         """Park the run until the runs it started with ``start_workflows(group_key=...)``
         finish, by ``mode``; see :meth:`wait_for_workflows`."""
         return self._wait_workflows(f"wait_for_workflow_group_{len(self._steps)}", name,
@@ -143,14 +143,14 @@ class RunSteps:
 
     def wait_for_agents(self, workflows: list[int] | str = "agent_workflow_ids",
                         mode: str = "all", result_key: str | None = "agent_results",
-                        name: str | None = None, quorum: int | None = None) -> WorkflowBuilder:
+                        name: str | None = None, quorum: int | None = None) -> Self:
         """:meth:`wait_for_workflows` with the defaults of :meth:`start_agents`."""
         return self.wait_for_workflows(workflows, mode, result_key, name or "wait_for_agents",
                                        quorum)
 
     def wait_for_agent_group(self, group_key: str = "agents", mode: str = "all",
                              quorum: int | None = None, result_key: str | None = "agent_results",
-                             name: str | None = None) -> WorkflowBuilder:
+                             name: str | None = None) -> Self:
         """:meth:`wait_for_workflow_group` with agent-flavoured defaults."""
         return self.wait_for_workflow_group(group_key, mode, quorum, result_key,
                                             name or "wait_for_agent_group")

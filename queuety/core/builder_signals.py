@@ -7,14 +7,11 @@ the steps; these methods only declare them (``core/waits.py`` settles them).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Self
 
 from queuety import exceptions
 from queuety.core import waits
 from queuety.core.definition import StepSpec
-
-if TYPE_CHECKING:  # for annotations only: builder.py imports this module, not the reverse
-    from queuety.core.builder import WorkflowBuilder
 
 
 class SignalSteps:
@@ -26,10 +23,10 @@ class SignalSteps:
     _steps: tuple[StepSpec, ...]
 
     if TYPE_CHECKING:
-        def _append(self, step: StepSpec) -> WorkflowBuilder:
+        def _append(self, step: StepSpec) -> Self:
             ...
 
-    def _wait(self, default_name: str, name: str | None, **options: Any) -> WorkflowBuilder:
+    def _wait(self, default_name: str, name: str | None, **options: Any) -> Self:
         step_name = name if name is not None else default_name
         if not isinstance(step_name, str) or not step_name.strip():
             raise exceptions.WorkflowDefinitionError(
@@ -50,7 +47,7 @@ class SignalSteps:
                         match_payload: dict[str, Any] | None = None,
                         correlation_key: str | None = None,
                         name: str | None = None, timeout: waits.Timeout = None,
-                        on_timeout: str | None = None) -> WorkflowBuilder:
+                        on_timeout: str | None = None) -> Self:
         """Park the run until the signal ``signal`` arrives (or was already sent).
 
         Args:
@@ -73,7 +70,7 @@ class SignalSteps:
                          match_payload: dict[str, Any] | None = None,
                          correlation_key: str | None = None,
                          name: str | None = None, timeout: waits.Timeout = None,
-                         on_timeout: str | None = None) -> WorkflowBuilder:
+                         on_timeout: str | None = None) -> Self:
         """Park the run until ``all`` (or ``any``) of ``signals`` arrived."""
         return self._wait(f"wait_for_signals_{len(self._steps)}", name, signals=list(signals),
                           mode=mode, result_key=result_key, match_payload=match_payload,
@@ -83,7 +80,7 @@ class SignalSteps:
     def wait_for_approval(self, signal: str = waits.DEFAULT_APPROVE_SIGNAL,
                           result_key: str | None = "approval", *,
                           name: str | None = None, timeout: waits.Timeout = None,
-                          on_timeout: str | None = None) -> WorkflowBuilder:
+                          on_timeout: str | None = None) -> Self:
         """Park the run until a person approves it (``queuety.approve()`` or the API)."""
         return self._wait("wait_for_approval", name, signals=[signal], result_key=result_key,
                           human=waits.APPROVAL, timeout=timeout, on_timeout=on_timeout)
@@ -92,7 +89,7 @@ class SignalSteps:
                           reject_signal: str = waits.DEFAULT_REJECT_SIGNAL,
                           result_key: str | None = "decision", *,
                           name: str | None = None, timeout: waits.Timeout = None,
-                          on_timeout: str | None = None) -> WorkflowBuilder:
+                          on_timeout: str | None = None) -> Self:
         """Park the run until a person approves or rejects it.
 
         Merges ``{result_key: {"outcome": "approved"|"rejected", "signal": ..., "data": ...}}``.
@@ -107,7 +104,7 @@ class SignalSteps:
                        signal: str = waits.DEFAULT_INPUT_SIGNAL,
                        result_key: str | None = "input", *,
                        name: str | None = None, timeout: waits.Timeout = None,
-                       on_timeout: str | None = None) -> WorkflowBuilder:
+                       on_timeout: str | None = None) -> Self:
         """Park the run until a person submits input (``queuety.submit_input()``).
 
         Args:

@@ -119,7 +119,7 @@ def advance(
                 name=jump,
             ) from None
     else:
-        next_index = step_index + 1 if step_index + 1 < len(spec.steps) else None
+        next_index = spec.next_index(step_index)
     return Advance({**state, **merged}, merged, next_index, jumped=jump is not None, raw=raw)
 
 

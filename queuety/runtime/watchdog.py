@@ -23,6 +23,7 @@ from django.utils import timezone
 
 from queuety import exceptions
 from queuety.conf import settings
+from queuety.core import engine
 from queuety.core.progress import check_progress
 from queuety.models import StepRun, StepStatus
 from queuety.runtime.claim import Claim, worker_id
@@ -186,10 +187,8 @@ class Deadline:
         if self.interruption is None or error is self.interruption:
             return error
         if self.interruption.late is None:
-            cls = type(error)
-            self.interruption.late = {"error": {
-                "type": f"{cls.__module__}.{cls.__qualname__}".removeprefix("builtins."),
-                "message": str(error)}}
+            self.interruption.late = {
+                "error": engine.describe_error(error, with_traceback=False)}
         return self.interruption
 
 

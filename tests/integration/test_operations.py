@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import time
+from contextlib import contextmanager
 from datetime import timedelta
 from io import StringIO
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from django.core.management import CommandError, call_command
@@ -15,6 +17,7 @@ from django.test import override_settings
 from django.utils import timezone
 
 import queuety
+from queuety import publish, signals
 from queuety.models import DispatchKey, Event, StepRun, WorkflowRun
 from queuety.runtime import sweeper
 from tests import workflows
@@ -221,6 +224,57 @@ def test_fork__a_waiting_run_gives_an_independent_waiting_run(worker, token):
     queuety.approve(copy, {"by": "fork"})
     assert wait_for(copy, worker=worker).status == "completed"
     assert queuety.workflow_status(source).status == "waiting_for_signal"
+
+
+@contextmanager
+def completions():
+    """Collect the ``run_completed`` signals sent in this process, and the runs woken, in the
+    block."""
+    seen = SimpleNamespace(completed=[], woken=[])
+    completed = signals.EVENTS["run_completed"].signal
+    completed.connect(lambda sender, signal, run_id, **_: seen.completed.append(run_id),
+                      weak=False, dispatch_uid="test-operations-completions")
+    try:
+        with publish.wake_ups_redirected(seen.woken.extend):
+            yield seen
+    finally:
+        completed.disconnect(dispatch_uid="test-operations-completions")
+
+
+def test_rewind__to_the_last_step_completes_the_run_waking_its_waiters(worker, token):
+    run_id = (queuety.workflow("rewound_to_end").then(workflows.step_a).wait_for_signal("go")
+              .then(workflows.step_b).dispatch({"token": token}))
+    wait_for(run_id, ("waiting_for_signal",), worker=worker)
+    queuety.signal(run_id, "go", {})
+    assert wait_for(run_id, worker=worker).status == "completed"
+    queuety.rewind(run_id, "step_a")  # back at the wait, whose signal was consumed
+    assert queuety.workflow_status(run_id).status == "waiting_for_signal"
+    waiter = queuety.workflow("waits_for_rewound").wait_for_workflow(run_id).dispatch(
+        {"token": token})
+    assert queuety.workflow_status(waiter).status == "waiting_for_workflows"
+
+    with completions() as seen:
+        queuety.rewind(run_id, "step_b")  # just after the last step: nothing left to run
+
+    # Completed as a step's outcome completes a run, not by a bare status write.
+    assert queuety.workflow_status(run_id).status == "completed"
+    assert kinds(run_id)[-2:] == ["workflow_rewound", "workflow_completed"]
+    assert seen.completed == [run_id] and seen.woken == [waiter]
+    assert wait_for(waiter, worker=worker).status == "completed"
+
+
+def test_fork__a_completed_run_gives_a_completed_copy_with_its_completion(worker, token):
+    source = (queuety.workflow("forked_done").then(workflows.step_a)
+              .dispatch({"token": token}))
+    assert wait_for(source, worker=worker).status == "completed"
+
+    with completions() as seen:
+        copy = queuety.fork(source)
+
+    assert queuety.workflow_status(copy).status == "completed"
+    assert queuety.workflow_status(copy).state == queuety.workflow_status(source).state
+    assert kinds(copy) == ["workflow_forked", "workflow_completed"]
+    assert seen.completed == [copy]
 
 
 # -- deadlines --------------------------------------------------------------------------------
