@@ -137,10 +137,11 @@ def _continue(run: WorkflowRun, spec: WorkflowSpec, now: datetime, paused: bool 
 
     With ``paused`` it only gets ready: its next row is created unpublished, for ``resume()``.
     """
+    mode = landing.Mode.HOLD if paused else landing.Mode.MOVE
     if run.current_step >= len(spec.steps):
         # Rewound to its last step, or forked from a completed run: landing past the last step
         # completes it as a step's outcome does (its event, its waiters, ``run_completed``).
-        return land(spec, run.pk, None, run.state, rows.usage_of(run), now, [], paused=paused)
+        return land(spec, rows.run_view(run, now), None, [], mode)
     step = spec.steps[run.current_step]
     live = list(StepRun.objects.filter(run_id=run.pk, kind="step",
                                        status__in=LIVE_OR_HELD)
@@ -159,8 +160,7 @@ def _continue(run: WorkflowRun, spec: WorkflowSpec, now: datetime, paused: bool 
         if step.fanout is not None:  # slots freed while paused go to held rows now
             release_held(spec, run.pk, live[0][2], run.current_step, now)
         return RunStatus.RUNNING
-    return land(spec, rows.run_view(run, now), run.current_step, [],
-                landing.Mode.HOLD if paused else landing.Mode.MOVE)
+    return land(spec, rows.run_view(run, now), run.current_step, [], mode)
 
 
 def retry(run_id: int, *, actor: str = "") -> None:
