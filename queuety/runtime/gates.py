@@ -27,7 +27,7 @@ from queuety.core import resources
 from queuety.core.definition import WorkflowSpec
 from queuety.runtime import admission
 from queuety.runtime.claim import Claim
-from queuety.store import groups
+from queuety.store import groups, locks
 
 logger = logging.getLogger("queuety")
 
@@ -106,7 +106,7 @@ def publish_landed(spec: WorkflowSpec, step_run_id: int, index: int, run_id: int
     priority = resources.PRIORITIES[spec.priority_of(index) or resources.NORMAL]
     now = timezone.now()
     with transaction.atomic():
-        if not groups.lock(limits.group, _budget_queue(limits)):
+        if not groups.lock(limits.group, _budget_queue(limits), _lock_mode()):
             publish.publish_on_commit([publish.message_for(spec, step_run_id, index)])
             return False
         load = groups.load(limits, now, excluding=step_run_id)
@@ -142,7 +142,7 @@ def enter(held: Claim, spec: WorkflowSpec) -> Passage:
     if groups.admit_woken(held.step_run_id, held.attempt, limits, priority, now):
         return Passage(True, limits)
     with transaction.atomic():
-        if not groups.lock(limits.group, _budget_queue(limits)):
+        if not groups.lock(limits.group, _budget_queue(limits), _lock_mode()):
             raise exceptions.QueuetyError(
                 f"The gate of step run id={held.step_run_id} (run {held.run_id}) was reached "
                 "inside a transaction that holds another group's lock, and this group's was "
@@ -158,6 +158,13 @@ def enter(held: Claim, spec: WorkflowSpec) -> Passage:
             return Passage(False)
         _throttled(spec, held.step_index, held.run_id, held.step_run_id, limits, record, now)
     return Passage(False)
+
+
+def _lock_mode() -> locks.Mode:
+    """How a gate takes its group's and queue's locks: it waits for them, unless this
+    transaction already holds a resource lock (it lands several runs' steps); then it only
+    tries (``queuety.store.locks``)."""
+    return locks.TRY if locks.holding() else locks.WAIT
 
 
 def _budget_queue(limits: resources.Limits) -> str | None:

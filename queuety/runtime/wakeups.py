@@ -24,7 +24,7 @@ from queuety import exceptions, publish
 from queuety.conf import settings
 from queuety.core import resources
 from queuety.runtime.gates import limits_from_record, set_rate_timer
-from queuety.store import groups
+from queuety.store import groups, locks
 from queuety.store.definitions import load_spec
 
 #: How soon a queue's waker looks again for a group whose lock was busy (at most once per
@@ -274,9 +274,11 @@ def _retry_later(busy: list[str], retry: int) -> None:
 
 
 def _lock_or_raise(group: str | None, queue: str | None) -> None:
-    """Take a group's or a queue's lock for a waker, which runs in a transaction of its own
-    (so it may wait: ``queuety.store.locks``)."""
-    if not groups.lock(group, queue):
+    """Take a group's or a queue's lock for a waker, which runs in a transaction of its own,
+    so it waits; inside one that already holds a resource lock it only tries
+    (``queuety.store.locks``), and raises when the lock is busy."""
+    mode = locks.TRY if locks.holding() else locks.WAIT
+    if not groups.lock(group, queue, mode):
         raise exceptions.QueuetyError(
             f"The wake-up of {'group ' + repr(group) if group else 'queue ' + repr(queue)} ran "
             "inside a transaction that holds another group's lock, and this one was busy; "

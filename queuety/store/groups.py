@@ -23,16 +23,17 @@ from queuety.models import GroupStart, ResourceGroup, StepRun
 from queuety.store import locks, sql
 
 
-def lock(group: str | None, queue: str | None) -> bool:
+def lock(group: str | None, queue: str | None, mode: locks.Mode) -> bool:
     """Serialise, until this transaction ends, every admission of ``group`` and of ``queue``:
-    their advisory locks (``queuety.store.locks``), the queue's before the group's. False
-    when this transaction already held a resource lock and one of these is busy (it must not
-    wait: see ``queuety.store.locks``); the caller then decides without them. SQLite
-    serialises writers itself (the demo's single machine).
+    their advisory locks (``queuety.store.locks``), the queue's before the group's, waiting
+    for them or only trying (``mode``: ``locks.TRY`` when this transaction already holds a
+    resource lock, see ``queuety.store.locks``). False when it only tried and one of them is
+    busy; the caller then decides without them. SQLite serialises writers itself (the demo's
+    single machine).
     """
     wanted = ([(locks.QUEUE, queue)] if queue is not None else []) + (
         [(locks.GROUP, group)] if group is not None else [])
-    return locks.acquire(wanted)
+    return locks.acquire(wanted, mode)
 
 
 def try_lock_groups(names: list[str]) -> set[str]:
