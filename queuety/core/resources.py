@@ -12,7 +12,8 @@ from __future__ import annotations
 import fnmatch
 import string
 from dataclasses import dataclass
-from typing import Any
+from datetime import datetime
+from typing import Any, Final, Literal
 
 from queuety import exceptions
 
@@ -342,6 +343,84 @@ def describe_throttle(limits: Limits, reason: str, load: Load) -> dict[str, Any]
         record.update(queue=limits.queue, budget=limits.queue_cost, running_cost=load.queue_cost,
                       cost=limits.cost)
     return record
+
+
+def limits_record(limits: Limits) -> dict[str, Any]:
+    """The limits a throttled step was decided under, as its ``throttled_by["limits"]``
+    keeps them for its wake-up (:func:`recorded_limits` reads them back)."""
+    return {"concurrency": limits.concurrency,
+            "rate": None if limits.rate is None else list(limits.rate),
+            "group_cost": limits.group_cost, "queue": limits.queue,
+            "queue_cost": limits.queue_cost, "cost": limits.cost}
+
+
+def recorded_limits(group: str, record: dict[str, Any] | None,
+                    tables: dict[str, dict[str, Any]]) -> Limits:
+    """The limits a throttled row of ``group`` was decided under (its ``throttled_by``), with
+    the site's tables applied again (they may have changed since)."""
+    saved = (record or {}).get("limits") or {}
+    rate = saved.get("rate")
+    return limits_for(group=group, step_limit=saved.get("concurrency"),
+                      step_rate=None if rate is None else (int(rate[0]), float(rate[1])),
+                      cost=int(saved.get("cost") or 1), queue=saved.get("queue"), tables=tables)
+
+
+def throttled_by(limits: Limits, reason: str, load: Load, now: datetime) -> dict[str, Any]:
+    """The ``throttled_by`` of a step not started for ``reason``: what status shows
+    (:func:`describe_throttle`), since when, and the limits it was decided under (for its
+    wake-up)."""
+    return {**describe_throttle(limits, reason, load), "since": now.isoformat(),
+            "limits": limits_record(limits)}
+
+
+@dataclass(frozen=True, slots=True)
+class RateTimer:
+    """A wake-up of ``group`` to send for the moment its rate window lets one more start."""
+
+    group: str
+    period: float
+    """The rate limit's period (the runtime finds the moment from the group's oldest start)."""
+
+
+#: What a gate does with a step row (:func:`decide_admission`): it fits and starts, holding a
+#: slot (START); it waits throttled (HOLD); or its lock was busy and nothing was counted,
+#: and the caller said what that means: at landing, publish it for its gate to decide when it
+#: is claimed (PUBLISH); at the claim, an error, since a claim has a transaction of its own
+#: (REFUSE).
+START: Final = "start"
+HOLD: Final = "hold"
+PUBLISH: Final = "publish"
+REFUSE: Final = "refuse"
+IfBusy = Literal["publish", "refuse"]
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """What a gate decided for one step row (:func:`decide_admission`)."""
+
+    action: Literal["start", "hold", "publish", "refuse"]
+    record: dict[str, Any] | None = None
+    """HOLD: the row's ``throttled_by`` (:func:`throttled_by`)."""
+    timer: RateTimer | None = None
+    """HOLD because of the group's rate limit: its timer, for when one more start fits."""
+
+
+def decide_admission(limits: Limits, load: Load | None, *, now: datetime,
+                     if_busy: IfBusy) -> Admission:
+    """Whether one more step under ``limits`` starts now, given what its group and queue hold
+    (``load``, counted under their locks): the one decision of a row just landed and of a
+    claimed one (``queuety.runtime.gates``). ``load`` None: a lock was busy (the caller's
+    transaction already held another, so it only tried) and nothing was counted; the answer
+    is then ``if_busy``."""
+    if load is None:
+        return Admission(if_busy)
+    reason = verdict(limits, load)
+    if reason is None:
+        return Admission(START)
+    timer = None
+    if reason == RATE and limits.group is not None and limits.rate is not None:
+        timer = RateTimer(limits.group, limits.rate[1])
+    return Admission(HOLD, throttled_by(limits, reason, load, now), timer)
 
 
 def memory_verdict(*, rss_mb: float | None, max_rss_mb: float | None,

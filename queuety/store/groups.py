@@ -146,12 +146,12 @@ def reserve(step_run_id: int, limits: resources.Limits, priority: int, now: date
 
 
 def park(step_run_id: int, limits: resources.Limits, priority: int,
-         record: dict[str, Any]) -> None:
+         record: dict[str, Any]) -> bool:
     """Make a just-landed pending row throttled, with no message (its group or queue budget
-    is full): a release wakes and publishes it."""
-    StepRun.objects.filter(pk=step_run_id, status=StepStatus.PENDING).update(
+    is full): a release wakes and publishes it. False when the row is no longer pending."""
+    return bool(StepRun.objects.filter(pk=step_run_id, status=StepStatus.PENDING).update(
         status=StepStatus.THROTTLED, published_at=None, woken=False, throttled_by=record,
-        **_gate_fields(limits, priority))
+        **_gate_fields(limits, priority)))
 
 
 def admit_woken(step_run_id: int, attempt: int, limits: resources.Limits, priority: int,
