@@ -6,9 +6,13 @@ passes without a query (:func:`enter` returns :data:`OPEN` from what is in memor
 claimed step is decided under its group's lock (``queuety.store.groups.lock``): its group's
 load is counted from live step rows, and the step either starts, holding a slot, or is handed
 back *throttled*: its attempt is not counted, its row holds no worker and no message, and
-``throttled_by`` says why. When an admitted attempt ends, ``queuety.runtime.wakeups.release``
-wakes the best throttled steps into the slots it left; a rate-limited group gets one timer
-(:func:`set_rate_timer`) for the moment its window reopens.
+``throttled_by`` says why. A step row just landed (:func:`publish_landed`) is decided the same
+way, before its message exists. Both take one decision, ``core.resources.decide_admission``,
+from the load :func:`_decide` counts under the locks; what a busy lock means is its explicit
+``if_busy`` (at landing, publish the row for its gate to decide; at the claim, an error).
+When an admitted attempt ends, ``queuety.runtime.wakeups.release`` wakes the best throttled
+steps into the slots it left; a rate-limited group gets one timer (:func:`set_rate_timer`)
+for the moment its window reopens.
 """
 
 from __future__ import annotations
