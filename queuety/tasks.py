@@ -186,4 +186,4 @@ def wake_group(group: str, wait: bool = True, retry: int = 0) -> int:
     """Start concurrency group ``group``'s throttled steps into its free slots, those in a
     queue's line through that line (sent when a rate limit's window reopens, or, without
     ``wait``, when a queue's waker found the group busy; the sweeper is the backstop)."""
-    return wakeups.wake_group(group, wait=wait, retry=retry) or 0
+    return wakeups.wake_group(group, busy_retry=not wait, retry=retry)

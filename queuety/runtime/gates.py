@@ -6,14 +6,19 @@ passes without a query (:func:`enter` returns :data:`OPEN` from what is in memor
 claimed step is decided under its group's lock (``queuety.store.groups.lock``): its group's
 load is counted from live step rows, and the step either starts, holding a slot, or is handed
 back *throttled*: its attempt is not counted, its row holds no worker and no message, and
-``throttled_by`` says why. When an admitted attempt ends, ``queuety.runtime.wakeups.release``
-wakes the best throttled steps into the slots it left; a rate-limited group gets one timer
-(:func:`set_rate_timer`) for the moment its window reopens.
+``throttled_by`` says why. A step row just landed (:func:`publish_landed`) is decided the same
+way, before its message exists. Both take one decision, ``core.resources.decide_admission``,
+from the load :func:`_decide` counts under the locks; what a busy lock means is its explicit
+``if_busy`` (at landing, publish the row for its gate to decide; at the claim, an error).
+When an admitted attempt ends, ``queuety.runtime.wakeups.release`` wakes the best throttled
+steps into the slots it left; a rate-limited group gets one timer (:func:`set_rate_timer`)
+for the moment its window reopens.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -27,7 +32,7 @@ from queuety.core import resources
 from queuety.core.definition import WorkflowSpec
 from queuety.runtime import admission
 from queuety.runtime.claim import Claim
-from queuety.store import groups
+from queuety.store import groups, locks
 
 logger = logging.getLogger("queuety")
 
@@ -93,32 +98,24 @@ def publish_landed(spec: WorkflowSpec, step_run_id: int, index: int, run_id: int
 
     A step in no group and under no queue budget is published with no query. So is one whose
     group or queue is busy while this transaction already holds another's lock (it lands
-    several runs' steps): it must not wait (``queuety.store.locks``), and its gate decides it
-    when a worker claims it.
+    several runs' steps): it only tries the lock (``queuety.store.locks``), and its gate
+    decides it when a worker claims it.
     """
     try:
         limits = limits_at(spec, index, state, run_id)
     except exceptions.WorkflowDefinitionError:
         limits = None  # the gate fails the attempt with the error, as for any claim
-    if limits is None:
-        publish.publish_on_commit([publish.message_for(spec, step_run_id, index)])
-        return False
-    priority = resources.PRIORITIES[spec.priority_of(index) or resources.NORMAL]
-    now = timezone.now()
-    with transaction.atomic():
-        if not groups.lock(limits.group, _budget_queue(limits)):
-            publish.publish_on_commit([publish.message_for(spec, step_run_id, index)])
-            return False
-        load = groups.load(limits, now, excluding=step_run_id)
-        why = resources.verdict(limits, load)
-        if why is None:
-            groups.reserve(step_run_id, limits, priority, now)
-            publish.publish_on_commit([publish.message_for(spec, step_run_id, index)])
-            return False
-        record = _throttle_record(limits, why, load, now)
-        groups.park(step_run_id, limits, priority, record)
-        _throttled(spec, index, run_id, step_run_id, limits, record, now)
-    return True
+    if limits is not None:
+        row = _Row(spec, index, run_id, step_run_id, limits)
+        decided = _decide(row, if_busy=resources.PUBLISH,
+                          start=lambda now: groups.reserve(step_run_id, limits, row.priority,
+                                                           now),
+                          hold=lambda record: groups.park(step_run_id, limits, row.priority,
+                                                          record))
+        if decided.action == resources.HOLD:
+            return True
+    publish.publish_on_commit([publish.message_for(spec, step_run_id, index)])
+    return False
 
 
 def enter(held: Claim, spec: WorkflowSpec) -> Passage:
@@ -127,37 +124,70 @@ def enter(held: Claim, spec: WorkflowSpec) -> Passage:
     Raises:
         WorkflowDefinitionError: the step's group names a state key the run lacks (the
             attempt then fails as any definition error does).
+        QueuetyError: its group's or queue's lock is busy while this transaction already
+            holds another resource lock (a step is claimed in a transaction of its own).
     """
-    if settings.ADMISSION:
-        problem = admission.headroom_problem()
-        if problem is not None:
-            _defer(held, spec, problem)
-            return Passage(False)
+    if settings.ADMISSION and _deferred(held, spec):
+        return Passage(False)
     limits = limits_of(spec, held)
     if limits is None:
         return OPEN
-    priority = resources.PRIORITIES[spec.priority_of(held.step_index) or resources.NORMAL]
-    now = timezone.now()
+    row = _Row(spec, held.step_index, held.run_id, held.step_run_id, limits)
     # A woken step's slot (and its share of a queue's budget) is already reserved.
-    if groups.admit_woken(held.step_run_id, held.attempt, limits, priority, now):
+    if groups.admit_woken(held.step_run_id, held.attempt, limits, row.priority, timezone.now()):
         return Passage(True, limits)
+    decided = _decide(row, if_busy=resources.REFUSE,
+                      start=lambda now: groups.admit(held.step_run_id, held.attempt, limits,
+                                                     row.priority, now),
+                      hold=lambda record: groups.throttle(held.step_run_id, held.attempt,
+                                                          held.claimed_by, limits,
+                                                          row.priority, record))
+    return Passage(True, limits) if decided.action == resources.START else Passage(False)
+
+
+@dataclass(frozen=True, slots=True)
+class _Row:
+    """A step row at its gate: at landing (:func:`publish_landed`) or claimed (:func:`enter`)."""
+
+    spec: WorkflowSpec
+    index: int
+    run_id: int
+    step_run_id: int
+    limits: resources.Limits
+
+    @property
+    def priority(self) -> int:
+        return resources.PRIORITIES[self.spec.priority_of(self.index) or resources.NORMAL]
+
+
+def _decide(row: _Row, *, if_busy: resources.IfBusy, start: Callable[[datetime], object],
+            hold: Callable[[dict[str, Any]], bool]) -> resources.Admission:
+    """Decide ``row`` under its group's and queue's locks (``core.resources.
+    decide_admission``), and write the answer in the same transaction: ``start(now)`` when it
+    fits (from then on it holds its slot), ``hold(record)`` when it waits throttled (False:
+    the row was no longer there to hold back), nothing when a lock was busy and ``if_busy``
+    is PUBLISH.
+
+    Raises:
+        QueuetyError: a lock was busy and ``if_busy`` is REFUSE.
+    """
+    now = timezone.now()
     with transaction.atomic():
-        if not groups.lock(limits.group, _budget_queue(limits)):
+        # Only its transaction's first resource locks are waited for (queuety.store.locks).
+        mode = locks.TRY if locks.holding() else locks.WAIT
+        locked = groups.lock(row.limits.group, _budget_queue(row.limits), mode)
+        load = groups.load(row.limits, now, excluding=row.step_run_id) if locked else None
+        decided = resources.decide_admission(row.limits, load, now=now, if_busy=if_busy)
+        if decided.action == resources.REFUSE:
             raise exceptions.QueuetyError(
-                f"The gate of step run id={held.step_run_id} (run {held.run_id}) was reached "
+                f"The gate of step run id={row.step_run_id} (run {row.run_id}) was reached "
                 "inside a transaction that holds another group's lock, and this group's was "
                 "busy; a step is claimed in a transaction of its own.")
-        load = groups.load(limits, now, excluding=held.step_run_id)
-        why = resources.verdict(limits, load)
-        if why is None:
-            groups.admit(held.step_run_id, held.attempt, limits, priority, now)
-            return Passage(True, limits)
-        record = _throttle_record(limits, why, load, now)
-        if not groups.throttle(held.step_run_id, held.attempt, held.claimed_by, limits,
-                               priority, record):
-            return Passage(False)
-        _throttled(spec, held.step_index, held.run_id, held.step_run_id, limits, record, now)
-    return Passage(False)
+        if decided.action == resources.START:
+            start(now)
+        elif decided.record is not None and hold(decided.record):
+            _throttled(row, decided, now)
+    return decided
 
 
 def _budget_queue(limits: resources.Limits) -> str | None:
@@ -165,29 +195,28 @@ def _budget_queue(limits: resources.Limits) -> str | None:
     return limits.queue if limits.queue_cost is not None else None
 
 
-def _throttle_record(limits: resources.Limits, why: str, load: resources.Load,
-                     now: datetime) -> dict[str, Any]:
-    """The ``throttled_by`` of a step not started for ``why``: what status shows, and the
-    limits it was decided under (for its wake-up)."""
-    return {**resources.describe_throttle(limits, why, load), "since": now.isoformat(),
-            "limits": _limits_record(limits)}
-
-
-def _throttled(spec: WorkflowSpec, index: int, run_id: int, step_run_id: int,
-               limits: resources.Limits, record: dict[str, Any], now: datetime) -> None:
-    """Step ``index`` of run ``run_id`` now waits throttled (``record``): the one place, for
-    a claimed step (:func:`enter`) and one parked at landing (:func:`publish_landed`). Sets
-    the group's timer when its rate limit is why, and tells: called inside the throttling
-    transaction, ``run_throttled`` reaches its webhook rows in it and its receivers once it
-    commits."""
-    if record["reason"] == resources.RATE and limits.group is not None and \
-            limits.rate is not None:
-        set_rate_timer(limits.group, limits.rate[1], now)
-    step = spec.steps[index].name
-    signals.emit("run_throttled", run_id=run_id, workflow=spec.name, step=step,
+def _throttled(row: _Row, decided: resources.Admission, now: datetime) -> None:
+    """Step ``row`` now waits throttled: the one place, for a claimed step (:func:`enter`) and
+    one parked at landing (:func:`publish_landed`). Sets the group's timer when its rate
+    limit is why, and tells: called inside the throttling transaction, ``run_throttled``
+    reaches its webhook rows in it and its receivers once it commits."""
+    if decided.timer is not None:
+        set_rate_timer(decided.timer.group, decided.timer.period, now)
+    record = decided.record or {}
+    step = row.spec.steps[row.index].name
+    signals.emit("run_throttled", run_id=row.run_id, workflow=row.spec.name, step=step,
                  reason=record.get("reason"))
     logger.info("Step %r of run id=%s (step run id=%s) is throttled by group %r: %s.",
-                step, run_id, step_run_id, record.get("group"), record.get("reason"))
+                step, row.run_id, row.step_run_id, record.get("group"), record.get("reason"))
+
+
+def _deferred(held: Claim, spec: WorkflowSpec) -> bool:
+    """Whether this worker lacks the memory headroom to run the attempt (``ADMISSION``): then
+    it is handed back unstarted for later."""
+    problem = admission.headroom_problem()
+    if problem is not None:
+        _defer(held, spec, problem)
+    return problem is not None
 
 
 def _defer(held: Claim, spec: WorkflowSpec, problem: str) -> None:
@@ -206,22 +235,10 @@ def _defer(held: Claim, spec: WorkflowSpec, problem: str) -> None:
                    spec.steps[held.step_index].name, held.run_id, wait, problem)
 
 
-def _limits_record(limits: resources.Limits) -> dict[str, Any]:
-    return {"concurrency": limits.concurrency,
-            "rate": None if limits.rate is None else list(limits.rate),
-            "group_cost": limits.group_cost, "queue": limits.queue,
-            "queue_cost": limits.queue_cost, "cost": limits.cost}
-
-
 def limits_from_record(group: str, record: dict[str, Any] | None) -> resources.Limits:
     """The limits a throttled row was decided under (its ``throttled_by``), with the site's
     settings applied again (they may have changed since)."""
-    saved = (record or {}).get("limits") or {}
-    rate = saved.get("rate")
-    return resources.limits_for(
-        group=group, step_limit=saved.get("concurrency"),
-        step_rate=None if rate is None else (int(rate[0]), float(rate[1])),
-        cost=int(saved.get("cost") or 1), queue=saved.get("queue"), tables=_tables())
+    return resources.recorded_limits(group, record, _tables())
 
 
 def set_rate_timer(group: str, period: float, now: datetime) -> None:

@@ -23,16 +23,17 @@ from queuety.models import GroupStart, ResourceGroup, StepRun
 from queuety.store import locks, sql
 
 
-def lock(group: str | None, queue: str | None) -> bool:
+def lock(group: str | None, queue: str | None, mode: locks.Mode) -> bool:
     """Serialise, until this transaction ends, every admission of ``group`` and of ``queue``:
-    their advisory locks (``queuety.store.locks``), the queue's before the group's. False
-    when this transaction already held a resource lock and one of these is busy (it must not
-    wait: see ``queuety.store.locks``); the caller then decides without them. SQLite
-    serialises writers itself (the demo's single machine).
+    their advisory locks (``queuety.store.locks``), the queue's before the group's, waiting
+    for them or only trying (``mode``: ``locks.TRY`` when this transaction already holds a
+    resource lock, see ``queuety.store.locks``). False when it only tried and one of them is
+    busy; the caller then decides without them. SQLite serialises writers itself (the demo's
+    single machine).
     """
     wanted = ([(locks.QUEUE, queue)] if queue is not None else []) + (
         [(locks.GROUP, group)] if group is not None else [])
-    return locks.acquire(wanted)
+    return locks.acquire(wanted, mode)
 
 
 def try_lock_groups(names: list[str]) -> set[str]:
@@ -145,12 +146,12 @@ def reserve(step_run_id: int, limits: resources.Limits, priority: int, now: date
 
 
 def park(step_run_id: int, limits: resources.Limits, priority: int,
-         record: dict[str, Any]) -> None:
+         record: dict[str, Any]) -> bool:
     """Make a just-landed pending row throttled, with no message (its group or queue budget
-    is full): a release wakes and publishes it."""
-    StepRun.objects.filter(pk=step_run_id, status=StepStatus.PENDING).update(
+    is full): a release wakes and publishes it. False when the row is no longer pending."""
+    return bool(StepRun.objects.filter(pk=step_run_id, status=StepStatus.PENDING).update(
         status=StepStatus.THROTTLED, published_at=None, woken=False, throttled_by=record,
-        **_gate_fields(limits, priority))
+        **_gate_fields(limits, priority)))
 
 
 def admit_woken(step_run_id: int, attempt: int, limits: resources.Limits, priority: int,

@@ -4,14 +4,17 @@ which order, when a group's steps wait on two queues (queuety.runtime.wakeups)."
 
 from __future__ import annotations
 
+import threading
 import uuid
 
 import pytest
+from django.db import connection, transaction
 
 import queuety
 from queuety import publish
 from queuety.models import StepRun
 from queuety.runtime import gates, wakeups
+from queuety.store import groups, locks
 from queuety.store.definitions import load_spec
 from tests import resource_steps
 from tests.settings import BUDGET_QUEUE
@@ -139,3 +142,47 @@ def test_a_release_whose_line_served_another_group_gives_its_slot_to_the_next_pl
     assert StepRun.objects.get(run_id=in_line).status == "throttled"
     assert StepRun.objects.get(run_id=after).status == "pending"
     assert StepRun.objects.get(run_id=holding).status == "pending"
+
+
+def _hold_group_lock(name: str, release: threading.Event, taken: threading.Event) -> None:
+    """Hold group ``name``'s lock in another connection (a long transaction) until
+    ``release`` is set."""
+    try:
+        with transaction.atomic():
+            groups.lock(name, None, locks.WAIT)
+            taken.set()
+            release.wait(10)
+    finally:
+        connection.close()
+
+
+def test_a_line_that_finds_a_group_busy_retries_it_and_the_retry_wakes_it_once_free(
+        group, monkeypatch):
+    _, budgeted = _flows(group, concurrency_limit=1)
+    others = queuety.workflow("wake_busy_others").then(
+        resource_steps.ledgered, concurrency_group=f"{group}-x", queue=BUDGET_QUEUE,
+        concurrency_limit=9)
+    retries = []
+    monkeypatch.setattr(publish, "wake_group_on_commit",
+                        lambda name, countdown, **options: retries.append((name, options)))
+    release, taken = threading.Event(), threading.Event()
+    with publish.captured():
+        fill = [others.dispatch({"nap": 0}) for _ in range(2)]   # the queue's budget of 2
+        waiter = budgeted.dispatch({"nap": 0})
+        assert StepRun.objects.get(run_id=waiter).status == "throttled"
+        holder = threading.Thread(target=_hold_group_lock, args=(group, release, taken))
+        holder.start()
+        try:
+            assert taken.wait(10)
+            # The line has room again, but the waiting step's group is locked elsewhere: the
+            # line does not wait for it, and asks for a retry that only tries its lock.
+            wakeups.release(_end(fill[0]))
+            assert StepRun.objects.get(run_id=waiter).status == "throttled"
+            assert retries == [(group, {"wait": False, "retry": 1})]
+            assert wakeups.wake_group(group, busy_retry=True, retry=1) == 0   # busy again
+        finally:
+            release.set()
+            holder.join()
+        # Free now: the retry wakes the group's step through its line.
+        assert wakeups.wake_group(group, busy_retry=True, retry=2) == 1
+    assert StepRun.objects.get(run_id=waiter).status == "pending"
