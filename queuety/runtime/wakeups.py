@@ -9,10 +9,10 @@ first, then round-robin across their groups, then oldest, each group's own limit
 budget) and has its message on the way, or is handed to the releasing process to run next
 when it is for that process's queue.
 
-A wake-up is a list of passes (``core.resources.GroupPass``, ``LinePass``), each in a
+A wake-up is a list of passes (``core.wake_plan.GroupPass``, ``LinePass``), each in a
 transaction of its own under one lock: the group's, or the queue's (which then only tries its
 groups'). Each pass reads what it decides from (:func:`_look_at_group`,
-:func:`_look_at_line`), ``core.resources.plan_wake`` decides, and :func:`_write` writes the
+:func:`_look_at_line`), ``core.wake_plan.plan_wake`` decides, and :func:`_write` writes the
 plan; the passes the plan asks for next (a group's lines, then what they left to its steps in
 no line) run right after it.
 """
@@ -30,8 +30,8 @@ from django.utils import timezone
 
 from queuety import exceptions, publish
 from queuety.conf import settings
-from queuety.core import resources
-from queuety.core.resources import GroupPass, LinePass
+from queuety.core import resources, wake_plan
+from queuety.core.wake_plan import GroupPass, LinePass
 from queuety.runtime.gates import limits_from_record, set_rate_timer
 from queuety.store import groups, locks
 from queuety.store.definitions import load_spec
@@ -65,7 +65,7 @@ def release(limits: resources.Limits | None, *, keep: bool = False) -> int | Non
     """
     if limits is None:
         return None
-    return _run(resources.release_passes(limits), keep=keep, on_queue=limits.queue).kept
+    return _run(wake_plan.release_passes(limits), keep=keep, on_queue=limits.queue).kept
 
 
 def wake_group(group: str, now: datetime | None = None, *, busy_retry: bool = False,
@@ -118,11 +118,11 @@ def hand_back(step_run_id: int) -> None:
         _publish_woken([row])
 
 
-def _run(passes: Sequence[resources.Pass], now: datetime | None = None, *, keep: bool = False,
+def _run(passes: Sequence[wake_plan.Pass], now: datetime | None = None, *, keep: bool = False,
          on_queue: str | None = None) -> Wakeup:
     """Run the wake-up ``passes`` in order, each one's follow-ups right after it. With
     ``keep``, the first pass that wakes an untimed step for Celery queue ``on_queue`` hands
-    it to the caller instead of publishing it (``core.resources.hand_off``)."""
+    it to the caller instead of publishing it (``core.wake_plan.hand_off``)."""
     todo = list(reversed(passes))
     woken, kept = 0, None
     while todo:
@@ -135,37 +135,37 @@ def _run(passes: Sequence[resources.Pass], now: datetime | None = None, *, keep:
     return Wakeup(woken, kept)
 
 
-def _pass(asked: resources.Pass, now: datetime, *, keep: bool, on_queue: str | None
-          ) -> tuple[resources.WakePlan, Wakeup]:
+def _pass(asked: wake_plan.Pass, now: datetime, *, keep: bool, on_queue: str | None
+          ) -> tuple[wake_plan.WakePlan, Wakeup]:
     """One pass, in a transaction of its own: read under its lock, decide, write."""
     with transaction.atomic():
         seen = _look_at_group(asked, now) if isinstance(asked, GroupPass) else \
             _look_at_line(asked, now)
-        plan = resources.plan_wake(seen)
+        plan = wake_plan.plan_wake(seen)
         woken = _write(plan, now)
         kept = _keep_or_publish(woken, keep, on_queue)
     return plan, Wakeup(len(woken), kept)
 
 
-def _look_at_group(asked: GroupPass, now: datetime) -> resources.GroupSnapshot:
+def _look_at_group(asked: GroupPass, now: datetime) -> wake_plan.GroupSnapshot:
     """What a group's pass decides from, read under the group's lock: its limits, its load,
     its best waiting steps, as many as it has room for, and, for a retry, its lines."""
     lines: frozenset[str] = frozenset()
     if asked.busy_retry and not asked.plain:
         lines = frozenset(groups.throttled_queues(group=asked.group))
     if not _lock(asked.group, None, busy_retry=asked.busy_retry):
-        return resources.GroupSnapshot(asked, lines=lines)
+        return wake_plan.GroupSnapshot(asked, lines=lines)
     limits = _recorded_limits(asked.group) if asked.limits is None else asked.limits
     if limits is None:
-        return resources.GroupSnapshot(asked, lines=lines)
+        return wake_plan.GroupSnapshot(asked, lines=lines)
     limits = replace(limits, queue=None, queue_cost=None)  # its lines decide that
     load = groups.load(limits, now)
-    room = resources.group_room(limits, load)
+    room = wake_plan.group_room(limits, load)
     rows = groups.waiting([asked.group], room, plain=asked.plain) if room > 0 else []
     # Whether any step waits for its rate window to reopen (then its timer is set).
-    waiting = bool(rows) or (resources.rate_full(limits, load)
+    waiting = bool(rows) or (wake_plan.rate_full(limits, load)
                              and bool(groups.waiting([asked.group], 1)))
-    return resources.GroupSnapshot(asked, limits, load, tuple(rows), waiting, lines)
+    return wake_plan.GroupSnapshot(asked, limits, load, tuple(rows), waiting, lines)
 
 
 def _recorded_limits(group: str) -> resources.Limits | None:
@@ -175,7 +175,7 @@ def _recorded_limits(group: str) -> resources.Limits | None:
                                                      groups.throttle_record(first[0].id))
 
 
-def _look_at_line(asked: LinePass, now: datetime) -> resources.LineSnapshot:
+def _look_at_line(asked: LinePass, now: datetime) -> wake_plan.LineSnapshot:
     """What a queue's line decides from, read under the queue's lock: its best steps, the
     limits and loads of their groups whose locks are free, which are busy, what each holds of
     the queue's budget and when each was served."""
@@ -183,16 +183,16 @@ def _look_at_line(asked: LinePass, now: datetime) -> resources.LineSnapshot:
     found = settings.QUEUE_COST_BUDGETS.get(asked.queue)
     budget = None if found is None else int(found)
     _lock(None, asked.queue, busy_retry=False)
-    line = groups.waiting_for_queue(asked.queue, *resources.line_window(budget))
+    line = groups.waiting_for_queue(asked.queue, *wake_plan.line_window(budget))
     if not line.rows:
-        return resources.LineSnapshot(asked, budget)
+        return wake_plan.LineSnapshot(asked, budget)
     named = sorted(name for name in line.records if name)
     # Only the group locks that are free: a busy one may be held by a long transaction
     # (one landing several runs' steps), and this queue's admissions must not wait for it.
     locked = groups.try_lock_groups(named)
     limits = {name: replace(limits_from_record(name, line.records[name]), queue=None,
                             queue_cost=None) for name in named if name in locked}
-    return resources.LineSnapshot(
+    return wake_plan.LineSnapshot(
         asked, budget, tuple(line.rows), limits, groups.loads(limits, now),
         frozenset(named) - locked, groups.holding_on_queue(asked.queue), line.served, floors)
 
@@ -224,7 +224,7 @@ def _lock(group: str | None, queue: str | None, *, busy_retry: bool) -> bool:
         "wake-ups run in transactions of their own.")
 
 
-def _write(plan: resources.WakePlan, now: datetime) -> Woken:
+def _write(plan: wake_plan.WakePlan, now: datetime) -> Woken:
     """Write what a pass decided: wake its rows, mark the groups served, set the timers and
     ask for the retries. Returns the rows woken (a row that moved meanwhile is not)."""
     woken = groups.wake(list(plan.wake), now)
@@ -236,7 +236,7 @@ def _write(plan: resources.WakePlan, now: datetime) -> Woken:
     return woken
 
 
-def _retry_later(retry: resources.Retry) -> None:
+def _retry_later(retry: wake_plan.Retry) -> None:
     """Ask a worker to look at the busy groups again in ``retry.delay`` s, without waiting for
     their locks (``queuety.wake_group`` with ``wait=False``), at most once per group and
     process in that time, so a group held by a long transaction sends no storm of retries."""
@@ -259,7 +259,7 @@ def _keep_or_publish(woken: Woken, keep: bool, on_queue: str | None) -> int | No
     caller to run (see :func:`release`)."""
     kept = None
     if keep:
-        kept = resources.hand_off([resources.WokenStep(
+        kept = wake_plan.hand_off([wake_plan.WokenStep(
             pk, load_spec(definition_pk).queue_of(index) or settings.QUEUE, timeout is not None)
             for pk, definition_pk, index, timeout in woken], on_queue)
     _publish_woken([row for row in woken if row[0] != kept])

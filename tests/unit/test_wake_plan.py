@@ -9,22 +9,9 @@ from datetime import UTC, datetime
 
 import pytest
 
-from queuety.core import resources
-from queuety.core.resources import (
-    HOLD,
-    PUBLISH,
-    REFUSE,
-    START,
-    GroupPass,
-    GroupSnapshot,
-    Limits,
-    LinePass,
-    LineSnapshot,
-    Load,
-    RateTimer,
-    Waiting,
-    WokenStep,
-)
+from queuety.core import resources, wake_plan
+from queuety.core.resources import HOLD, PUBLISH, REFUSE, START, Limits, Load, RateTimer, Waiting
+from queuety.core.wake_plan import GroupPass, GroupSnapshot, LinePass, LineSnapshot, WokenStep
 
 NOW = datetime(2025, 1, 2, 3, 4, 5, tzinfo=UTC)
 
@@ -138,7 +125,7 @@ PLAIN_AGAIN = replace(ASKED, plain=True)
 ])
 def test_a_groups_pass_wakes_its_best_steps_and_leaves_those_in_a_line_to_it(
         seen, wake, then, timers):
-    plan = resources.plan_wake(seen)
+    plan = wake_plan.plan_wake(seen)
     assert (plan.wake, plan.then, plan.timers) == (wake, then, timers)
     assert (plan.served, plan.retry) == (frozenset(), None)
 
@@ -183,9 +170,9 @@ def _line(rows: tuple[Waiting, ...], *, asked: LinePass = LLM, budget: int | Non
     # A busy group's best is not overtaken by a lower priority, and while room is left the
     # busy group is looked at again soon, a little later each time, five times at most.
     (_line(_rows("1!:c", "2:a"), busy=frozenset({"c"})), (), set(),
-     resources.Retry(("c",), 1, 0.05), ()),
+     wake_plan.Retry(("c",), 1, 0.05), ()),
     (_line(_rows("1:c", "2:a"), asked=LinePass("llm", retry=3), busy=frozenset({"c"})),
-     (2,), {"a"}, resources.Retry(("c",), 4, 0.4), ()),
+     (2,), {"a"}, wake_plan.Retry(("c",), 4, 0.4), ()),
     (_line(_rows("1:c", "2:a"), asked=LinePass("llm", retry=5), busy=frozenset({"c"})),
      (2,), {"a"}, None, ()),
     (_line(_rows("1:c", "2:a", "3:a"), busy=frozenset({"c"})), (2, 3), {"a"}, None, ()),
@@ -196,53 +183,53 @@ def _line(rows: tuple[Waiting, ...], *, asked: LinePass = LLM, budget: int | Non
 ])
 def test_a_queues_line_wakes_across_groups_in_turns_within_its_budget(seen, wake, served,
                                                                       retry, timers):
-    plan = resources.plan_wake(seen)
+    plan = wake_plan.plan_wake(seen)
     assert (plan.wake, plan.served, plan.retry, plan.timers, plan.then) == (
         wake, frozenset(served), retry, timers, ())
 
 
 def test_a_release_wakes_its_queues_line_then_its_group_and_hands_off_one_of_its_queue():
     budgeted = Limits("g", concurrency=1, queue="llm", queue_cost=4)
-    assert resources.release_passes(budgeted) == (
+    assert wake_plan.release_passes(budgeted) == (
         LinePass("llm", floors_of=("g",)), GroupPass("g", budgeted, done=frozenset({"llm"})))
     plain = Limits("g", concurrency=1, queue="default")
-    assert resources.release_passes(plain) == (GroupPass("g", plain),)
-    assert resources.release_passes(Limits(None, queue="llm", queue_cost=4)) == (
+    assert wake_plan.release_passes(plain) == (GroupPass("g", plain),)
+    assert wake_plan.release_passes(Limits(None, queue="llm", queue_cost=4)) == (
         LinePass("llm"),)
     woken = [WokenStep(1, "llm", False), WokenStep(2, "default", True),
              WokenStep(3, "default", False), WokenStep(4, "default", False),
              WokenStep(5, None, False)]
     # The best untimed one for the releasing process's own Celery queue; or none.
-    assert resources.hand_off(woken, "default") == 3
-    assert resources.hand_off(woken, None) == 5
-    assert resources.hand_off(woken, "other") is None
-    assert resources.hand_off([], "default") is None
+    assert wake_plan.hand_off(woken, "default") == 3
+    assert wake_plan.hand_off(woken, None) == 5
+    assert wake_plan.hand_off(woken, "other") is None
+    assert wake_plan.hand_off([], "default") is None
 
 
 def test_a_lines_window_holds_a_budgets_worth_per_group_and_a_few_budgets_in_all():
-    assert resources.line_window(2) == (8, 2)
-    assert resources.line_window(100) == (200, 100)
-    assert resources.line_window(None) == (200, 200)
-    assert resources.group_room(Limits("g", concurrency=500), Load(10)) == resources.WAKE_BATCH
-    assert resources.group_room(Limits("g", concurrency=3, group_cost=1), Load(1, 9)) == 2
+    assert wake_plan.line_window(2) == (8, 2)
+    assert wake_plan.line_window(100) == (200, 100)
+    assert wake_plan.line_window(None) == (200, 200)
+    assert wake_plan.group_room(Limits("g", concurrency=500), Load(10)) == wake_plan.WAKE_BATCH
+    assert wake_plan.group_room(Limits("g", concurrency=3, group_cost=1), Load(1, 9)) == 2
 
 
 def test_a_groups_better_step_in_a_line_goes_before_its_lower_one_in_none():
     # g (limit 1) frees its slot; its high step waits in llm's line, its low one in none.
     high, low = Waiting(7, "g", 2, 1, "llm"), Waiting(8, "g", 0)
-    first = resources.plan_wake(GroupSnapshot(GroupPass("g", Limits("g", concurrency=1)),
+    first = wake_plan.plan_wake(GroupSnapshot(GroupPass("g", Limits("g", concurrency=1)),
                                               Limits("g", concurrency=1), Load(),
                                               (high,), True))
     assert first.wake == ()
     line, again = first.then
     assert line == LinePass("llm", floors_of=("g",))
     # The line (its floor looked up: the low step) wakes the high one; then g has no room.
-    woke = resources.plan_wake(LineSnapshot(line, 2, (high,), {"g": Limits("g", concurrency=1)},
+    woke = wake_plan.plan_wake(LineSnapshot(line, 2, (high,), {"g": Limits("g", concurrency=1)},
                                             {"g": Load()}, floors={"g": (low.priority,
                                                                        low.id)}))
     assert woke.wake == (7,)
-    assert resources.plan_wake(GroupSnapshot(again, Limits("g", concurrency=1), Load(1),
+    assert wake_plan.plan_wake(GroupSnapshot(again, Limits("g", concurrency=1), Load(1),
                                              (), True)).wake == ()
     # Had the low one been better (say, high priority too and older), the line would wait.
-    assert resources.plan_wake(LineSnapshot(line, 2, (high,), {"g": Limits("g", concurrency=1)},
+    assert wake_plan.plan_wake(LineSnapshot(line, 2, (high,), {"g": Limits("g", concurrency=1)},
                                             {"g": Load()}, floors={"g": (2, 3)})).wake == ()
