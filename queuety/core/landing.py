@@ -238,6 +238,7 @@ class _Cursor:
 
     view: RunView
     mode: Mode
+    now: datetime
     index: int | None
     state: dict[str, Any]
     usage: budgets.Usage
@@ -286,20 +287,20 @@ def plan(spec: WorkflowSpec, view: RunView, index: int | None, facts: Facts, now
         InvalidStepOutput: a ``for_each`` step's items are not a list, a reducer's output is
             not a dict, or a ``start`` step's items are not a list.
     """
-    cursor = _Cursor(view, mode, index, view.state, view.usage,
+    cursor = _Cursor(view, mode, now, index, view.state, view.usage,
                      None if spec.prune_state_after is None else dict(view.writes))
     while mode is not Mode.HOLD and cursor.index is not None \
             and spec.steps[cursor.index].kind in NO_WORKER:
         verdict = _VISITS[spec.steps[cursor.index].kind](spec, cursor, facts)
         if isinstance(verdict, FailAtWait):
-            return _landing(spec, cursor, now, verdict)
+            return _landing(spec, cursor, verdict)
         if verdict is _STOP:
             break
-    return _landing(spec, cursor, now)
+    return _landing(spec, cursor)
 
 
-def _landing(spec: WorkflowSpec, cursor: _Cursor, now: datetime,
-             failure: FailAtWait | None = None) -> Landing:
+def _landing(spec: WorkflowSpec, cursor: _Cursor, failure: FailAtWait | None = None
+             ) -> Landing:
     """The plan, from where the loop left the cursor."""
     if failure is None and cursor.index is None:
         cursor.status = RunStatus.COMPLETED
@@ -500,7 +501,7 @@ def _park_at_signal(spec: WorkflowSpec, cursor: _Cursor, step: StepSpec,
     timeout = timed_wait(spec, cursor.at)
     if timeout is not None:
         kept = cursor.view.wait_expires_at if staying else None
-        cursor.expires_at = kept or cursor.view.now + timedelta(seconds=timeout)
+        cursor.expires_at = kept or cursor.now + timedelta(seconds=timeout)
     expires = {} if cursor.expires_at is None else {"expires_at": cursor.expires_at.isoformat()}
     cursor.note("workflow_waiting", step, {"waiting_for": list(wait.signals),
                                            "matched": result.matched, **expires})

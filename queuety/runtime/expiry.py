@@ -83,6 +83,8 @@ def settle_by_timeout(spec: WorkflowSpec, run: WorkflowRun, now: datetime) -> st
     output = waits.timeout_output(wait)
     target = spec.next_index(index) if wait.timeout_target is None \
         else spec.index_of(wait.timeout_target)
+    # Only the output's public keys are merged and counted, as when a signal settles the
+    # wait: a "_" result key is never stored, so it does not count against max_state_bytes.
     moved = transition(spec, run.pk, view.state, view.writes, usage, output)
     event = Event(run_id=run.pk, kind="wait_timed_out", step_index=index, step_name=step.name,
                   data={**details, "output": output, **moved.event_data})

@@ -396,6 +396,12 @@ def test_a_resumed_timed_wait_keeps_its_expiry_and_announces_the_wait_again():
     assert [type(e) for e in planned.effects] == [Emit]
 
 
+def test_a_timed_wait_expires_from_the_landings_own_time():
+    later = NOW + timedelta(hours=1)
+    planned = plan(TIMED, arriving(), 1, Facts(), later)
+    assert planned.wait_expires_at == later + timedelta(seconds=60)
+
+
 def test_a_resumed_timed_wait_without_an_expiry_gets_a_new_one():
     planned = plan(TIMED, view(status="paused", current_step=1), 1, Facts(), NOW)
     assert planned.wait_expires_at == NOW + timedelta(seconds=60)
