@@ -32,6 +32,12 @@ require_servers()
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def pytest_configure(config):
+    # QUEUETY_CHARACTERISE=<file.json>: record every run the suite makes (tests/characterise.py).
+    if os.environ.get("QUEUETY_CHARACTERISE"):
+        config.pluginmanager.import_plugin("tests.characterise")
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _database(db_session):
     """Every integration test has the session's database (``db_session``, tests/conftest.py)."""
