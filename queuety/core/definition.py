@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field, fields
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from queuety import exceptions
 from queuety.core.budget import Budget
@@ -65,9 +65,9 @@ class StepSpec:
     """``high``, ``normal`` or ``low`` (``None``: the workflow's, else normal)."""
 
     def __post_init__(self) -> None:
-        if type(self) is StepSpec:
-            raise TypeError("StepSpec is the base of the step classes; build a TaskStep, a "
-                            "WaitStep, ... (or use StepSpec.from_dict).")
+        if getattr(type(self), "kind", None) is None:
+            raise TypeError(f"{type(self).__name__} is a base of the step classes; build a "
+                            "TaskStep, a WaitStep, ... (or use StepSpec.from_dict).")
 
     # -- the fields of the other kinds, absent here ---------------------------------------
 
@@ -223,20 +223,26 @@ class DelayStep(StepSpec):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class ParallelStep(StepSpec):
-    """Its :attr:`fanout`'s branches run at once, each its own task (``parallel()``)."""
+class FanOutStep(StepSpec):
+    """A step that fans out to rows of its own, one per branch or item, and joins them: a
+    :class:`ParallelStep` or a :class:`ForEachStep` (no kind of its own)."""
 
-    kind: ClassVar[str] = "parallel"
     fanout: FanOutSpec
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class ForEachStep(StepSpec):
+class ParallelStep(FanOutStep):
+    """Its :attr:`fanout`'s branches run at once, each its own task (``parallel()``)."""
+
+    kind: ClassVar[str] = "parallel"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ForEachStep(FanOutStep):
     """``handler`` runs once per item of a state key, each its own task (``for_each()``)."""
 
     kind: ClassVar[str] = "for_each"
     handler: str
-    fanout: FanOutSpec
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -272,6 +278,8 @@ class WaitWorkflowsStep(StepSpec):
     kind: ClassVar[str] = "wait_workflows"
     workflows: WaitWorkflowsSpec
 
+
+S = TypeVar("S", bound=StepSpec)
 
 #: The class of each step kind.
 STEP_KINDS: dict[str, type[StepSpec]] = {cls.kind: cls for cls in (
@@ -409,9 +417,21 @@ class WorkflowSpec:
         """Seconds an attempt of step ``index`` (of its ``parallel`` branch ``branch``) may
         run before it is interrupted; None for no limit."""
         step = self.steps[index]
-        if step.kind == "parallel" and step.fanout is not None:
+        if isinstance(step, ParallelStep):
             return step.fanout.timeout_of(branch, step.timeout)
         return step.timeout
+
+    def step_of(self, index: int, kind: type[S]) -> S:
+        """Step ``index``, which the caller knows is a ``kind`` (a :class:`TaskStep`, ...).
+
+        Raises:
+            TypeError: it is not (a bug of the caller's, not of the definition).
+        """
+        step = self.steps[index]
+        if not isinstance(step, kind):
+            raise TypeError(f"Step {step.name!r} of workflow {self.name!r} is a {step.kind!r} "
+                            f"step, not a {kind.__name__}.")
+        return step
 
     def queue_of(self, index: int) -> str | None:
         """The Celery queue of step ``index``'s messages: its own, else the workflow's
