@@ -6,10 +6,21 @@ change here means stored definitions change identity.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
+import pytest
+
 import queuety
-from queuety.core.definition import WorkflowSpec
+from queuety import exceptions
+from queuety.core.definition import (
+    STEP_KINDS,
+    FanOutStep,
+    StepSpec,
+    TaskStep,
+    WaitStep,
+    WorkflowSpec,
+)
 
 W = "tests.workflows"
 
@@ -59,3 +70,52 @@ def test_every_kind__round_trips_through_json():
     kinds = [step.kind for step in spec.steps]
     assert set(kinds) == {"task", "wait", "delay", "parallel", "for_each", "repeat", "child",
                           "start", "wait_workflows"}
+
+
+def test_every_kind__one_class_per_kind():
+    classes = {step.kind: type(step) for step in every_kind().steps}
+    assert classes == {kind: cls for kind, cls in STEP_KINDS.items()}
+    again = WorkflowSpec.from_dict(every_kind().to_dict())
+    assert [type(step) for step in again.steps] == [type(step) for step in every_kind().steps]
+
+
+def test_step__kind_is_read_only_and_other_kinds_fields_read_as_none():
+    task, wait = every_kind().steps[0], every_kind().steps[2]
+    assert isinstance(task, TaskStep) and isinstance(wait, WaitStep)
+    # A ClassVar, not a field: a frozen, slotted dataclass refuses it with TypeError (the
+    # zero-argument super() of the slotted copy, bpo-46404) rather than FrozenInstanceError.
+    with pytest.raises((dataclasses.FrozenInstanceError, TypeError, AttributeError)):
+        task.kind = "wait"  # type: ignore[misc]
+    assert task.kind == "task"
+    assert (task.wait, task.fanout, task.child, task.start, task.workflows, task.repeat,
+            task.delay_seconds) == (None,) * 7
+    assert (wait.handler, wait.routes, wait.default_route) == ("", None, None)
+
+
+def test_step__replace_keeps_the_class():
+    task = every_kind().steps[0]
+    again = dataclasses.replace(task, compensation="tests.workflows.hook")
+    assert type(again) is TaskStep and again.compensation == "tests.workflows.hook"
+    assert again.handler == task.handler
+
+
+def test_step__the_bases_are_not_steps():
+    with pytest.raises(TypeError, match="base of the step classes"):
+        StepSpec(name="x")
+    with pytest.raises(TypeError, match="base of the step classes"):
+        FanOutStep(name="x", fanout=every_kind().steps[5].fanout)
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"kind": "teleport"}, "kind 'teleport', which is none of"),
+    ({"kind": "wait", "wait": None}, "lacks wait"),
+    ({"kind": "delay"}, "lacks delay_seconds"),
+    ({"handler": ""}, "lacks handler"),
+    ({"delay_seconds": 3.0}, "sets delay_seconds, which it has not"),
+    ({"kind": "repeat", "handler": "", "repeat": {"target": "a"}, "fanout": {"branches": ["x"]}},
+     "sets fanout"),
+])
+def test_step_from_dict__refuses_fields_of_another_kind(change, message):
+    data = {**every_kind().to_dict()["steps"][0], **change}
+    with pytest.raises(exceptions.WorkflowDefinitionError, match=message):
+        StepSpec.from_dict(data)
