@@ -15,7 +15,7 @@ from django.utils import timezone
 from queuety import exceptions
 from queuety.conf import settings
 from queuety.core import landing, waits
-from queuety.core.definition import WorkflowSpec
+from queuety.core.definition import WaitStep, WorkflowSpec
 from queuety.core.status import FINISHED
 from queuety.models import Event, RunStatus, Signal, WorkflowRun
 from queuety.runtime import expiry
@@ -134,7 +134,7 @@ def _lock_for_signal(run_id: int, finished_ok: bool = False
 def _deliver(run: WorkflowRun, spec: WorkflowSpec, name: str, data: Any, *, sent_by: str,
              dedupe_key: str | None) -> SignalReceipt:
     listeners = [i for i, step in enumerate(spec.steps)
-                 if step.wait is not None and step.kind == "wait" and name in step.wait.signals]
+                 if isinstance(step, WaitStep) and name in step.wait.signals]
     if not listeners:
         known = sorted({n for step in spec.steps if step.wait for n in step.wait.signals})
         raise exceptions.RunNotWaiting(
@@ -150,8 +150,7 @@ def _deliver(run: WorkflowRun, spec: WorkflowSpec, name: str, data: Any, *, sent
             raise late
     target = run.current_step if parked_here else next(
         (i for i in listeners if i >= run.current_step), listeners[0])
-    wait = spec.steps[target].wait
-    assert wait is not None
+    wait = spec.step_of(target, WaitStep).wait
     if wait.schema is not None:
         problems = waits.validation_errors(wait.schema, data)
         if problems:

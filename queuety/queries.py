@@ -13,7 +13,7 @@ from queuety import exceptions
 from queuety.conf import settings
 from queuety.core import budget as budgets
 from queuety.core import resources, waits
-from queuety.core.definition import WorkflowSpec
+from queuety.core.definition import ChildStep, WaitStep, WaitWorkflowsStep, WorkflowSpec
 from queuety.core.progress import progress_text
 from queuety.core.status import FINISHED, WorkflowStatus
 from queuety.models import RunStatus, Signal, StepRun, StepStatus, WorkflowDefinition, WorkflowRun
@@ -31,7 +31,7 @@ def wait_info(run: WorkflowRun, spec: WorkflowSpec) -> dict[str, Any]:
             run.current_step >= len(spec.steps):
         return empty
     step = spec.steps[run.current_step]
-    if step.kind == "child" and run.status == RunStatus.WAITING_FOR_WORKFLOWS:
+    if isinstance(step, ChildStep) and run.status == RunStatus.WAITING_FOR_WORKFLOWS:
         child = (WorkflowRun.objects.filter(parent_id=run.pk, parent_step=run.current_step)
                  .order_by("-pk").values_list("pk", "status").first())
         ids = [str(child[0])] if child else []
@@ -39,9 +39,8 @@ def wait_info(run: WorkflowRun, spec: WorkflowSpec) -> dict[str, Any]:
         return {"wait_type": "workflow", "waiting_for": ids, "wait_mode": "all",
                 "wait_details": {"step_name": step.name, "matched": ids if done else [],
                                  "remaining": [] if done else ids, "wait_mode": "all"}}
-    if step.kind == "wait_workflows" and run.status == RunStatus.WAITING_FOR_WORKFLOWS:
+    if isinstance(step, WaitWorkflowsStep) and run.status == RunStatus.WAITING_FOR_WORKFLOWS:
         wait_on = step.workflows
-        assert wait_on is not None
         try:
             ids_found, result = workflow_wait(spec, run.pk, run.current_step, run.state,
                                               run.groups, lock=False)
@@ -55,7 +54,7 @@ def wait_info(run: WorkflowRun, spec: WorkflowSpec) -> dict[str, Any]:
         return {"wait_type": "workflow", "waiting_for": [str(i) for i in ids_found],
                 "wait_mode": wait_on.mode,
                 "wait_details": {k: v for k, v in details.items() if v is not None}}
-    if step.wait is None:
+    if not isinstance(step, WaitStep):
         return empty
     wait = step.wait
     stored = list(Signal.objects.filter(

@@ -29,6 +29,7 @@ from queuety import approvals, exceptions, inbox, queries, replyforms
 from queuety.api import exceptions as api_errors
 from queuety.api import serializers
 from queuety.conf import settings
+from queuety.core.definition import WaitStep
 from queuety.core.waits import WaitSpec
 from queuety.masking import mask
 from queuety.models import ApiReply, RunStatus, WorkflowRun
@@ -377,7 +378,7 @@ class ApprovalPageView(View):
                 "error": "This request was already answered.", "dead": True}, status=410)
         # Links are minted only at a human wait (approvals.make_token), and the run is still
         # parked at that step of the same definition.
-        assert step.wait is not None
+        assert isinstance(step, WaitStep)
         context.update(run=run, step=step, wait=step.wait,
                        fields=replyforms.form_fields(step.wait.schema),
                        state=json.dumps(mask(run.state), indent=2, ensure_ascii=False)[:4000])

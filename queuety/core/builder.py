@@ -14,7 +14,15 @@ from queuety.core import engine, resources
 from queuety.core.budget import Budget
 from queuety.core.builder_runs import RunSteps
 from queuety.core.builder_signals import SignalSteps
-from queuety.core.definition import StepSpec, WorkflowSpec
+from queuety.core.definition import (
+    DelayStep,
+    ForEachStep,
+    ParallelStep,
+    RepeatStep,
+    StepSpec,
+    TaskStep,
+    WorkflowSpec,
+)
 from queuety.core.fanout import FanOutSpec
 from queuety.core.handlers import branch_entry, resolve_handler, step_options
 from queuety.core.retry import RetryPolicy
@@ -110,6 +118,17 @@ class WorkflowBuilder(RunSteps, SignalSteps):
         Each of these defaults to the step class's attribute of the same name
         (docs/guide/resources.md).
         """
+        return self._append(self._task(
+            step, name, retry=retry, timeout=timeout, cost_units=cost_units,
+            concurrency_group=concurrency_group, concurrency_limit=concurrency_limit,
+            rate_limit=rate_limit, queue=queue, priority=priority))
+
+    @staticmethod
+    def _task(step: Any, name: str | None, *, retry: RetryPolicy | None, timeout: float | None,
+              cost_units: int | None, concurrency_group: str | None = None,
+              concurrency_limit: int | None = None, rate_limit: tuple[int, float] | None = None,
+              queue: str | None = None, priority: str | None = None) -> TaskStep:
+        """The task step :meth:`then` adds."""
         path, obj = resolve_handler(step)
         step_name = name if name is not None else path.rsplit(".", 1)[-1]
         if not isinstance(step_name, str) or not step_name.strip():
@@ -120,10 +139,10 @@ class WorkflowBuilder(RunSteps, SignalSteps):
                                cost_units=cost_units, concurrency_group=concurrency_group,
                                concurrency_limit=concurrency_limit, rate_limit=rate_limit,
                                queue=queue, priority=priority)
-        spec = StepSpec(name=step_name.strip(), handler=path, retry=options.retry,
+        spec = TaskStep(name=step_name.strip(), handler=path, retry=options.retry,
                         timeout=options.timeout, cost_units=options.cost_units,
                         **options.resource_fields())
-        return self._append(spec)
+        return spec
 
     def route(self, step: Any, routes: dict[Any, str], name: str | None = None, *,
               retry: RetryPolicy | None = None, timeout: float | None = None,
@@ -156,10 +175,9 @@ class WorkflowBuilder(RunSteps, SignalSteps):
                 raise exceptions.WorkflowDefinitionError(
                     f"Route labels are non-empty strings or queuety.DEFAULT, one per entry "
                     f"(got {label!r}); list a shared target under each label.")
-        built = self.then(step, name, retry=retry, timeout=timeout, cost_units=cost_units,
+        task = self._task(step, name, retry=retry, timeout=timeout, cost_units=cost_units,
                           **hints)
-        last = replace(built._steps[-1], routes=labels, default_route=default)
-        return self._copy(steps=self._steps + (last,))
+        return self._append(replace(task, routes=labels, default_route=default))
 
     def delay(self, seconds: float = 0, minutes: float = 0, hours: float = 0, days: float = 0,
               *, name: str | None = None) -> WorkflowBuilder:
@@ -173,7 +191,7 @@ class WorkflowBuilder(RunSteps, SignalSteps):
             raise exceptions.WorkflowDefinitionError(
                 f"delay() needs a duration of 0 or more (got {total:g}s).")
         count = sum(1 for s in self._steps if s.kind == "delay")
-        spec = StepSpec(name=name or f"delay_{count}", kind="delay", cost_units=0,
+        spec = DelayStep(name=name or f"delay_{count}", cost_units=0,
                         delay_seconds=float(total))
         return self._append(spec)
 
@@ -196,8 +214,8 @@ class WorkflowBuilder(RunSteps, SignalSteps):
             raise exceptions.WorkflowDefinitionError(
                 f"Repeat target {target!r} must name an earlier step of workflow "
                 f"{self._name!r}.")
-        spec = StepSpec(
-            name=name or f"repeat_{mode}_{len(self._steps)}", kind="repeat", cost_units=0,
+        spec = RepeatStep(
+            name=name or f"repeat_{mode}_{len(self._steps)}", cost_units=0,
             repeat={"mode": mode, "target": target, "state_key": state_key,
                     "expected": expected,
                     "condition": None if condition is None else resolve_handler(condition)[0],
@@ -252,7 +270,7 @@ class WorkflowBuilder(RunSteps, SignalSteps):
             timeouts.append(options.timeout)
             retries.append(options.retry if options.retry is not retry else None)
             cost += options.cost_units
-        spec = StepSpec(name=step_name, kind="parallel", retry=retry, timeout=timeout,
+        spec = ParallelStep(name=step_name, retry=retry, timeout=timeout,
                         cost_units=cost,
                         fanout=FanOutSpec(
                             branches=tuple(paths), max_concurrency=max_concurrency,
@@ -294,7 +312,7 @@ class WorkflowBuilder(RunSteps, SignalSteps):
         fanout = FanOutSpec(items_key=items_key, result_key=result_key or f"{step_name}_results",
                             mode=mode, quorum=quorum, max_concurrency=max_concurrency,
                             reducer=None if reducer is None else resolve_handler(reducer)[0])
-        spec = StepSpec(name=step_name, kind="for_each", handler=path, fanout=fanout,
+        spec = ForEachStep(name=step_name, handler=path, fanout=fanout,
                         retry=options.retry, timeout=options.timeout,
                         cost_units=options.cost_units, **options.resource_fields())
         return self._append(spec)

@@ -11,7 +11,13 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Self
 
 from queuety import exceptions
-from queuety.core.definition import StepSpec, WorkflowSpec
+from queuety.core.definition import (
+    ChildStep,
+    StartStep,
+    StepSpec,
+    WaitWorkflowsStep,
+    WorkflowSpec,
+)
 from queuety.core.dependencies import StartSpec, WaitWorkflowsSpec
 from queuety.core.retry import RetryPolicy
 
@@ -56,8 +62,7 @@ class RunSteps:
             raise exceptions.WorkflowDefinitionError(
                 f"retry for run_workflow({name!r}) must be a queuety.RetryPolicy (got {retry!r}).")
         spec = replace(child.build(), name=name.strip())
-        step = StepSpec(name=name.strip(), kind="child", cost_units=0, child=spec.to_dict(),
-                        retry=retry)
+        step = ChildStep(name=name.strip(), cost_units=0, child=spec.to_dict(), retry=retry)
         return self._append(step)
 
     def start_workflows(self, items_key: str, child: Self,
@@ -79,8 +84,8 @@ class RunSteps:
                 f"start_workflows() takes a queuety.workflow(...) builder (got {child!r}).")
         start = StartSpec(items_key=items_key, result_key=result_key, payload_key=payload_key,
                           inherit_state=bool(inherit_state), group=group_key)
-        step = StepSpec(name=name or f"start_workflows_{len(self._steps)}", kind="start",
-                        cost_units=0, child=child.build().to_dict(), start=start)
+        step = StartStep(name=name or f"start_workflows_{len(self._steps)}", cost_units=0,
+                         child=child.build().to_dict(), start=start)
         return self._append(step)
 
     def start_agents(self, items_key: str, child: Self,
@@ -93,8 +98,8 @@ class RunSteps:
 
     def _wait_workflows(self, default_name: str, name: str | None,
                         **options: Any) -> Self:
-        step = StepSpec(name=name or default_name, kind="wait_workflows", cost_units=0,
-                        workflows=WaitWorkflowsSpec(**options))
+        step = WaitWorkflowsStep(name=name or default_name, cost_units=0,
+                                 workflows=WaitWorkflowsSpec(**options))
         return self._append(step)
 
     def wait_for_workflows(self, workflows: list[int] | str, mode: str = "all",

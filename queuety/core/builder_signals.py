@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Self
 
 from queuety import exceptions
 from queuety.core import waits
-from queuety.core.definition import StepSpec
+from queuety.core.definition import StepSpec, WaitStep
 
 
 class SignalSteps:
@@ -39,7 +39,7 @@ class SignalSteps:
             raise exceptions.WorkflowDefinitionError(
                 f"Signal names must be a list of strings (got {signals!r})."
             )
-        spec = StepSpec(name=step_name.strip(), kind="wait", cost_units=0,
+        spec = WaitStep(name=step_name.strip(), cost_units=0,
                         wait=waits.WaitSpec(signals=tuple(s.strip() for s in signals), **options))
         return self._append(spec)
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar, TypeVar
 
 from queuety import exceptions
 from queuety.core.budget import Budget
@@ -28,16 +28,20 @@ DEFINITION_FORMAT = 1
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StepSpec:
-    """One step of a workflow: a handler and how to run it."""
+    """One step of a workflow: what every kind has. A step is one of the classes below, one
+    per :attr:`kind` (a tagged union: :meth:`from_dict` dispatches on the JSON's ``kind``).
 
-    name: str
-    """Unique within the workflow; ``_next_step`` jumps resolve by it."""
-    handler: str = ""
-    """Dotted import path of a :class:`~queuety.Step` subclass or a function (tasks only)."""
-    kind: str = "task"
+    The fields of the other kinds read as ``None`` here (``handler`` as ``""``), so code that
+    asks any step for its ``wait`` or its ``fanout`` keeps working; ``isinstance`` on the class
+    gives the kind's own fields their non-optional types.
+    """
+
+    kind: ClassVar[str]
     """``task`` (a handler run by a worker), ``wait`` (parks the run until signals come),
     ``delay``, ``parallel``, ``for_each``, ``repeat``, ``child`` (``run_workflow()``),
     ``start`` (``start_workflows()``) or ``wait_workflows`` (``wait_for_workflows()``)."""
+    name: str
+    """Unique within the workflow; ``_next_step`` jumps resolve by it."""
     retry: RetryPolicy | None = None
     """The step's own policy; ``None`` falls back to the workflow's, then the global default."""
     timeout: float | None = None
@@ -47,27 +51,8 @@ class StepSpec:
     queue: str | None = None
     """The Celery queue its messages go to (``queue = "llm"`` on the class, or
     ``.then(..., queue=...)``); ``None``: the workflow's queue."""
-    wait: WaitSpec | None = None
-    """For ``wait`` steps: what they wait for."""
     compensation: str | None = None
     """Dotted path of the handler that undoes this step (``compensate_with()``)."""
-    routes: dict[str, str] | None = None
-    """For route steps: label -> target step name (``route()``)."""
-    default_route: str | None = None
-    """For route steps: the target when the label matches none (``queuety.DEFAULT``)."""
-    delay_seconds: float | None = None
-    """For ``delay`` steps: how long the run sleeps (durably) there."""
-    fanout: FanOutSpec | None = None
-    """For ``parallel`` and ``for_each`` steps: what they fan out to."""
-    child: dict[str, Any] | None = None
-    """For ``child`` and ``start`` steps: the child workflow's definition."""
-    start: StartSpec | None = None
-    """For ``start`` steps: which items start children, and what the step merges."""
-    workflows: WaitWorkflowsSpec | None = None
-    """For ``wait_workflows`` steps: which runs to wait for, and how."""
-    repeat: dict[str, Any] | None = None
-    """For ``repeat`` steps: ``{mode, target, state_key, expected, condition,
-    max_iterations}``."""
     concurrency_group: str | None = None
     """The group whose limits bound this step across all runs (``"openai"``), perhaps keyed
     by the run's state (``"tenant:{tenant_id}"``). See ``queuety.core.resources``."""
@@ -79,8 +64,68 @@ class StepSpec:
     priority: str | None = None
     """``high``, ``normal`` or ``low`` (``None``: the workflow's, else normal)."""
 
+    def __post_init__(self) -> None:
+        if getattr(type(self), "kind", None) is None:
+            raise TypeError(f"{type(self).__name__} is a base of the step classes; build a "
+                            "TaskStep, a WaitStep, ... (or use StepSpec.from_dict).")
+
+    # -- the fields of the other kinds, absent here ---------------------------------------
+
+    @property
+    def handler(self) -> str:
+        """Dotted import path of a :class:`~queuety.Step` subclass or a function (``task``
+        and ``for_each`` steps); ``""`` for the others."""
+        return ""
+
+    @property
+    def wait(self) -> WaitSpec | None:
+        """For ``wait`` steps: what they wait for."""
+        return None
+
+    @property
+    def routes(self) -> dict[str, str] | None:
+        """For route steps (tasks): label -> target step name (``route()``)."""
+        return None
+
+    @property
+    def default_route(self) -> str | None:
+        """For route steps: the target when the label matches none (``queuety.DEFAULT``)."""
+        return None
+
+    @property
+    def delay_seconds(self) -> float | None:
+        """For ``delay`` steps: how long the run sleeps (durably) there."""
+        return None
+
+    @property
+    def fanout(self) -> FanOutSpec | None:
+        """For ``parallel`` and ``for_each`` steps: what they fan out to."""
+        return None
+
+    @property
+    def child(self) -> dict[str, Any] | None:
+        """For ``child`` and ``start`` steps: the child workflow's definition."""
+        return None
+
+    @property
+    def start(self) -> StartSpec | None:
+        """For ``start`` steps: which items start children, and what the step merges."""
+        return None
+
+    @property
+    def workflows(self) -> WaitWorkflowsSpec | None:
+        """For ``wait_workflows`` steps: which runs to wait for, and how."""
+        return None
+
+    @property
+    def repeat(self) -> dict[str, Any] | None:
+        """For ``repeat`` steps: ``{mode, target, state_key, expected, condition,
+        max_iterations}``."""
+        return None
+
     def to_dict(self) -> dict[str, Any]:
-        """Return the JSON form."""
+        """Return the JSON form: one shape for every kind (the absent fields omitted, or
+        ``None``, as before there were classes), so stored hashes stay what they were."""
         return {
             "name": self.name,
             "kind": self.kind,
@@ -108,36 +153,162 @@ class StepSpec:
                 ("priority", self.priority)) if value is not None},
         }
 
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> StepSpec:
-        """Rebuild a step from :meth:`to_dict` output."""
+    @staticmethod
+    def from_dict(data: dict[str, Any]) -> StepSpec:
+        """Rebuild a step from :meth:`to_dict` output, as the class its ``kind`` names.
+
+        Raises:
+            WorkflowDefinitionError: the kind is unknown, a field the kind needs is missing,
+                or a field of another kind is set.
+        """
+        kind = data.get("kind", "task")
+        cls = STEP_KINDS.get(kind)
+        if cls is None:
+            raise exceptions.WorkflowDefinitionError(
+                f"Step {data.get('name')!r} has kind {kind!r}, which is none of "
+                f"{', '.join(map(repr, STEP_KINDS))}.")
+        own = {name: value for name, value in _kind_fields(data).items()
+               if name in _OWN[kind]}
+        stray = sorted(name for name, value in _kind_fields(data).items()
+                       if name not in _OWN[kind] and value not in (None, ""))
+        missing = sorted(name for name in _OWN[kind] - _OPTIONAL
+                         if own.get(name) in (None, ""))
+        if stray or missing:
+            raise exceptions.WorkflowDefinitionError(
+                f"Step {data.get('name')!r} of kind {kind!r} "
+                + (f"sets {', '.join(stray)}, which it has not" if stray else "")
+                + (" and " if stray and missing else "")
+                + (f"lacks {', '.join(missing)}" if missing else "") + ".")
         retry = data.get("retry")
-        wait = data.get("wait")
         return cls(
             name=data["name"],
-            handler=data.get("handler", ""),
-            wait=None if wait is None else WaitSpec.from_dict(wait),
-            kind=data.get("kind", "task"),
             retry=None if retry is None else RetryPolicy.from_dict(retry),
             timeout=data.get("timeout"),
             cost_units=data.get("cost_units", 1),
             queue=data.get("queue"),
             compensation=data.get("compensation"),
-            routes=data.get("routes"),
-            default_route=data.get("default_route"),
-            delay_seconds=data.get("delay_seconds"),
-            fanout=FanOutSpec.from_dict(data["fanout"]) if data.get("fanout") else None,
-            repeat=data.get("repeat"),
-            child=data.get("child"),
-            start=StartSpec.from_dict(data["start"]) if data.get("start") else None,
-            workflows=WaitWorkflowsSpec.from_dict(data["workflows"]) if data.get("workflows")
-            else None,
             concurrency_group=data.get("concurrency_group"),
             concurrency_limit=data.get("concurrency_limit"),
             rate_limit=None if data.get("rate_limit") is None
             else (int(data["rate_limit"][0]), float(data["rate_limit"][1])),
             priority=data.get("priority"),
+            **{name: value for name, value in own.items() if value is not None},
         )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TaskStep(StepSpec):
+    """A handler run by a worker; with :attr:`routes`, a route step (``route()``)."""
+
+    kind: ClassVar[str] = "task"
+    handler: str
+    routes: dict[str, str] | None = None
+    default_route: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WaitStep(StepSpec):
+    """Parks the run until signals come (``wait_for_signal()`` and the like)."""
+
+    kind: ClassVar[str] = "wait"
+    wait: WaitSpec
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DelayStep(StepSpec):
+    """The run sleeps (durably) ``delay_seconds`` here (``delay()``)."""
+
+    kind: ClassVar[str] = "delay"
+    delay_seconds: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FanOutStep(StepSpec):
+    """A step that fans out to rows of its own, one per branch or item, and joins them: a
+    :class:`ParallelStep` or a :class:`ForEachStep` (no kind of its own)."""
+
+    fanout: FanOutSpec
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ParallelStep(FanOutStep):
+    """Its :attr:`fanout`'s branches run at once, each its own task (``parallel()``)."""
+
+    kind: ClassVar[str] = "parallel"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ForEachStep(FanOutStep):
+    """``handler`` runs once per item of a state key, each its own task (``for_each()``)."""
+
+    kind: ClassVar[str] = "for_each"
+    handler: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RepeatStep(StepSpec):
+    """Goes back to an earlier step until (or while) a condition holds."""
+
+    kind: ClassVar[str] = "repeat"
+    repeat: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ChildStep(StepSpec):
+    """Runs the workflow :attr:`child` as a child run and merges its state
+    (``run_workflow()``)."""
+
+    kind: ClassVar[str] = "child"
+    child: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StartStep(StepSpec):
+    """Starts one run of :attr:`child` per item and goes on (``start_workflows()``)."""
+
+    kind: ClassVar[str] = "start"
+    child: dict[str, Any]
+    start: StartSpec
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WaitWorkflowsStep(StepSpec):
+    """Parks the run until other runs finish (``wait_for_workflows()``)."""
+
+    kind: ClassVar[str] = "wait_workflows"
+    workflows: WaitWorkflowsSpec
+
+
+S = TypeVar("S", bound=StepSpec)
+
+#: The class of each step kind.
+STEP_KINDS: dict[str, type[StepSpec]] = {cls.kind: cls for cls in (
+    TaskStep, WaitStep, DelayStep, ParallelStep, ForEachStep, RepeatStep, ChildStep, StartStep,
+    WaitWorkflowsStep)}
+
+#: The fields of each kind beyond the common ones (those :meth:`StepSpec.from_dict` checks).
+_OWN: dict[str, frozenset[str]] = {
+    kind: frozenset(f.name for f in fields(cls)) - {f.name for f in fields(StepSpec)}
+    for kind, cls in STEP_KINDS.items()}
+_OPTIONAL = frozenset({"routes", "default_route"})
+
+
+def _kind_fields(data: dict[str, Any]) -> dict[str, Any]:
+    """The kind-specific fields of a step's JSON, decoded (absent ones as ``None``)."""
+    wait, fanout_, start, workflows = (data.get(key) for key in (
+        "wait", "fanout", "start", "workflows"))
+    return {
+        "handler": data.get("handler", ""),
+        "wait": None if wait is None else WaitSpec.from_dict(wait),
+        "routes": data.get("routes"),
+        "default_route": data.get("default_route"),
+        "delay_seconds": data.get("delay_seconds"),
+        "fanout": FanOutSpec.from_dict(fanout_) if fanout_ else None,
+        "repeat": data.get("repeat"),
+        "child": data.get("child"),
+        "start": StartSpec.from_dict(start) if start else None,
+        "workflows": WaitWorkflowsSpec.from_dict(workflows) if workflows else None,
+    }
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -246,9 +417,21 @@ class WorkflowSpec:
         """Seconds an attempt of step ``index`` (of its ``parallel`` branch ``branch``) may
         run before it is interrupted; None for no limit."""
         step = self.steps[index]
-        if step.kind == "parallel" and step.fanout is not None:
+        if isinstance(step, ParallelStep):
             return step.fanout.timeout_of(branch, step.timeout)
         return step.timeout
+
+    def step_of(self, index: int, kind: type[S]) -> S:
+        """Step ``index``, which the caller knows is a ``kind`` (a :class:`TaskStep`, ...).
+
+        Raises:
+            TypeError: it is not (a bug of the caller's, not of the definition).
+        """
+        step = self.steps[index]
+        if not isinstance(step, kind):
+            raise TypeError(f"Step {step.name!r} of workflow {self.name!r} is a {step.kind!r} "
+                            f"step, not a {kind.__name__}.")
+        return step
 
     def queue_of(self, index: int) -> str | None:
         """The Celery queue of step ``index``'s messages: its own, else the workflow's

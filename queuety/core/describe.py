@@ -19,7 +19,18 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from queuety.core.definition import StepSpec, WorkflowSpec
+from queuety.core.definition import (
+    ChildStep,
+    DelayStep,
+    ForEachStep,
+    ParallelStep,
+    RepeatStep,
+    StartStep,
+    StepSpec,
+    WaitStep,
+    WaitWorkflowsStep,
+    WorkflowSpec,
+)
 from queuety.core.status import RunStatus, WorkflowStatus
 
 
@@ -55,8 +66,8 @@ def waiting_label(status: str, current_step: int, spec: WorkflowSpec) -> str:
     if current_step >= len(spec.steps):
         return ""
     step = spec.steps[current_step]
-    if status == RunStatus.RUNNING and step.kind == "delay":
-        return f"a delay of {human_duration(step.delay_seconds or 0)}"
+    if status == RunStatus.RUNNING and isinstance(step, DelayStep):
+        return f"a delay of {human_duration(step.delay_seconds)}"
     wait = step.wait
     if status != RunStatus.WAITING_FOR_SIGNAL or wait is None:
         return ""
@@ -73,44 +84,38 @@ def describe_step(step: StepSpec) -> str:
     Task steps read as their handler's dotted path, followed by their fan-out or routes;
     the other kinds say what they do (``sleep 5 min 0 s``, ``signals: paid``, ...).
     """
-    if step.kind == "wait":
-        wait = step.wait
-        assert wait is not None, f"step {step.name!r} is a wait step without its wait"
-        who = f"{wait.human} from a person: " if wait.human else "signals: "
-        return who + ", ".join(wait.signals) + (
-            " (any)" if wait.mode == "any" and len(wait.signals) > 1 else "")
-    if step.kind == "delay":
-        return f"sleep {human_duration(step.delay_seconds or 0)}"
-    if step.kind == "repeat":
-        loop = step.repeat or {}
-        test = loop.get("condition") or f"state[{loop.get('state_key')!r}] == " \
-            f"{json.dumps(loop.get('expected'))}"
-        limit = f", at most {loop['max_iterations']} times" if loop.get("max_iterations") else ""
-        return f"back to {loop.get('target')} {loop.get('mode')} {test}{limit}"
-    if step.kind == "child":
-        assert step.child is not None, f"step {step.name!r} is a child step without its child"
-        restart = f"; restarted by {step.retry.describe()}" if step.retry else ""
-        return f"child workflow {step.name} ({len(step.child['steps'])} steps){restart}"
-    if step.kind == "start":
-        start, child = step.start, step.child
-        assert start is not None and child is not None, \
-            f"step {step.name!r} is a start step without what it starts"
-        group = f", group {start.group!r}" if start.group else ""
-        return (f"start a {child['name']} run per item of state[{start.items_key!r}]"
-                f" → state[{start.result_key!r}]{group}")
-    if step.kind == "wait_workflows":
-        on = step.workflows
-        assert on is not None, f"step {step.name!r} is a wait_workflows step without its runs"
-        which = (f"runs {', '.join(map(str, on.ids))}" if on.ids is not None else
-                 f"group {on.group!r}" if on.group else f"the runs in state[{on.state_key!r}]")
-        quorum = f" {on.quorum}" if on.quorum else ""
-        return f"wait for {which}: {on.mode}{quorum}"
+    match step:
+        case WaitStep(wait=wait):
+            who = f"{wait.human} from a person: " if wait.human else "signals: "
+            return who + ", ".join(wait.signals) + (
+                " (any)" if wait.mode == "any" and len(wait.signals) > 1 else "")
+        case DelayStep():
+            return f"sleep {human_duration(step.delay_seconds)}"
+        case RepeatStep(repeat=loop):
+            test = loop.get("condition") or f"state[{loop.get('state_key')!r}] == " \
+                f"{json.dumps(loop.get('expected'))}"
+            limit = (f", at most {loop['max_iterations']} times" if loop.get("max_iterations")
+                     else "")
+            return f"back to {loop.get('target')} {loop.get('mode')} {test}{limit}"
+        case ChildStep():
+            restart = f"; restarted by {step.retry.describe()}" if step.retry else ""
+            return f"child workflow {step.name} ({len(step.child['steps'])} steps){restart}"
+        case StartStep(start=start, child=child):
+            group = f", group {start.group!r}" if start.group else ""
+            return (f"start a {child['name']} run per item of state[{start.items_key!r}]"
+                    f" → state[{start.result_key!r}]{group}")
+        case WaitWorkflowsStep(workflows=on):
+            which = (f"runs {', '.join(map(str, on.ids))}" if on.ids is not None else
+                     f"group {on.group!r}" if on.group else
+                     f"the runs in state[{on.state_key!r}]")
+            quorum = f" {on.quorum}" if on.quorum else ""
+            return f"wait for {which}: {on.mode}{quorum}"
     limit = (f", at most {step.fanout.max_concurrency} at once"
              if step.fanout is not None and step.fanout.max_concurrency else "")
-    if step.kind == "parallel" and step.fanout is not None:
+    if isinstance(step, ParallelStep):
         return "in parallel: " + ", ".join(step.fanout.branches) + limit
     text = step.handler
-    if step.kind == "for_each" and step.fanout is not None:
+    if isinstance(step, ForEachStep):
         quorum = f" {step.fanout.quorum}" if step.fanout.quorum else ""
         text += (f" for each item of state[{step.fanout.items_key!r}], join "
                  f"{step.fanout.mode}{quorum}{limit}")

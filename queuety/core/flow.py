@@ -14,7 +14,14 @@ from typing import Any
 from queuety import exceptions
 from queuety.core import budget as budgets
 from queuety.core import fanout, waits
-from queuety.core.definition import StepSpec, WorkflowSpec
+from queuety.core.definition import (
+    FanOutStep,
+    ForEachStep,
+    ParallelStep,
+    RepeatStep,
+    StepSpec,
+    WorkflowSpec,
+)
 from queuety.core.engine import check_output, describe_error, retry_delay
 from queuety.core.imports import import_path
 
@@ -51,9 +58,8 @@ def repeat_decision(spec: WorkflowSpec, run_id: int, index: int, state: dict[str
     Raises:
         BudgetExceeded: the loop would pass its ``max_iterations``.
     """
-    step = spec.steps[index]
+    step = spec.step_of(index, RepeatStep)
     rule = step.repeat
-    assert rule is not None, f"step {step.name!r} is not a repeat step"
     if rule["condition"]:
         matched = bool(import_path(rule["condition"])(dict(state)))
     else:
@@ -72,7 +78,7 @@ def repeat_decision(spec: WorkflowSpec, run_id: int, index: int, state: dict[str
     return True, {**loops, key: iterations}
 
 
-def for_each_items(spec: WorkflowSpec, run_id: int, step: StepSpec,
+def for_each_items(spec: WorkflowSpec, run_id: int, step: ForEachStep,
                    state: dict[str, Any]) -> list[Any]:
     """The items a for_each step fans out to, checked against ``max_for_each_items``.
 
@@ -82,7 +88,6 @@ def for_each_items(spec: WorkflowSpec, run_id: int, step: StepSpec,
         BudgetExceeded: more items than ``max_for_each_items``.
     """
     spread = step.fanout
-    assert spread is not None, f"step {step.name!r} is not a for_each step"
     items = state.get(spread.items_key or "")
     if not isinstance(items, list):
         raise exceptions.InvalidStepOutput(
@@ -101,26 +106,24 @@ def for_each_items(spec: WorkflowSpec, run_id: int, step: StepSpec,
     return items
 
 
-def completed_kind(step: StepSpec) -> str:
+def completed_kind(step: FanOutStep) -> str:
     """The timeline event of one finished branch (``parallel``) or item (``for_each``)."""
-    return "branch_completed" if step.kind == "parallel" else "item_completed"
+    return "branch_completed" if isinstance(step, ParallelStep) else "item_completed"
 
 
-def join_mode(step: StepSpec) -> str:
+def join_mode(step: FanOutStep) -> str:
     """When a fan-out step's join settles: every branch of a ``parallel`` step, else the
     ``for_each`` step's mode."""
-    spread = step.fanout
-    assert spread is not None, f"step {step.name!r} is not a fan-out step"
-    return fanout.ALL if step.kind == "parallel" else spread.mode
+    return fanout.ALL if isinstance(step, ParallelStep) else step.fanout.mode
 
 
-def join_cost(step: StepSpec, succeeded: int) -> int:
+def join_cost(step: FanOutStep, succeeded: int) -> int:
     """The cost units a settled fan-out adds: a ``parallel`` step's once, a ``for_each``
     step's once per item that succeeded."""
-    return step.cost_units if step.kind == "parallel" else step.cost_units * succeeded
+    return step.cost_units if isinstance(step, ParallelStep) else step.cost_units * succeeded
 
 
-def join_output(step: StepSpec, state: dict[str, Any], rows: list[dict[str, Any]], *,
+def join_output(step: FanOutStep, state: dict[str, Any], rows: list[dict[str, Any]], *,
                 run_id: int) -> dict[str, Any]:
     """What a settled fan-out merges: branch outputs in order, or the for_each aggregate
     under its result key (plus what the reducer adds).
@@ -129,8 +132,7 @@ def join_output(step: StepSpec, state: dict[str, Any], rows: list[dict[str, Any]
         InvalidStepOutput: the reducer returned something that is not a dict.
     """
     spread = step.fanout
-    assert spread is not None, f"step {step.name!r} is not a fan-out step"
-    if step.kind == "parallel":
+    if isinstance(step, ParallelStep):
         return fanout.merge_branches([r["output"] for r in sorted(rows, key=lambda r: r["index"])])
     aggregate = fanout.aggregate(spread, rows)
     output: dict[str, Any] = {spread.result_key or "": aggregate}

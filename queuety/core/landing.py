@@ -31,19 +31,28 @@ from typing import Any, Protocol
 from queuety import exceptions
 from queuety.core import budget as budgets
 from queuety.core import dependencies, fanout, flow, waits
-from queuety.core.definition import StepSpec, WorkflowSpec
+from queuety.core.definition import (
+    ChildStep,
+    DelayStep,
+    ForEachStep,
+    ParallelStep,
+    RepeatStep,
+    StartStep,
+    StepSpec,
+    TaskStep,
+    WaitStep,
+    WaitWorkflowsStep,
+    WorkflowSpec,
+)
 from queuety.core.status import RunStatus
 from queuety.core.transition import Transition, transition
-
-#: Step kinds a landing does in the transaction, with no worker.
-NO_WORKER = frozenset({"wait", "for_each", "repeat", "start", "wait_workflows"})
 
 
 def lands_on_task(spec: WorkflowSpec, index: int | None) -> bool:
     """Whether a run moving to ``index`` (``None``: past the last step) needs nothing of a
     landing but its next task row or its completion: the question the one-statement
     transition asks before it may skip the locked path."""
-    return index is None or spec.steps[index].kind == "task"
+    return index is None or isinstance(spec.steps[index], TaskStep)
 
 
 # -- what the plan reads ----------------------------------------------------------------------
@@ -273,7 +282,6 @@ class _Cursor:
 
 #: What a visit of a no-worker step tells the loop: go on, stop here, or fail the run.
 _GO, _STOP = True, False
-Visit = Callable[[WorkflowSpec, _Cursor, Facts], "bool | FailAtWait"]
 
 
 def plan(spec: WorkflowSpec, view: RunView, index: int | None, facts: Facts, now: datetime,
@@ -289,14 +297,32 @@ def plan(spec: WorkflowSpec, view: RunView, index: int | None, facts: Facts, now
     """
     cursor = _Cursor(view, mode, now, index, view.state, view.usage,
                      None if spec.prune_state_after is None else dict(view.writes))
-    while mode is not Mode.HOLD and cursor.index is not None \
-            and spec.steps[cursor.index].kind in NO_WORKER:
-        verdict = _VISITS[spec.steps[cursor.index].kind](spec, cursor, facts)
+    while mode is not Mode.HOLD and cursor.index is not None:
+        verdict = _visit(spec, cursor, facts, spec.steps[cursor.index])
         if isinstance(verdict, FailAtWait):
             return _landing(spec, cursor, verdict)
-        if verdict is _STOP:
+        if verdict is None or verdict is _STOP:
             break
     return _landing(spec, cursor)
+
+
+def _visit(spec: WorkflowSpec, cursor: _Cursor, facts: Facts, step: StepSpec
+           ) -> bool | FailAtWait | None:
+    """Do the step at the cursor if a landing does it in the transaction, with no worker (the
+    one dispatch on a step's kind); ``None``: it needs a worker or a child run, so the loop
+    stops there and :func:`_entry` says what it needs."""
+    match step:
+        case WaitStep():
+            return _visit_signal_wait(spec, cursor, facts, step)
+        case WaitWorkflowsStep():
+            return _visit_workflow_wait(spec, cursor, facts, step)
+        case StartStep():
+            return _visit_start(spec, cursor, facts, step)
+        case RepeatStep():
+            return _visit_repeat(spec, cursor, step)
+        case ForEachStep():
+            return _visit_for_each(spec, cursor, step)
+    return None
 
 
 def _landing(spec: WorkflowSpec, cursor: _Cursor, failure: FailAtWait | None = None
@@ -307,7 +333,7 @@ def _landing(spec: WorkflowSpec, cursor: _Cursor, failure: FailAtWait | None = N
         cursor.notes.append(Note("workflow_completed"))
     elif cursor.mode is Mode.HOLD:
         cursor.status = RunStatus.PAUSED
-    elif cursor.status == RunStatus.RUNNING and spec.steps[cursor.at].kind == "child":
+    elif cursor.status == RunStatus.RUNNING and isinstance(spec.steps[cursor.at], ChildStep):
         cursor.status = RunStatus.WAITING_FOR_WORKFLOWS
     entry = None if failure is not None else _entry(spec, cursor)
     return Landing(cursor.status, cursor.index, cursor.state, cursor.usage, cursor.writes,
@@ -320,16 +346,17 @@ def _entry(spec: WorkflowSpec, cursor: _Cursor) -> Entry | None:
     if cursor.index is None:
         return Complete()
     step, status = spec.steps[cursor.index], cursor.status
-    if status == RunStatus.WAITING_FOR_WORKFLOWS and step.kind == "child":
+    if status == RunStatus.WAITING_FOR_WORKFLOWS and isinstance(step, ChildStep):
         return StartChild(cursor.index)
     if status == RunStatus.PAUSED:
-        return TaskRow(cursor.index, published=False) if step.kind == "task" else None
+        return TaskRow(cursor.index, published=False) if isinstance(step, TaskStep) else None
     if status != RunStatus.RUNNING:
         return None
-    if step.fanout is not None:
-        return FanOut(cursor.index, None if cursor.items is None else tuple(cursor.items))
-    if step.kind == "delay":
-        return DelayRow(cursor.index, step.delay_seconds or 0)
+    match step:
+        case ParallelStep() | ForEachStep():
+            return FanOut(cursor.index, None if cursor.items is None else tuple(cursor.items))
+        case DelayStep():
+            return DelayRow(cursor.index, step.delay_seconds)
     return TaskRow(cursor.index, published=True)
 
 
@@ -337,8 +364,8 @@ def timed_wait(spec: WorkflowSpec, index: int | None) -> float | None:
     """The timeout of the wait at ``index``, if it is a signal wait with a timeout."""
     if index is None or index >= len(spec.steps):
         return None
-    wait = spec.steps[index].wait
-    return None if wait is None or spec.steps[index].kind != "wait" else wait.timeout
+    step = spec.steps[index]
+    return step.wait.timeout if isinstance(step, WaitStep) else None
 
 
 def _expiry(spec: WorkflowSpec, cursor: _Cursor) -> datetime | None:
@@ -354,11 +381,9 @@ def _expiry(spec: WorkflowSpec, cursor: _Cursor) -> datetime | None:
 
 # -- the visits, one per no-worker kind ------------------------------------------------------
 
-def _visit_start(spec: WorkflowSpec, cursor: _Cursor, facts: Facts) -> bool | FailAtWait:
+def _visit_start(spec: WorkflowSpec, cursor: _Cursor, facts: Facts, step: StartStep) -> bool:
     """Start the runs of a ``start_workflows`` step, as one transition."""
-    step = spec.steps[cursor.at]
     start = step.start
-    assert start is not None, f"step {step.name!r} starts no runs"
     payloads = dependencies.child_payloads(start, step.name, cursor.state)
     _check_started(spec, cursor, step, len(payloads))
     ids = facts.start_runs(cursor.at, payloads, start.group or "")
@@ -388,10 +413,9 @@ def _check_started(spec: WorkflowSpec, cursor: _Cursor, step: StepSpec, count: i
                 f"{used}, over its max_started_workflows budget of {limit}; none was started.")
 
 
-def _visit_repeat(spec: WorkflowSpec, cursor: _Cursor, facts: Facts) -> bool | FailAtWait:
+def _visit_repeat(spec: WorkflowSpec, cursor: _Cursor, step: RepeatStep) -> bool:
     """Evaluate a ``repeat`` step, as one transition: back to its target, or on."""
-    step, index = spec.steps[cursor.at], cursor.at
-    assert step.repeat is not None, f"step {step.name!r} is not a repeat step"
+    index = cursor.at
     loops = dict(cursor.view.loops) if cursor.loops is None else cursor.loops
     again, cursor.loops = flow.repeat_decision(spec, cursor.view.run_id, index, cursor.state,
                                                loops)
@@ -405,10 +429,9 @@ def _visit_repeat(spec: WorkflowSpec, cursor: _Cursor, facts: Facts) -> bool | F
     return _GO
 
 
-def _visit_for_each(spec: WorkflowSpec, cursor: _Cursor, facts: Facts) -> bool | FailAtWait:
+def _visit_for_each(spec: WorkflowSpec, cursor: _Cursor, step: ForEachStep) -> bool:
     """Find a ``for_each`` step's items: stop to fan out to them, or, with none, settle the
     join at once, as a transition."""
-    step = spec.steps[cursor.at]
     items = flow.for_each_items(spec, cursor.view.run_id, step, cursor.state)
     if items:
         cursor.items = items
@@ -430,17 +453,16 @@ def workflow_wait(spec: WorkflowSpec, run_id: int, index: int, state: dict[str, 
     Raises:
         InvalidStepOutput: the state key that should name the runs does not.
     """
-    step = spec.steps[index]
+    step = spec.step_of(index, WaitWorkflowsStep)
     wait = step.workflows
-    assert wait is not None, f"step {step.name!r} of run {run_id} is not a workflow wait"
     ids = dependencies.awaited_ids(wait, step.name, state, groups)
     return ids, dependencies.evaluate(wait, ids, awaited(ids))
 
 
-def _visit_workflow_wait(spec: WorkflowSpec, cursor: _Cursor, facts: Facts
-                         ) -> bool | FailAtWait:
+def _visit_workflow_wait(spec: WorkflowSpec, cursor: _Cursor, facts: Facts,
+                         step: WaitWorkflowsStep) -> bool | FailAtWait:
     """Settle a ``wait_for_workflows`` step, park the run at it, or fail the run there."""
-    step, index = spec.steps[cursor.at], cursor.at
+    index = cursor.at
     try:
         ids, found = workflow_wait(spec, cursor.view.run_id, index, cursor.state,
                                    cursor.run_groups(), facts.awaited)
@@ -460,11 +482,10 @@ def _visit_workflow_wait(spec: WorkflowSpec, cursor: _Cursor, facts: Facts
                         {"workflows": found.matched})
 
 
-def _impossible(run_id: int, step: StepSpec, found: dependencies.WaitResult
+def _impossible(run_id: int, step: WaitWorkflowsStep, found: dependencies.WaitResult
                 ) -> exceptions.WorkflowWaitFailed:
     """The error of a workflow wait that can no longer be satisfied."""
     wait = step.workflows
-    assert wait is not None, f"step {step.name!r} is not a workflow wait"
     return exceptions.WorkflowWaitFailed(
         f"Workflow wait {step.name!r} of run {run_id} can no longer be satisfied "
         f"(mode {wait.mode!r}" + (f", quorum {wait.quorum}" if wait.quorum else "")
@@ -472,12 +493,11 @@ def _impossible(run_id: int, step: StepSpec, found: dependencies.WaitResult
         f"completed {found.matched}, still running {found.remaining}.")
 
 
-def _visit_signal_wait(spec: WorkflowSpec, cursor: _Cursor, facts: Facts) -> bool | FailAtWait:
+def _visit_signal_wait(spec: WorkflowSpec, cursor: _Cursor, facts: Facts, step: WaitStep
+                       ) -> bool | FailAtWait:
     """Settle a signal wait from the stored signals (those this landing has not consumed
     already), or park the run at it."""
-    step = spec.steps[cursor.at]
     wait = step.wait
-    assert wait is not None, f"step {step.name!r} is not a signal wait"
     stored = [signal for signal in facts.stored_signals(wait.signals)
               if signal[0] not in cursor.consumed]
     result = waits.evaluate(wait, stored, cursor.state)
@@ -491,11 +511,10 @@ def _visit_signal_wait(spec: WorkflowSpec, cursor: _Cursor, facts: Facts) -> boo
                          "signal_ids": result.consumed})
 
 
-def _park_at_signal(spec: WorkflowSpec, cursor: _Cursor, step: StepSpec,
+def _park_at_signal(spec: WorkflowSpec, cursor: _Cursor, step: WaitStep,
                     result: waits.Evaluation) -> None:
     """Park the run at a signal wait, with its expiry when the wait is timed."""
     wait = step.wait
-    assert wait is not None, f"step {step.name!r} is not a signal wait"
     cursor.status = RunStatus.WAITING_FOR_SIGNAL
     staying = _staying(cursor)
     timeout = timed_wait(spec, cursor.at)
@@ -549,11 +568,3 @@ def _fail_at(cursor: _Cursor, step: StepSpec, error: BaseException, **extra: Any
     return FailAtWait(cursor.at, cursor.state, cursor.usage, flow.failure_record(
         error, step=step.name, step_index=cursor.at, attempt=None, max_attempts=None, **extra))
 
-
-_VISITS: dict[str, Visit] = {
-    "start": _visit_start,
-    "repeat": _visit_repeat,
-    "for_each": _visit_for_each,
-    "wait_workflows": _visit_workflow_wait,
-    "wait": _visit_signal_wait,
-}

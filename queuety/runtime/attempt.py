@@ -26,7 +26,7 @@ from queuety import cleanup, exceptions, instruments, publish, tracing
 from queuety.conf import settings
 from queuety.core import budget as budgets
 from queuety.core import engine, flow
-from queuety.core.definition import StepSpec, WorkflowSpec
+from queuety.core.definition import DelayStep, FanOutStep, ParallelStep, WorkflowSpec
 from queuety.core.handlers import (
     StepContext,
     call_handler,
@@ -116,7 +116,7 @@ def _attempt(step_run_id: int, *, inline: bool, window: InlineWindow
     passage = _pass_gate(held, spec)
     if passage is None:
         return AttemptReport(claimed=False), None
-    if step.kind in ("parallel", "for_each"):
+    if isinstance(step, FanOutStep):
         try:
             report = _execute_branch(held, spec, step, _context(spec, held, streams=False))
         finally:
@@ -189,8 +189,8 @@ def _execute_task_step(held: Claim, spec: WorkflowSpec, *, window: InlineWindow 
     # transition can wait for a lock, and the sweeper must not take this attempt for lost.
     with _span(held, spec, step.name) as span, heartbeat(held.step_run_id):
         try:
-            output = None if step.kind == "delay" else _run_body(
-                step.name, held, step.handler or "", dict(held.state), context)
+            output = None if isinstance(step, DelayStep) else _run_body(
+                step.name, held, step.handler, dict(held.state), context)
             outcome = engine.advance(spec, held.run_id, held.state, held.step_index, output)
             _check_budget(spec, held, outcome)
         except Exception as error:  # noqa: BLE001 - every step failure is recorded
@@ -244,7 +244,7 @@ def _record_refused_transition(held: Claim, spec: WorkflowSpec, error: DatabaseE
                          "the sweeper will recover the attempt.", held.step_run_id)
 
 
-def _execute_branch(held: Claim, spec: WorkflowSpec, step: StepSpec,
+def _execute_branch(held: Claim, spec: WorkflowSpec, step: FanOutStep,
                     context: StepContext) -> AttemptReport:
     """Run one parallel branch or for_each item, then record it (and maybe settle the join)."""
     row = StepRun.objects.only("handler", "input").get(pk=held.step_run_id)
@@ -253,7 +253,7 @@ def _execute_branch(held: Claim, spec: WorkflowSpec, step: StepSpec,
     timed_out = False
     with _span(held, spec, step.name) as span, heartbeat(held.step_run_id):
         try:
-            if step.kind == "parallel":
+            if isinstance(step, ParallelStep):
                 output = engine.check_output(step.name, held.run_id, _run_body(
                     step.name, held, row.handler, dict(held.state), context))
             else:

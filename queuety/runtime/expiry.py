@@ -19,7 +19,7 @@ from django.db import transaction
 
 from queuety import exceptions
 from queuety.core import flow, waits
-from queuety.core.definition import WorkflowSpec
+from queuety.core.definition import WaitStep, WorkflowSpec
 from queuety.core.transition import transition
 from queuety.models import Event, RunStatus, WorkflowRun
 from queuety.runtime.finish import fail_at_wait
@@ -61,9 +61,9 @@ def settle_by_timeout(spec: WorkflowSpec, run: WorkflowRun, now: datetime) -> st
     records it either way.
     """
     index = run.current_step
-    step = spec.steps[index]
+    step = spec.step_of(index, WaitStep)
     wait = step.wait
-    assert wait is not None and wait.timeout is not None, f"step {step.name!r} has no timeout"
+    assert wait.timeout is not None, f"step {step.name!r} has no timeout"
     expired_at = run.wait_expires_at
     details = {"expires_at": None if expired_at is None else expired_at.isoformat(),
                "timeout_seconds": wait.timeout, "on_timeout": wait.on_timeout}

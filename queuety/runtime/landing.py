@@ -19,7 +19,7 @@ from django.db.models import F
 from queuety import publish, signals, tracing
 from queuety.conf import settings
 from queuety.core import dependencies, engine, flow, landing
-from queuety.core.definition import WorkflowSpec
+from queuety.core.definition import ChildStep, FanOutStep, ForEachStep, StartStep, WorkflowSpec
 from queuety.core.landing import RunView
 from queuety.models import (
     Event,
@@ -78,8 +78,7 @@ def create_run(spec: WorkflowSpec, state: dict[str, Any], now: datetime, extra: 
 def start_child(spec: WorkflowSpec, parent_id: int, index: int, state: dict[str, Any],
                 now: datetime, attempt: int = 1, delay: float | None = None) -> int:
     """Create and start the child run of step ``index`` (in the parent's transaction)."""
-    child = spec.steps[index].child
-    assert child is not None, f"step {spec.steps[index].name!r} has no child workflow"
+    child = spec.step_of(index, ChildStep).child
     return create_run(WorkflowSpec.from_dict(child), state, now,
                       {"parent_run": parent_id, "parent_attempt": attempt}, delay,
                       parent_id=parent_id, parent_step=index, parent_attempt=attempt)
@@ -105,9 +104,7 @@ class _Database:
 
     def start_runs(self, index: int, payloads: list[dict[str, Any]], group: str) -> list[int]:
         """Create and start the runs of the ``start_workflows`` step ``index``."""
-        child = self.spec.steps[index].child
-        assert child is not None, f"step {self.spec.steps[index].name!r} starts no runs"
-        started = WorkflowSpec.from_dict(child)
+        started = WorkflowSpec.from_dict(self.spec.step_of(index, StartStep).child)
         run_id = self.view.run_id
         return [create_run(started, payload, self.view.now, {"started_by": run_id},
                            started_by_id=run_id, started_by_step=index, group=group)
@@ -268,22 +265,21 @@ _ENTRIES: dict[type, Callable[[WorkflowSpec, RunView, landing.Landing, Any], lis
 def fan_out(spec: WorkflowSpec, run_id: int, index: int, state: dict[str, Any], seq: int,
             now: datetime, items: list[Any] | None) -> None:
     """Create one row per branch or item of the step at ``index`` and publish them all."""
-    step = spec.steps[index]
+    step = spec.step_of(index, FanOutStep)
     spread = step.fanout
-    assert spread is not None, f"step {step.name!r} is not a fan-out step"
     common: dict[str, Any] = {
         "run_id": run_id, "seq": seq, "step_index": index, "step_name": step.name,
         "available_at": now, "published_at": now}
-    if step.kind == "parallel":
-        new = [StepRun(branch=i, handler=path, timeout=spec.timeout_of(index, i),
-                       max_attempts=effective_policy(spec, index, i).max_attempts, **common)
-               for i, path in enumerate(spread.branches)]
-    else:
+    if isinstance(step, ForEachStep):
         items = items if items is not None else flow.for_each_items(spec, run_id, step, state)
         attempts = effective_policy(spec, index).max_attempts
         new = [StepRun(branch=i, handler=step.handler, input={"item": item, "index": i},
                        timeout=step.timeout, max_attempts=attempts, **common)
                for i, item in enumerate(items)]
+    else:  # parallel
+        new = [StepRun(branch=i, handler=path, timeout=spec.timeout_of(index, i),
+                       max_attempts=effective_policy(spec, index, i).max_attempts, **common)
+               for i, path in enumerate(spread.branches)]
     if spread.max_concurrency is not None:
         for row in new[spread.max_concurrency:]:  # they start as running ones finish
             row.status, row.published_at = StepStatus.HELD, None

@@ -24,7 +24,7 @@ from queuety import cleanup, exceptions, instruments, publish, signals
 from queuety.conf import settings
 from queuety.core import budget as budgets
 from queuety.core import engine, fanout, flow, landing
-from queuety.core.definition import WorkflowSpec
+from queuety.core.definition import FanOutStep, ForEachStep, WorkflowSpec
 from queuety.core.inline import InlineWindow
 from queuety.core.status import LIVE_OR_HELD
 from queuety.core.transition import transition
@@ -328,10 +328,11 @@ def record_failure(held: Claim, spec: WorkflowSpec, error: BaseException,
             cleanup.cleanup_done(held.run_id, spec, now)
             return
         step = spec.steps[held.step_index]
-        if step.kind == "for_each" and not isinstance(error, exceptions.BudgetExceeded) and \
+        if isinstance(step, ForEachStep) and \
+                not isinstance(error, exceptions.BudgetExceeded) and \
                 _record_item_failure(held, spec, event, now):
             return
-        if step.kind in ("parallel", "for_each"):
+        if isinstance(step, FanOutStep):
             StepRun.objects.filter(
                 run_id=held.run_id, kind="step", seq=held.seq, step_index=held.step_index,
                 status__in=LIVE_OR_HELD,
@@ -382,8 +383,7 @@ def _record_item_failure(held: Claim, spec: WorkflowSpec, event: Event, now: dat
     """Record a for_each item out of attempts as ``item_failed`` and free its slot, unless the
     join can no longer be satisfied; return whether it was recorded so (False: the item fails
     its run)."""
-    step = spec.steps[held.step_index]
-    assert step.fanout is not None
+    step = spec.step_of(held.step_index, ForEachStep)
     run = rows.lock_run(held.run_id, fields=rows.BOUNDARY_FIELDS)
     total, succeeded, failed = rows.fanout_counts(held.run_id, held.seq, held.step_index)
     verdict = fanout.progress(step.fanout.mode, step.fanout.quorum, total, succeeded, failed)

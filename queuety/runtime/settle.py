@@ -15,7 +15,7 @@ from django.utils import timezone
 from queuety import exceptions
 from queuety.core import budget as budgets
 from queuety.core import engine, fanout, flow, landing
-from queuety.core.definition import WorkflowSpec
+from queuety.core.definition import FanOutStep, WaitWorkflowsStep, WorkflowSpec
 from queuety.core.landing import RunView
 from queuety.core.status import FINISHED, LIVE_OR_HELD
 from queuety.core.transition import transition
@@ -36,9 +36,8 @@ def branch_done(held: Claim, spec: WorkflowSpec, output: Any, duration_ms: float
     once its row is completed and the join still open.
     """
     now = timezone.now()
-    step = spec.steps[held.step_index]
+    step = spec.step_of(held.step_index, FanOutStep)
     spread = step.fanout
-    assert spread is not None, f"step {step.name!r} is not a fan-out step"
     event = Event(run_id=held.run_id, step_run_id=held.step_run_id,
                   kind=flow.completed_kind(step),
                   step_index=held.step_index, step_name=step.name, attempt=held.attempt,
@@ -77,7 +76,7 @@ def settle(spec: WorkflowSpec, run: WorkflowRun, index: int, seq: int,
         BudgetExceeded: the merge breaches the run's budget (the caller's transaction rolls
             back; the branch's attempt is then recorded as failed, which fails the run).
     """
-    step = spec.steps[index]
+    step = spec.step_of(index, FanOutStep)
     cancelled = StepRun.objects.filter(
         run_id=run.pk, kind="step", seq=seq, step_index=index, status__in=LIVE_OR_HELD,
     ).update(status=StepStatus.CANCELLED, finished_at=now)
@@ -110,7 +109,7 @@ def resume_waiting(run_id: int) -> str | None:
         spec = load_spec(run.definition_id)
         index = run.current_step
         view = rows.run_view(run, now)
-        if spec.steps[index].kind == "wait_workflows":
+        if isinstance(spec.steps[index], WaitWorkflowsStep):
             return _move_on(spec, run, view, index, [])
         return _child_finished(spec, run, view, index)
 

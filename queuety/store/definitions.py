@@ -8,7 +8,7 @@ from django.db import transaction
 
 from queuety import exceptions
 from queuety.conf import settings
-from queuety.core.definition import WorkflowSpec
+from queuety.core.definition import ParallelStep, WorkflowSpec
 from queuety.core.retry import RetryPolicy
 from queuety.models import WorkflowDefinition
 
@@ -64,7 +64,7 @@ def effective_policy(spec: WorkflowSpec, step_index: int, branch: int = 0) -> Re
     """Return the retry policy of a step (of its ``parallel`` branch ``branch``): the branch's
     own, else the step's, else its workflow's, else the global one."""
     step = spec.steps[step_index]
-    own = step.fanout.retry_of(branch) if step.kind == "parallel" and step.fanout else None
+    own = step.fanout.retry_of(branch) if isinstance(step, ParallelStep) else None
     policy: RetryPolicy = own or step.retry or spec.retry or settings.DEFAULT_RETRY
     return policy
 
