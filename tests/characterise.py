@@ -1,53 +1,64 @@
 """A characterisation record of every run a test session makes, and a tool to compare two.
 
-Made to show that a refactoring changes no behaviour: record the suite before the change and
-after it, then compare. Inert unless ``QUEUETY_CHARACTERISE`` names a JSON file to write
-(tests/integration/conftest.py loads this module as a plugin then, and only then)::
+Made to show that a refactoring changes no behaviour: record the integration suite before the
+change and after it, then compare. Inert unless ``QUEUETY_CHARACTERISE`` names the JSON file to
+write: only then does tests/integration/conftest.py load this module as a plugin, so a normal
+run neither imports it nor pays for it. With the servers ``./dev test`` uses::
 
-    QUEUETY_CHARACTERISE=var/characterisation/before.json ./dev test -q tests/integration
-    QUEUETY_CHARACTERISE=var/characterisation/after.json ./dev test -q tests/integration
+    QUEUETY_CHARACTERISE=$PWD/var/characterisation/before.json ./dev test -q tests/integration
+    QUEUETY_CHARACTERISE=$PWD/var/characterisation/after.json ./dev test -q tests/integration
     python -m tests.characterise compare var/characterisation/before.json \\
-        var/characterisation/after.json [--noisy noisy.txt] [--only-diff]
+        var/characterisation/after.json --noisy var/characterisation/noisy.txt --only-diff
     python -m tests.characterise show before.json NODEID   # one test's record, as JSON
     python -m tests.characterise renormalise before.json   # rebuild it from before.raw.json
 
 Next to the record, ``<name>.raw.json`` keeps the rows as read (and which test made which
 run), so a change of the normalisation below needs no new recording: ``renormalise``.
 
-What it records, per test node id (and the test's outcome): every ``WorkflowRun`` the test
-created, with its row's columns (status, current_step, total_steps, revision, state,
+What it records, per test node id (with the test's outcome): every ``WorkflowRun`` the test
+created, with its row's columns (name, status, current_step, total_steps, revision, state,
 transitions, cost_units, started_workflows, loops, groups, state_writes, error, cleanup,
-name, group, idempotency_key, parent/started_by links and steps; whether wait_expires_at,
-finished_at, deadline_at and trace_context are set), its timeline (``Event`` rows in pk order:
-kind, step_index, step_name, attempt, step row, data), its ``StepRun`` rows (by kind, seq and
-branch: step, status, attempts, output, error, gate fields, ...), its ``Signal`` rows (name,
-payload, consumption) and its ``WorkflowDependency`` rows.
+group, idempotency_key, the parent and started_by links and their steps; whether
+wait_expires_at, finished_at, deadline_at and trace_context are set), its timeline (``Event``
+rows in pk order: kind, step_index, step_name, attempt, step row, data), its ``StepRun`` rows
+(by kind, seq, branch: step, status, attempts, input, output, error, gate fields, ...), its
+``Signal`` rows (name, payload, sender, consumption) and its ``WorkflowDependency`` rows.
 
-When: once, at the end of the session (while the session's worker still runs, after the
-database has been quiet for a moment), so runs a test left in flight have settled as far as
-they will; each run is grouped under the test during which it was created (its pk range), a
-child or started run under its parent's test.
+When: once, at the end of the session, while the session's worker still runs and after the
+database has been quiet for QUIET_SECONDS, so runs a test left in flight have settled as far
+as they will. Each run is filed under the test during which it was created (by its pk: the
+highest pk is noted after each test), a child or started run under its parent's test.
 
 Normalised, so that two recordings of the same code compare equal:
 
-* The session's run, step-row and signal sequences are moved to 10,000,001, 40,000,001 and
-  70,000,001 at its start: an id is then unambiguous wherever it appears (a state value,
-  event data, a dict key, a message), and is replaced by a label relative to the test: ``R1``,
+* Ids. The session's run, step-row and signal sequences are moved to 10,000,001, 40,000,001
+  and 70,000,001 at its start, so an id is unambiguous wherever it appears (a state value,
+  event data, a dict key, a message) and is replaced by a label relative to its test: ``R1``,
   ``R2`` for the runs the test dispatched (pk order), ``R1.c1`` for the first child of R1
-  (``run_workflow``), ``R1.s2`` for the second run R1 started (``start_workflows``);
-  ``<other-run>`` for another test's run. Step rows become ``step:kind/seq/branch``, signals
+  (``run_workflow``), ``R1.s2`` for the second run R1 started (``start_workflows``),
+  ``<other-run>`` for another test's run; step rows are ``step:kind/seq/branch``, signals
   ``signal:N`` (their order in their run).
-* Timestamps and durations (keys ending in ``_at``, ``_ms``, ``seconds``, ...; ISO date
-  strings) become ``"set"`` / ``"<ts>"``; worker names and pids ``"set"``; the test's
-  ``token``, the session's queue name, UUIDs and random hex strings ``<token>``, ``<queue>``,
-  ``<uuid>``, ``<hex>``; a traceback its last line (the exception; the first line is always
-  "Traceback (most recent call last):").
+* Time. Values under keys ending in ``_at``, ``_ms``, ``seconds``, ``since``, ... (and
+  ``ran_for``, a test step's measure; ``retry_in``, a jittered delay) become ``"set"``; ISO
+  timestamps in strings ``<ts>``. Durations of events are not recorded.
+* Processes and randomness: worker names and pids (``claimed_by``, host:pid in messages)
+  become ``"set"`` / ``<process>``; the test's ``token`` ``<token>``; the session's queue name
+  ``<queue>``; UUIDs, random hex (user names, schedule names) and approval-link nonces
+  ``<uuid>``, ``<hex>``, ``<nonce>``, in node ids too (a parameter id made of a uuid); a
+  traceback is its last line (the exception: its first line is always "Traceback (most recent
+  call last):").
+* Order. Branches and items of a fan-out finish in whatever order the pool runs them: each
+  stretch of consecutive events of one fan-out pass's rows is put in branch order (its place
+  in the timeline is kept). A fan-out aggregate's ``winner`` (the first branch to succeed,
+  by finish time) is ``"set"``.
 
-``compare`` prints one line per test (``same`` / ``DIFF`` / ``noisy``), a compact diff for the
-ones that differ (which run, which field, which event or step row), then a summary. Tests
-listed in ``--noisy`` (one node id a line, ``  # why`` allowed after it; the tests that differ
-between two recordings of the same code) are reported apart and do not fail the comparison.
-Exit status: 0 when no other test differs.
+``compare`` prints one line per test (``same``, ``DIFF``, or ``noisy`` for a known noisy test
+that differs), under each difference a compact diff (the run's label, then the field, the
+event or step row index and the path inside it: ``R1 events[3] (step_completed).data.output.x:
+1 -> 2``), then a summary: N tests identical, M differ. Known noisy tests (``--noisy FILE``:
+one node id a line, ``  # why`` allowed after it; the tests that differ between two recordings
+of the same code) are counted apart and do not fail the comparison. Exit status 0 when no
+other test differs (or exists in one record only), else 1.
 """
 
 from __future__ import annotations
@@ -57,6 +68,7 @@ import bisect
 import json
 import os
 import re
+import socket
 import sys
 import time
 from collections import defaultdict
@@ -156,8 +168,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         return
     if report.failed:
         RECORDER.outcomes[item.nodeid] = f"failed in {report.when}"
-    elif report.skipped and item.nodeid not in RECORDER.outcomes:
-        RECORDER.outcomes[item.nodeid] = "skipped"
+    elif report.skipped:
+        if not RECORDER.outcomes.get(item.nodeid, "").startswith("failed"):
+            RECORDER.outcomes[item.nodeid] = "skipped"
     else:
         RECORDER.outcomes.setdefault(item.nodeid, "passed")
 
@@ -281,6 +294,7 @@ def build(raw: dict[str, Any]) -> dict[str, Any]:
     tests: dict[str, dict[str, Any]] = {
         nodeid: {"outcome": session["outcomes"].get(nodeid, "?"), "runs": {}}
         for nodeid in nodeids}
+    keys = _test_keys(nodeids)
     normalisers: dict[str, Normaliser] = {}
     for run in runs:
         pk, test = run["pk"], owner[run["pk"]]
@@ -294,10 +308,10 @@ def build(raw: dict[str, Any]) -> dict[str, Any]:
         entry.update({field: run[field] for field in RUN_SET_FIELDS})
         entry["parent"] = norm(run["parent_id"])
         entry["started_by"] = norm(run["started_by_id"])
-        entry["events"] = [
+        entry["events"] = _in_branch_order([
             {"kind": e["kind"], "step_index": e["step_index"], "step_name": norm(e["step_name"]),
              "attempt": e["attempt"], "step_run": norm(e["step_run_id"]),
-             "data": norm(e["data"])} for e in by_run["events"][pk]]
+             "data": norm(e["data"])} for e in by_run["events"][pk]])
         entry["steps"] = [{field: norm(row[field]) for field in STEP_FIELDS}
                           for row in by_run["steps"][pk]]
         entry["signals"] = [
@@ -307,7 +321,45 @@ def build(raw: dict[str, Any]) -> dict[str, Any]:
         entry["dependencies"] = [{"step_index": d["step_index"], "on": norm(d["depends_on"])}
                                  for d in by_run["dependencies"][pk]]
         tests[test]["runs"][labels[pk]] = entry
-    return {"meta": {**raw["meta"], "tests": len(tests), "runs": len(runs)}, "tests": tests}
+    return {"meta": {**raw["meta"], "tests": len(tests), "runs": len(runs)},
+            "tests": {keys[nodeid]: test for nodeid, test in tests.items()}}
+
+
+def _test_keys(nodeids: list[str]) -> dict[str, str]:
+    """Node id -> the record's key: a random parameter id (a uuid's hex) as ``<hex>``."""
+    keys: dict[str, str] = {}
+    for nodeid in nodeids:
+        key = _HEX.sub("<hex>", _UUID.sub("<uuid>", nodeid)) if "[" in nodeid else nodeid
+        while key in keys.values():
+            key += "'"
+        keys[nodeid] = key
+    return keys
+
+
+def _in_branch_order(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The timeline, each stretch of a fan-out pass's branch and item events (consecutive
+    events of step rows ``step:step/<seq>/*`` of one seq) in branch order: branches finish in
+    whatever order the pool runs them. Any other event (the join's step_completed, a wait, a
+    run event) ends a stretch, so where a stretch stands in the timeline is kept."""
+    def pass_of(event: dict[str, Any]) -> str | None:
+        label = event["step_run"]
+        if not (isinstance(label, str) and label.startswith("step:step/")):
+            return None
+        return label.rsplit("/", 1)[0]
+
+    def branch_order(event: dict[str, Any]) -> tuple[int, int]:
+        return int(event["step_run"].rsplit("/", 1)[1]), event["attempt"] or 0
+
+    ordered: list[dict[str, Any]] = []
+    start = 0
+    while start < len(events):
+        end, key = start + 1, pass_of(events[start])
+        while key is not None and end < len(events) and pass_of(events[end]) == key:
+            end += 1
+        stretch = events[start:end]
+        ordered += sorted(stretch, key=branch_order) if key is not None else stretch
+        start = end
+    return ordered
 
 
 def _labels(runs: list[dict[str, Any]], owner: dict[int, str]) -> dict[int, str]:
@@ -327,14 +379,23 @@ def _labels(runs: list[dict[str, Any]], owner: dict[int, str]) -> dict[int, str]
     return labels
 
 
-_TIME_KEY = re.compile(r"(^|_)(at|ms|seconds|secs|elapsed|duration|since|lag|age)$")
+_TIME_KEY = re.compile(r"(^|_)(at|ms|us|seconds|secs|elapsed|duration|since|lag|age)$"
+                       r"|^(ran_for|retry_in)$")  # a test step's measure, a jittered delay
 _OPAQUE_KEYS = frozenset({"worker", "claimed_by", "pid", "host", "hostname", "node",
                           "traceparent", "trace_id", "span_id"})
 _ISO = re.compile(r"\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(\.\d+)?(Z|[+-]\d{2}:?\d{2})?")
 _UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 _ID = re.compile(r"(?<!\d)\d{8}(?!\d)")
-_HEX = re.compile(r"(?<![0-9A-Za-z])(?=[0-9a-f]*[0-9])(?=[0-9a-f]*[a-f])[0-9a-f]{6,}"
-                  r"(?![0-9A-Za-z])")
+# Random hex (a letter and a digit, or ten digits or more), after any non-hex character: a
+# test's ``u`` + 10 hex user name is ``u<hex>``.
+_HEX = re.compile(r"(?<![0-9a-f])((?=[0-9a-f]*[0-9])(?=[0-9a-f]*[a-f])[0-9a-f]{6,}|[0-9]{10,})"
+                  r"(?![0-9a-f])")
+#: The keys of a fan-out's aggregate output (``queuety.core.fanout``).
+_AGGREGATE = frozenset({"mode", "succeeded", "failed", "winner", "results"})
+#: An approval link's single-use nonce (a signal's dedupe key).
+_NONCE = re.compile(r"(?<=approval-link:)[A-Za-z0-9_-]{16}")
+#: A worker process, as ``claimed_by`` and messages name it: host:pid.
+_PROCESS = re.compile(re.escape(socket.gethostname()) + r":\d+")
 
 
 class Normaliser:
@@ -360,6 +421,8 @@ class Normaliser:
         if isinstance(value, list | tuple):
             return [self(item) for item in value]
         if isinstance(value, dict):
+            if _AGGREGATE <= value.keys() and value["winner"] is not None:
+                value = {**value, "winner": "set"}  # the first to succeed, by finish time
             return {self.text(k): self(v, k) for k, v in value.items()}
         return value
 
@@ -369,6 +432,8 @@ class Normaliser:
         for literal, mark in self.literals:
             value = value.replace(literal, mark)
         value = _ISO.sub("<ts>", value)
+        value = _PROCESS.sub("<process>", value)
+        value = _NONCE.sub("<nonce>", value)
         value = _UUID.sub("<uuid>", value)
         value = _ID.sub(lambda m: self.ids.get(int(m.group()), m.group()), value)
         return _HEX.sub("<hex>", value)
@@ -381,9 +446,23 @@ def _short(value: Json, limit: int = 160) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
+def _paths(a: Json, b: Json, path: str) -> Iterator[str]:
+    """``path: a -> b`` for each leaf where two JSON values differ (lists by index)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        for key in sorted(set(a) | set(b), key=str):
+            if a.get(key) != b.get(key):
+                yield from _paths(a.get(key), b.get(key), f"{path}.{key}")
+    elif isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        for index, (left, right) in enumerate(zip(a, b)):
+            if left != right:
+                yield from _paths(left, right, f"{path}[{index}]")
+    else:
+        yield f"{path}: {_short(a)} -> {_short(b)}"
+
+
 def _diff_rows(what: str, a: list[Json], b: list[Json], limit: int = 3) -> list[str]:
-    """The first differing rows of two lists (events, steps, signals)."""
-    lines = [f"{what}: {len(a)} vs {len(b)}"] if len(a) != len(b) else []
+    """The differences of the first differing rows of two lists (events, steps, signals)."""
+    lines = [f"{what}: {len(a)} vs {len(b)} rows"] if len(a) != len(b) else []
     shown = 0
     for index in range(max(len(a), len(b))):
         left = a[index] if index < len(a) else None
@@ -391,16 +470,12 @@ def _diff_rows(what: str, a: list[Json], b: list[Json], limit: int = 3) -> list[
         if left == right:
             continue
         if shown == limit:
-            lines.append(f"{what}: ... more")
+            lines.append(f"{what}[{index}...]: more rows differ")
             break
         shown += 1
-        if isinstance(left, dict) and isinstance(right, dict):
-            for field in sorted(set(left) | set(right)):
-                if left.get(field) != right.get(field):
-                    lines.append(f"{what}[{index}] ({left.get('kind')}) {field}: "
-                                 f"{_short(left.get(field))} -> {_short(right.get(field))}")
-        else:
-            lines.append(f"{what}[{index}]: {_short(left)} -> {_short(right)}")
+        kind = (left or right or {}).get("kind") if isinstance(left or right, dict) else None
+        lines += [f"{what}{line}" for line in
+                  _paths(left, right, f"[{index}]{f' ({kind})' if kind else ''}")]
     return lines
 
 
@@ -424,8 +499,8 @@ def diff_test(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
                 lines += [f"{label} {line}" for line in
                           _diff_rows(field, left.get(field, []), right.get(field, []))]
             else:
-                lines.append(f"{label} {field}: {_short(left.get(field))} -> "
-                             f"{_short(right.get(field))}")
+                lines += [f"{label} {line}" for line in
+                          _paths(left.get(field), right.get(field), field)]
     return lines
 
 
@@ -442,7 +517,7 @@ def read_noisy(path: str | None) -> dict[str, str]:
 
 
 def compare(a_path: str, b_path: str, noisy_path: str | None = None, only_diff: bool = False,
-            write_noisy: str | None = None, out: Any = sys.stdout) -> int:
+            write_noisy: str | None = None, limit: int = 12, out: Any = sys.stdout) -> int:
     """Print the comparison of two records; return 1 if a test outside ``noisy`` differs."""
     a = json.loads(Path(a_path).read_text())["tests"]
     b = json.loads(Path(b_path).read_text())["tests"]
@@ -463,10 +538,10 @@ def compare(a_path: str, b_path: str, noisy_path: str | None = None, only_diff: 
         tag = "noisy " if nodeid in noisy else "DIFF  "
         reason = f"  ({noisy[nodeid]})" if noisy.get(nodeid) else ""
         print(f"{tag} {nodeid}{reason}", file=out)
-        for line in lines[:12]:
+        for line in lines[:limit]:
             print(f"         {line}", file=out)
-        if len(lines) > 12:
-            print(f"         ... {len(lines) - 12} more", file=out)
+        if len(lines) > limit:
+            print(f"         ... {len(lines) - limit} more", file=out)
     print(f"\n{len(same) + len(noisy_same)} tests identical, {len(differ)} differ"
           + (f"; known noisy: {len(noisy_differ)} differ, {len(noisy_same)} identical"
              if noisy else "")
@@ -485,6 +560,7 @@ def main(argv: list[str] | None = None) -> int:
     cmp.add_argument("b")
     cmp.add_argument("--noisy", help="known noisy tests (one node id a line, '  # why' after)")
     cmp.add_argument("--only-diff", action="store_true", help="do not list identical tests")
+    cmp.add_argument("--lines", type=int, default=12, help="diff lines shown per test")
     cmp.add_argument("--write-noisy", metavar="PATH",
                      help="write the node ids of the tests that differ (not already noisy)")
     again = commands.add_parser("renormalise", help="rebuild a record from its .raw.json rows "
@@ -502,7 +578,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(json.loads(Path(args.record).read_text())["tests"][args.nodeid],
                          indent=1, sort_keys=True))
         return 0
-    return compare(args.a, args.b, args.noisy, args.only_diff, args.write_noisy)
+    return compare(args.a, args.b, args.noisy, args.only_diff, args.write_noisy, args.lines)
 
 
 if __name__ == "__main__":
