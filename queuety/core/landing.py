@@ -390,10 +390,9 @@ def _visit_start(spec: WorkflowSpec, cursor: _Cursor, facts: Facts, step: StartS
     moved = transition(spec, cursor.view.run_id, cursor.state, cursor.writes, cursor.usage,
                        {start.result_key: ids}, started=len(ids),
                        merged={**cursor.state, start.result_key: ids}).checked()
+    groups = cursor.run_groups()  # read, and so written back, whenever a start step runs
     if start.group:  # a start step entered again replaces its group
-        cursor.run_groups()[start.group] = ids
-    else:
-        cursor.run_groups()
+        groups[start.group] = ids
     cursor.note("workflows_started", step, {"runs": ids, "group": start.group,
                                             **moved.event_data})
     cursor.moved(moved, spec.next_index(cursor.at))
