@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from rest_framework import status
 from rest_framework.exceptions import APIException, ErrorDetail
 
@@ -21,45 +24,50 @@ class QueuetyAPIError(APIException):
         self.extra = extra
 
 
+def _no_extra(error: Any) -> dict[str, object]:
+    return {}
+
+
+#: Each domain error's code, HTTP status and extra body, matched in this order (a subclass
+#: before its base); the first class the error is an instance of answers.
+_ANSWERS: tuple[tuple[type[Exception], str, int, Callable[[Any], dict[str, object]]], ...] = (
+    (exceptions.RunNotFound, "run_not_found", status.HTTP_404_NOT_FOUND, _no_extra),
+    (exceptions.WaitExpired, "wait_expired", status.HTTP_409_CONFLICT, _no_extra),
+    (exceptions.AlreadyAnswered, "already_answered", status.HTTP_409_CONFLICT, _no_extra),
+    (exceptions.RunNotWaiting, "run_not_waiting", status.HTTP_409_CONFLICT, _no_extra),
+    (exceptions.BudgetExceeded, "budget_exceeded", status.HTTP_409_CONFLICT,
+     lambda e: {"budget": e.budget, "limit": e.limit, "used": e.used}),
+    (exceptions.InvalidSignalData, "invalid_payload", status.HTTP_400_BAD_REQUEST,
+     lambda e: {"errors": e.errors}),
+    (exceptions.IdempotencyConflict, "idempotency_conflict", status.HTTP_409_CONFLICT,
+     _no_extra),
+    (exceptions.InvalidTransition, "invalid_transition", status.HTTP_409_CONFLICT, _no_extra),
+    (exceptions.UnknownWorkflow, "unknown_workflow", status.HTTP_400_BAD_REQUEST,
+     lambda e: {"known": list(e.known)}),
+    (exceptions.InvalidPayload, "invalid_payload", status.HTTP_400_BAD_REQUEST, _no_extra),
+    (exceptions.ArtifactNotFound, "artifact_not_found", status.HTTP_404_NOT_FOUND, _no_extra),
+    (exceptions.InvalidArtifact, "invalid_artifact", status.HTTP_400_BAD_REQUEST, _no_extra),
+    (exceptions.UnknownStep, "step_not_found", status.HTTP_404_NOT_FOUND, _no_extra),
+    # The run's stored definition no longer loads (a deploy removed code it names): nothing
+    # can move it until that is fixed, and nothing was written.
+    (exceptions.WorkflowDefinitionError, "definition_unloadable", status.HTTP_409_CONFLICT,
+     _no_extra),
+)
+
+#: The errors that say a body was too large, and their code then (HTTP 413, no extra body).
+_TOO_LARGE: tuple[tuple[type[Exception], str], ...] = (
+    (exceptions.InvalidSignalData, "payload_too_large"),
+    (exceptions.InvalidArtifact, "artifact_too_large"),
+)
+
+
 def translate(error: Exception) -> QueuetyAPIError:
-    """Return the API error for a domain error raised by the service layer."""
-    if isinstance(error, exceptions.RunNotFound):
-        return QueuetyAPIError(str(error), "run_not_found", status.HTTP_404_NOT_FOUND)
-    if isinstance(error, exceptions.WaitExpired):
-        return QueuetyAPIError(str(error), "wait_expired", status.HTTP_409_CONFLICT)
-    if isinstance(error, exceptions.AlreadyAnswered):
-        return QueuetyAPIError(str(error), "already_answered", status.HTTP_409_CONFLICT)
-    if isinstance(error, exceptions.RunNotWaiting):
-        return QueuetyAPIError(str(error), "run_not_waiting", status.HTTP_409_CONFLICT)
-    if isinstance(error, exceptions.BudgetExceeded):
-        return QueuetyAPIError(str(error), "budget_exceeded", status.HTTP_409_CONFLICT,
-                               budget=error.budget, limit=error.limit, used=error.used)
-    if isinstance(error, exceptions.InvalidSignalData):
-        if error.too_large:
-            return QueuetyAPIError(str(error), "payload_too_large",
-                                   status.HTTP_413_REQUEST_ENTITY_TOO_LARGE)
-        return QueuetyAPIError(str(error), "invalid_payload", status.HTTP_400_BAD_REQUEST,
-                               errors=error.errors)
-    if isinstance(error, exceptions.IdempotencyConflict):
-        return QueuetyAPIError(str(error), "idempotency_conflict", status.HTTP_409_CONFLICT)
-    if isinstance(error, exceptions.InvalidTransition):
-        return QueuetyAPIError(str(error), "invalid_transition", status.HTTP_409_CONFLICT)
-    if isinstance(error, exceptions.UnknownWorkflow):
-        return QueuetyAPIError(str(error), "unknown_workflow", status.HTTP_400_BAD_REQUEST,
-                               known=list(error.known))
-    if isinstance(error, exceptions.InvalidPayload):
-        return QueuetyAPIError(str(error), "invalid_payload", status.HTTP_400_BAD_REQUEST)
-    if isinstance(error, exceptions.ArtifactNotFound):
-        return QueuetyAPIError(str(error), "artifact_not_found", status.HTTP_404_NOT_FOUND)
-    if isinstance(error, exceptions.InvalidArtifact):
-        if error.too_large:
-            return QueuetyAPIError(str(error), "artifact_too_large",
-                                   status.HTTP_413_REQUEST_ENTITY_TOO_LARGE)
-        return QueuetyAPIError(str(error), "invalid_artifact", status.HTTP_400_BAD_REQUEST)
-    if isinstance(error, exceptions.UnknownStep):
-        return QueuetyAPIError(str(error), "step_not_found", status.HTTP_404_NOT_FOUND)
-    if isinstance(error, exceptions.WorkflowDefinitionError):
-        # The run's stored definition no longer loads (a deploy removed code it names):
-        # nothing can move it until that is fixed, and nothing was written.
-        return QueuetyAPIError(str(error), "definition_unloadable", status.HTTP_409_CONFLICT)
+    """Return the API error for a domain error raised by the service layer; re-raise any
+    other error."""
+    for cls, code in _TOO_LARGE:
+        if isinstance(error, cls) and getattr(error, "too_large", False):
+            return QueuetyAPIError(str(error), code, status.HTTP_413_REQUEST_ENTITY_TOO_LARGE)
+    for cls, code, http_status, extra in _ANSWERS:
+        if isinstance(error, cls):
+            return QueuetyAPIError(str(error), code, http_status, **extra(error))
     raise error
