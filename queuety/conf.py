@@ -7,6 +7,7 @@ first use and re-read when tests change ``QUEUETY`` with ``override_settings``.
 from __future__ import annotations
 
 import difflib
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -167,6 +168,49 @@ def _check_resources(values: dict[str, Any]) -> None:
             f"'low' each a Celery priority from 0 to 255 (got {priorities!r}).")
 
 
+def _whole(least: int) -> Callable[[Any], bool]:
+    """A whole number (not a bool) of at least ``least``."""
+    return lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= least
+
+
+def _positive(value: Any) -> bool:
+    return bool(value > 0)
+
+
+_POSITIVE = "a positive number."
+_WHOLE_1 = "a whole number, at least 1."
+
+#: The settings checked one by one: each key, what a valid value is, and the rest of the
+#: sentence that says so (``{value!r}`` is the value given). Checked in this order.
+_RULES: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
+    ("SWEEP_INTERVAL", lambda v: isinstance(v, int) and v >= 1,
+     "a whole number of seconds, at least 1."),
+    ("INLINE_STEPS", lambda v: isinstance(v, int) and v >= 1,
+     "a whole number, at least 1 (1 runs every step from its own message)."),
+    ("LANE_MAX_ABANDONED", _whole(0),
+     "a whole number, at least 0 (0 restarts the lane worker at the first stuck sync body)."),
+    *((key, _positive, _POSITIVE) for key in (
+        "STALE_AFTER", "HEARTBEAT_INTERVAL", "REDELIVER_AFTER", "INLINE_SECONDS",
+        "WORKER_LOST_AFTER", "MAX_PROGRESS_BYTES", "PROGRESS_INTERVAL", "STREAM_POLL_INTERVAL",
+        "STREAM_MAX_SECONDS", "LANE_BLOCKED_AFTER")),
+    ("WEBHOOK_RETRY_DELAYS", lambda v: not isinstance(v, str | bytes) and all(
+        isinstance(d, int | float) and d >= 0 for d in v),
+     "a list of non-negative numbers of seconds, such as [10, 60, 300]."),
+    ("WEBHOOK_TIMEOUT", _positive, _POSITIVE),
+    ("METRICS_TOKEN", lambda v: v is None or (isinstance(v, str) and len(v) >= 16),
+     "None or a string of at least 16 characters (a scraper sends it as a Bearer token)."),
+    ("CHUNK_FLUSH_INTERVAL", lambda v: not isinstance(v, bool) and isinstance(v, int | float)
+     and 0 <= v <= 5, "a number of seconds from 0 (store each chunk at once) to 5."),
+    *((key, _whole(1), _WHOLE_1) for key in ("MAX_ARTIFACT_BYTES", "MAX_CHUNK_BYTES",
+                                             "CHUNK_BUFFER")),
+    ("SECRET_KEYS", lambda v: not isinstance(v, str) and all(isinstance(k, str) for k in v),
+     "a list of key names (strings), such as ['password', 'api_key']."),
+    ("BASE_URL", lambda v: v is None or _is_site_address(v),
+     "None or the site's scheme and host, such as 'https://shop.example.com' (not {value!r}); "
+     "a site served under a path sets FORCE_SCRIPT_NAME for it."),
+)
+
+
 class QueuetySettings:
     """Attribute access to ``QUEUETY`` with defaults, validation and reload."""
 
@@ -189,54 +233,10 @@ class QueuetySettings:
             raise ImproperlyConfigured(
                 "QUEUETY['DEFAULT_RETRY'] must be a queuety.RetryPolicy or a dict of its options."
             )
-        if not isinstance(values["SWEEP_INTERVAL"], int) or values["SWEEP_INTERVAL"] < 1:
-            raise ImproperlyConfigured("QUEUETY['SWEEP_INTERVAL'] must be a whole number of "
-                                       "seconds, at least 1.")
-        if not isinstance(values["INLINE_STEPS"], int) or values["INLINE_STEPS"] < 1:
-            raise ImproperlyConfigured("QUEUETY['INLINE_STEPS'] must be a whole number, at "
-                                       "least 1 (1 runs every step from its own message).")
-        if not isinstance(values["LANE_MAX_ABANDONED"], int) or \
-                isinstance(values["LANE_MAX_ABANDONED"], bool) or values["LANE_MAX_ABANDONED"] < 0:
-            raise ImproperlyConfigured("QUEUETY['LANE_MAX_ABANDONED'] must be a whole number, "
-                                       "at least 0 (0 restarts the lane worker at the first "
-                                       "stuck sync body).")
-        for key in ("STALE_AFTER", "HEARTBEAT_INTERVAL", "REDELIVER_AFTER", "INLINE_SECONDS",
-                    "WORKER_LOST_AFTER", "MAX_PROGRESS_BYTES", "PROGRESS_INTERVAL",
-                    "STREAM_POLL_INTERVAL", "STREAM_MAX_SECONDS", "LANE_BLOCKED_AFTER"):
-            if not values[key] > 0:
-                raise ImproperlyConfigured(f"QUEUETY[{key!r}] must be a positive number.")
-        delays = values["WEBHOOK_RETRY_DELAYS"]
-        if isinstance(delays, str | bytes) or not all(
-                isinstance(d, int | float) and d >= 0 for d in delays):
-            raise ImproperlyConfigured("QUEUETY['WEBHOOK_RETRY_DELAYS'] must be a list of "
-                                       "non-negative numbers of seconds, such as [10, 60, 300].")
-        if not values["WEBHOOK_TIMEOUT"] > 0:
-            raise ImproperlyConfigured("QUEUETY['WEBHOOK_TIMEOUT'] must be a positive number.")
-        token = values["METRICS_TOKEN"]
-        if token is not None and (not isinstance(token, str) or len(token) < 16):
-            raise ImproperlyConfigured("QUEUETY['METRICS_TOKEN'] must be None or a string of at "
-                                       "least 16 characters (a scraper sends it as a Bearer "
-                                       "token).")
-        interval = values["CHUNK_FLUSH_INTERVAL"]
-        if isinstance(interval, bool) or not isinstance(interval, int | float) or \
-                not 0 <= interval <= 5:
-            raise ImproperlyConfigured("QUEUETY['CHUNK_FLUSH_INTERVAL'] must be a number of "
-                                       "seconds from 0 (store each chunk at once) to 5.")
-        for key in ("MAX_ARTIFACT_BYTES", "MAX_CHUNK_BYTES", "CHUNK_BUFFER"):
-            if isinstance(values[key], bool) or not isinstance(values[key], int) or \
-                    values[key] < 1:
-                raise ImproperlyConfigured(f"QUEUETY[{key!r}] must be a whole number, at "
-                                           "least 1.")
-        keys = values["SECRET_KEYS"]
-        if isinstance(keys, str) or not all(isinstance(key, str) for key in keys):
-            raise ImproperlyConfigured("QUEUETY['SECRET_KEYS'] must be a list of key names "
-                                       "(strings), such as ['password', 'api_key'].")
-        base_url = values["BASE_URL"]
-        if base_url is not None and not _is_site_address(base_url):
-            raise ImproperlyConfigured(
-                "QUEUETY['BASE_URL'] must be None or the site's scheme and host, such as "
-                f"'https://shop.example.com' (not {base_url!r}); a site served under a path "
-                "sets FORCE_SCRIPT_NAME for it.")
+        for key, valid, message in _RULES:
+            if not valid(values[key]):
+                raise ImproperlyConfigured(f"QUEUETY[{key!r}] must be "
+                                           + message.format(value=values[key]))
         _check_resources(values)
         if values["HEARTBEAT_INTERVAL"] >= values["STALE_AFTER"]:
             raise ImproperlyConfigured(

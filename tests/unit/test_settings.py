@@ -27,6 +27,15 @@ from queuety.conf import settings
     ({"CHUNK_FLUSH_INTERVAL": -1}, r"QUEUETY\['CHUNK_FLUSH_INTERVAL'\] must be a number of "
                                    "seconds from 0"),
     ({"STREAM_POLL_INTERVAL": 0}, r"QUEUETY\['STREAM_POLL_INTERVAL'\] must be a positive"),
+    ({"SWEEP_INTERVAL": 0}, r"QUEUETY\['SWEEP_INTERVAL'\] must be a whole number of seconds, "
+                            r"at least 1\.$"),
+    ({"INLINE_STEPS": 0}, r"QUEUETY\['INLINE_STEPS'\] must be a whole number, at least 1 "),
+    ({"LANE_MAX_ABANDONED": True}, r"QUEUETY\['LANE_MAX_ABANDONED'\] must be a whole number, "
+                                   r"at least 0"),
+    ({"SECRET_KEYS": "password"}, r"QUEUETY\['SECRET_KEYS'\] must be a list of key names"),
+    ({"BASE_URL": "https://shop.example.com/app"},
+     r"QUEUETY\['BASE_URL'\] must be None or the site's scheme and host, such as "
+     r"'https://shop.example.com' \(not 'https://shop.example.com/app'\)"),
 ])
 def test_settings__unworkable_values_are_refused(values, message):
     with override_settings(QUEUETY=values), pytest.raises(ImproperlyConfigured, match=message):
