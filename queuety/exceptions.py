@@ -225,6 +225,20 @@ class UnknownWorkflow(QueuetyError, LookupError):
         return (type(self), (self.name, self.known))
 
 
+class UnknownDefinition(QueuetyError, LookupError):
+    """No stored workflow definition matches ``ref`` (a definition id, a hash, or a hash
+    prefix of at least 8 characters), or a prefix matches more than one; nothing was done."""
+
+    def __init__(self, ref: str, why: str = "") -> None:
+        super().__init__(why or (
+            f"No workflow definition has the id or hash {ref!r}; list them with "
+            "'manage.py queuety workflow definitions' (or the admin's Workflow definitions)."))
+        self.ref = ref
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.ref, self.args[0]))
+
+
 class InvalidSchedule(QueuetyError, ValueError):
     """A schedule was refused (bad cron expression, interval, overlap policy, workflow or
     payload); nothing was written."""

@@ -99,3 +99,40 @@ def wait_kinds() -> dict[int, dict[int, str]]:
                 index: step.wait.human or "signal"
                 for index, step in enumerate(spec.steps) if step.wait is not None}
     return {pk: _wait_kinds[pk] for pk in ids}
+
+
+#: The shortest hash prefix :func:`find_definition` accepts (the admin shows 12 characters).
+MIN_PREFIX = 8
+
+
+def find_definition(ref: str | int, *, name: str | None = None) -> WorkflowDefinition:
+    """Return the stored definition ``ref`` names: an ``int`` (or a string of up to 7 digits)
+    is its id; any other string is its hash or a unique prefix of it (at least
+    :data:`MIN_PREFIX` characters). With ``name``, it must be a definition of that workflow.
+
+    Raises:
+        UnknownDefinition: nothing matches, the prefix is too short or matches more than one
+            definition, or the definition is of another workflow than ``name``.
+    """
+    text = str(ref).strip()
+    found: list[WorkflowDefinition]
+    if isinstance(ref, int) or (text.isdigit() and len(text) < MIN_PREFIX):
+        found = list(WorkflowDefinition.objects.filter(pk=int(text)))
+    elif len(text) < MIN_PREFIX:
+        raise exceptions.UnknownDefinition(text, (
+            f"{text!r} is neither a definition id nor a hash: give the id, the full hash, or "
+            f"at least {MIN_PREFIX} characters of it."))
+    else:
+        found = list(WorkflowDefinition.objects.filter(
+            definition_hash__startswith=text.lower()).order_by("pk")[:2])
+    if len(found) > 1:
+        raise exceptions.UnknownDefinition(text, (
+            f"The hash prefix {text!r} matches more than one definition (ids {found[0].pk} "
+            f"and {found[1].pk}); give more of the hash."))
+    if not found:
+        raise exceptions.UnknownDefinition(text)
+    row = found[0]
+    if name is not None and row.name != name:
+        raise exceptions.UnknownDefinition(text, (
+            f"Definition {text!r} (id {row.pk}) is of workflow {row.name!r}, not {name!r}."))
+    return row
