@@ -29,6 +29,7 @@ from queuety.exceptions import (
     ChildRunFailed,
     IdempotencyConflict,
     InvalidArtifact,
+    InvalidMigration,
     InvalidPayload,
     InvalidProgress,
     InvalidSchedule,
@@ -40,6 +41,7 @@ from queuety.exceptions import (
     RunNotFound,
     RunNotWaiting,
     StepTimeout,
+    UnknownDefinition,
     UnknownStep,
     UnknownWorkflow,
     UnmatchedRoute,
@@ -60,6 +62,7 @@ __all__ = [
     "BudgetView",
     "ChildRunFailed",
     "IdempotencyConflict",
+    "InvalidMigration",
     "InvalidPayload",
     "InvalidSchedule",
     "InvalidProgress",
@@ -77,6 +80,7 @@ __all__ = [
     "Step",
     "StepContext",
     "StepTimeout",
+    "UnknownDefinition",
     "UnknownStep",
     "UnknownWorkflow",
     "UnmatchedRoute",
@@ -95,6 +99,7 @@ __all__ = [
     "export_workflow",
     "fork",
     "list_workflows",
+    "migrate_runs",
     "pause",
     "register",
     "registered",
@@ -121,6 +126,7 @@ if TYPE_CHECKING:  # for annotations only: importing it would import Django
 
     from queuety.inbox import SignalReceipt
     from queuety.outputs import ChunkPage
+    from queuety.run_migration import MigrationReport
     from queuety.schedules import Schedule
 
 
@@ -168,6 +174,25 @@ def schedule(name: str, *, workflow: str, cron: str | None = None,
     return schedules.schedule(name, workflow=workflow, cron=cron, every=every,
                               payload=payload, overlap=overlap, timezone=timezone,
                               enabled=enabled)
+
+
+def migrate_runs(workflow: str, to: Any = "latest", *, from_definition: str | int | None = None,
+                 step_map: dict[str, str] | None = None, state: Any = None,
+                 runs: Any = None, dry_run: bool = False, actor: str = "") -> MigrationReport:
+    """Move the live runs of ``workflow`` onto definition ``to`` (``"latest"``: the one
+    registered now; or a hash, hash prefix or id), each at a step boundary under its lock:
+    its current step mapped by name or ``step_map``, its state through ``state(state, run)``,
+    its budgets and counters kept. ``dry_run`` reports what each run would do and changes
+    nothing. See docs/guide/deploying.md and ``queuety.run_migration.migrate_runs``.
+
+    Raises:
+        UnknownDefinition, UnknownWorkflow, InvalidMigration: nothing was changed.
+    """
+    from queuety import run_migration
+
+    return run_migration.migrate_runs(workflow, to, from_definition=from_definition,
+                                      step_map=step_map, state=state, runs=runs,
+                                      dry_run=dry_run, actor=actor)
 
 
 def list_workflows(status: str | None = None, limit: int = 50) -> list[WorkflowStatus]:

@@ -271,3 +271,9 @@ class ArtifactNotFound(QueuetyError, LookupError):
 NEVER_RETRIED: tuple[type[BaseException], ...] = (
     WorkflowDefinitionError, PermanentError, BudgetExceeded,
 )
+
+
+class InvalidMigration(QueuetyError, ValueError):
+    """``migrate_runs()`` was given something it cannot do: a ``step_map`` naming unknown
+    steps, a ``to`` of another workflow, a state function no worker can import. Nothing was
+    changed."""

@@ -78,6 +78,10 @@ class WorkflowRun(models.Model):
     # The W3C trace context (traceparent) of the span that dispatched the run, when tracing
     # is on: each step attempt's span joins that trace, whichever process runs it and when.
     trace_context = models.CharField(max_length=512, blank=True, default="", db_default="")
+    # A move onto another definition (migrate_runs()) asked for while the run was in the
+    # middle of a step: applied by the run's next landing, then cleared. {"to": definition id,
+    # "step_map": {...}, "state": dotted path or None, "by": actor, "requested_at": iso}
+    migration = models.JSONField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
     finished_at = models.DateTimeField(null=True, blank=True)

@@ -1,8 +1,9 @@
 """A run's timeline, and the state after any step rebuilt from it.
 
 The timeline is the ``Event`` table. Every transition records what it merged (``output``), and
-every event that resets the state (rewind, fork, replay) records the whole public state, so the
-state after any step can be rebuilt from the events alone.
+every event that resets the state (rewind, fork, replay, a move onto another definition)
+records the whole public state, so the state after any step can be rebuilt from the events
+alone.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from queuety.store import rows
 from queuety.store.definitions import load_spec
 
 #: Event kinds that carry the run's whole public state in ``data["state"]``.
-STATE_RESETS = ("workflow_started", "workflow_rewound", "workflow_forked", "workflow_replayed")
+STATE_RESETS = ("workflow_started", "workflow_rewound", "workflow_forked", "workflow_replayed",
+                "run_migrated")
 #: Event kinds whose ``data["output"]`` was merged into the state.
 MERGES = ("step_completed", "wait_settled", "wait_timed_out")
 
@@ -47,6 +49,8 @@ def states_after_steps(run_id: int) -> dict[int, dict[str, Any]]:
                                    .values_list("kind", "step_index", "data")):
         if kind in STATE_RESETS and "state" in (data or {}):
             state = dict(data["state"])
+            if kind == "run_migrated":  # the steps before the move, at their new positions
+                after = _moved(after, data.get("step_indexes") or {})
         elif kind in MERGES:
             output = data.get("output") or {}
             state = {**state, **{k: v for k, v in output.items() if not k.startswith("_")}}
@@ -56,6 +60,14 @@ def states_after_steps(run_id: int) -> dict[int, dict[str, Any]]:
         elif data and data.get("pruned"):  # a transition that merged nothing still prunes
             state = pruning.replay(state, data)
     return after
+
+
+def _moved(after: dict[int, dict[str, Any]], positions: dict[str, int]
+           ) -> dict[int, dict[str, Any]]:
+    """The states after steps recorded before a ``run_migrated``, keyed by the positions
+    those steps have in the definition the run moved to (steps it lacks are dropped)."""
+    return {positions[str(old)]: state for old, state in after.items()
+            if str(old) in positions}
 
 
 def state_at(run_id: int, step: int | str) -> dict[str, Any]:

@@ -50,6 +50,7 @@ _ANSWERS: tuple[tuple[type[Exception], str, int, Callable[[Any], dict[str, objec
     (exceptions.UnknownStep, "step_not_found", status.HTTP_404_NOT_FOUND, _no_extra),
     (exceptions.UnknownDefinition, "definition_not_found", status.HTTP_404_NOT_FOUND,
      _no_extra),
+    (exceptions.InvalidMigration, "invalid_migration", status.HTTP_400_BAD_REQUEST, _no_extra),
     # The run's stored definition no longer loads (a deploy removed code it names): nothing
     # can move it until that is fixed, and nothing was written.
     (exceptions.WorkflowDefinitionError, "definition_unloadable", status.HTTP_409_CONFLICT,

@@ -448,6 +448,10 @@ class WorkflowSpec:
         (the run then completes)."""
         return index + 1 if index + 1 < len(self.steps) else None
 
+    def position(self, name: str) -> int | None:
+        """Return the position of the step called ``name``, or ``None`` when none has it."""
+        return self._index.get(name)
+
     def index_of(self, name: str) -> int:
         """Return the position of the step called ``name``.
 

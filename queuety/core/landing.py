@@ -80,6 +80,9 @@ class RunView:
     groups: dict[str, list[int]]
     now: datetime
     """When the caller's transaction took the lock and decided: every time the landing writes."""
+    migration: dict[str, Any] | None = None
+    """A move onto another definition asked for while the run was mid-step (the row's
+    ``migration``): the applier makes it before planning (``queuety.runtime.moves``)."""
 
     def after(self, moved: Transition) -> RunView:
         """This view with the state and counters of the caller's transition."""

@@ -30,7 +30,7 @@ from queuety.models import (
     WorkflowDependency,
     WorkflowRun,
 )
-from queuety.runtime import gates
+from queuety.runtime import gates, moves
 from queuety.runtime.finish import fail_at_wait, notify_finished
 from queuety.store import rows
 from queuety.store.definitions import definition_id, effective_policy
@@ -145,6 +145,9 @@ def land(spec: WorkflowSpec, view: RunView, index: int | None, events: list[Even
             rolls back, so nothing is consumed or recorded; or from a step the plan cannot
             enter (see :func:`queuety.core.landing.plan`).
     """
+    if view.migration is not None:  # a move asked for mid-step: made at this boundary
+        events = list(events)
+        spec, view, index = moves.apply_pending(spec, view, index, events)
     planned = landing.plan(spec, view, index, _Database(spec, view), view.now, mode=mode)
     for effect in planned.effects:
         _EFFECTS[type(effect)](view, effect)

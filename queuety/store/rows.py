@@ -267,7 +267,8 @@ BOUNDARY_FIELDS = ("name", "definition_id", "status", "state", "current_step", "
 
 
 #: The columns a landing reads of the run it moves (:func:`run_view`): lock with these.
-RUN_VIEW_FIELDS = (*BOUNDARY_FIELDS, "wait_expires_at", "state_writes", "loops", "groups")
+RUN_VIEW_FIELDS = (*BOUNDARY_FIELDS, "wait_expires_at", "state_writes", "loops", "groups",
+                   "migration")
 
 
 def run_view(run: WorkflowRun, now: datetime) -> RunView:
@@ -284,7 +285,7 @@ def run_view(run: WorkflowRun, now: datetime) -> RunView:
                          "landing reads; lock it with fields=rows.RUN_VIEW_FIELDS.")
     return RunView(run.pk, run.status, run.current_step, run.transitions, run.wait_expires_at,
                    run.state, usage_of(run), dict(run.state_writes or {}), dict(run.loops or {}),
-                   dict(run.groups or {}), now)
+                   dict(run.groups or {}), now, run.migration)
 
 
 def usage_of(run: WorkflowRun) -> Usage:

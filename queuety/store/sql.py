@@ -148,7 +148,7 @@ WITH owned AS (
            updated_at = %(now)s, revision = revision + 1, transitions = transitions + 1,
            cost_units = cost_units + %(cost_units)s
      WHERE id = %(run_id)s AND revision = %(revision)s AND status = 'running'
-       AND current_step = %(step_index)s AND EXISTS (SELECT 1 FROM owned)
+       AND current_step = %(step_index)s AND migration IS NULL AND EXISTS (SELECT 1 FROM owned)
     RETURNING id
 ), step AS (
     UPDATE queuety_steprun SET status = 'completed', finished_at = %(now)s,

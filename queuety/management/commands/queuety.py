@@ -14,7 +14,7 @@ from queuety import export as exports  # "export" and "timeline" name sub-parser
 from queuety import timeline as timelines
 from queuety.core import artifacts as artifact_rules
 from queuety.core.describe import format_status
-from queuety.management import starting
+from queuety.management import migrating, starting
 from queuety.management.starting import Error
 from queuety.runtime import sweeper
 
@@ -90,8 +90,9 @@ class Command(BaseCommand):
                                                   "pause,resume,cancel,approve,reject,input,"
                                                   "signal,timeline,state-at,rewind,fork,"
                                                   "export,replay,artifacts,artifact,"
-                                                  "delete-artifact,chunks}")
+                                                  "delete-artifact,chunks,migrate}")
         starting.add_workflow_actions(actions)
+        migrating.add_migrate_action(actions)
 
         status = actions.add_parser("status", help="Show one run.")
         status.add_argument("run_id", type=_run_id)
@@ -192,6 +193,8 @@ class Command(BaseCommand):
             starting.schedule_action(options["action"], options, self.stdout.write, self._table)
             return
         if starting.workflow_action(options["action"], options, self.stdout.write, self._table):
+            return
+        if migrating.migrate_action(options["action"], options, self.stdout.write, self._table):
             return
         if options["action"] in self._LIFECYCLE:
             self._lifecycle(options["action"], options["run_id"])
