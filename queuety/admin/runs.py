@@ -48,6 +48,7 @@ from queuety.admin.filters import (
     VersionFilter,
     WaitingFilter,
 )
+from queuety.admin.migrate import MigrationPages
 from queuety.admin.start import StartRunPages
 from queuety.core import budget as budgets
 from queuety.core.definition import WorkflowSpec
@@ -81,7 +82,7 @@ else:
 
 
 @admin.register(WorkflowRun)
-class WorkflowRunAdmin(StartRunPages, _ModelAdmin):
+class WorkflowRunAdmin(StartRunPages, MigrationPages, _ModelAdmin):
     """Workflow runs: a fast changelist, a run page with its actions, approvals and exports.
 
     Viewing needs ``queuety.view_workflowrun``; retry, pause, resume and cancel need
@@ -105,7 +106,7 @@ class WorkflowRunAdmin(StartRunPages, _ModelAdmin):
     paginator = EstimatedCountPaginator
     list_per_page = 100
     actions = ["export_selected", "retry_selected", "pause_selected", "resume_selected",
-               "cancel_selected"]
+               "cancel_selected", "migrate_selected"]
 
     # -- permissions: read-only, actions need their own permission
 
@@ -304,6 +305,7 @@ class WorkflowRunAdmin(StartRunPages, _ModelAdmin):
         return [
             path("approvals/", wrap(self.approvals_view), name=f"{prefix}_approvals"),
             *self.start_urls(),
+            *self.migrate_urls(),
             path("<int:object_id>/export/", wrap(self.export_view), name=f"{prefix}_export"),
             path("<int:object_id>/artifacts/<str:key>/", wrap(self.artifact_view),
                  name=f"{prefix}_artifact"),

@@ -245,3 +245,51 @@ def test_the_cli_migrates_with_a_dry_run_a_map_and_json(worker, token):
     status = wait_for(run_id, worker=worker)
     assert status.status == "completed"
     assert WorkflowRun.objects.get(pk=run_id).state["greeting"] == "Hello Cy"
+
+
+def test_the_admin_shows_the_dry_run_first_then_moves_the_selected_runs(worker, token):
+    from tests.integration.test_admin import client_for, make_user
+
+    name = f"mig-admin-{token}"
+    ids = [v1(name).dispatch({"token": token, "customer": f"C{n}"}) for n in range(2)]
+    for run_id in ids:
+        wait_for(run_id, ("waiting_for_signal",), worker=worker)
+    queuety.register(name, v2(name))
+    try:
+        viewer = client_for(make_user("view_workflowrun"))
+        page = f"/admin/queuety/workflowrun/migrate/?workflow={name}"
+        assert viewer.get(page).status_code == 403
+        operator = client_for(make_user("view_workflowrun", "change_workflowrun"))
+        chosen = operator.post("/admin/queuety/workflowrun/", {
+            "action": "migrate_selected", "_selected_action": [str(pk) for pk in ids]})
+        assert chosen.status_code == 302
+        assert chosen["Location"].endswith(f"migrate/?workflow={name}&runs={ids[0]}%2C{ids[1]}")
+
+        before = [snapshot(run_id) for run_id in ids]
+        dry = operator.get(chosen["Location"])
+        assert dry.status_code == 200
+        text = dry.content.decode()
+        assert "Dry run: nothing was changed." in text and "moved_in_place" in text
+        assert f'id="migrate-run-{ids[1]}"' in text
+        assert [snapshot(run_id) for run_id in ids] == before
+
+        bad = operator.post(chosen["Location"], {"to": "latest", "step_map": "review",
+                                                 "state": "", "move": "1"})
+        assert bad.status_code == 400 and "is not OLD=NEW" in bad.content.decode()
+        assert [snapshot(run_id) for run_id in ids] == before
+
+        moved = operator.post(chosen["Location"], {
+            "to": "latest", "step_map": "", "state": "tests.deploy_steps.rename_customer",
+            "move": "1"})
+        assert moved.status_code == 200 and "Done." in moved.content.decode()
+        for run_id in ids:
+            run = WorkflowRun.objects.get(pk=run_id)
+            assert run.definition_id == definition_id(v2(name).build())
+            assert "customer_name" in run.state
+            by = Event.objects.get(run_id=run_id, kind="run_migrated").data["by"]
+            assert by.startswith("admin:")
+    finally:
+        queuety.registry.unregister(name)
+    for run_id in ids:
+        queuety.approve(run_id)
+        assert wait_for(run_id, worker=worker).status == "completed"
