@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from queuety.core.budget import Budget, BudgetView
 from queuety.core.builder import WorkflowBuilder, workflow
+from queuety.core.diff import DefinitionDiff
 from queuety.core.engine import DEFAULT, Route
 from queuety.core.handlers import Step, StepContext
 from queuety.core.retry import RetryPolicy
@@ -40,6 +41,7 @@ from queuety.exceptions import (
     RunNotFound,
     RunNotWaiting,
     StepTimeout,
+    UnknownDefinition,
     UnknownStep,
     UnknownWorkflow,
     UnmatchedRoute,
@@ -59,6 +61,7 @@ __all__ = [
     "BudgetExceeded",
     "BudgetView",
     "ChildRunFailed",
+    "DefinitionDiff",
     "IdempotencyConflict",
     "InvalidPayload",
     "InvalidSchedule",
@@ -77,6 +80,7 @@ __all__ = [
     "Step",
     "StepContext",
     "StepTimeout",
+    "UnknownDefinition",
     "UnknownStep",
     "UnknownWorkflow",
     "UnmatchedRoute",
@@ -92,6 +96,7 @@ __all__ = [
     "cancel",
     "chunks",
     "delete_artifact",
+    "diff_definitions",
     "export_workflow",
     "fork",
     "list_workflows",
@@ -311,6 +316,25 @@ def replay_workflow(document: Any) -> int:
     from queuety import export
 
     return export.replay(document)
+
+
+def diff_definitions(a: str | int, b: str | int) -> DefinitionDiff:
+    """Return what changed from stored definition ``a`` to stored definition ``b``: steps
+    added, removed and moved, options and handlers changed per step, child workflows, and the
+    workflow's own fields (version, budgets, retry, deadline, queue, hooks, ...).
+
+    ``a`` and ``b`` are definition ids, hashes, or unique hash prefixes of at least 8
+    characters. The stored JSON is compared, so a definition whose code is gone is still
+    diffable; two definitions of different workflows are too (``same_workflow`` is False).
+    The diff has ``to_dict()`` (JSON-ready) and ``to_text()``.
+
+    Raises:
+        UnknownDefinition: ``a`` or ``b`` matches no stored definition, or a prefix matches
+            more than one.
+    """
+    from queuety import definition_diff
+
+    return definition_diff.diff_definitions(a, b)
 
 
 def put_artifact(run_id: int, key: str, content: Any, kind: str = "json",
