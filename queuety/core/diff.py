@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from queuety.core.definition import WorkflowSpec, canonical_json
@@ -148,12 +148,14 @@ class DiffRow:
 
     change: str
     """``workflow``, ``added``, ``removed``, ``moved``, ``option`` or ``handler``."""
-    step: str | None
-    """The step (``"ship › charge"`` inside child workflow ``ship``); ``None`` for the
+    step: str
+    """The step (``"ship › charge"`` inside child workflow ``ship``); ``""`` for the
     workflow's own fields."""
-    field: str | None
-    old: Any
-    new: Any
+    field: str
+    """The field's dotted path; ``""`` for a step added or removed."""
+    before: str
+    """The old value as text (as :func:`show_value` or :func:`show_handler` show it)."""
+    after: str
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -247,24 +249,24 @@ class DefinitionDiff:
             yield from child.diff._sections(inner + "  ")
 
     def rows(self) -> list[DiffRow]:
-        """Return every change as one row, the child workflows' too (their steps named
-        ``"<step> › <child step>"``): what a table of the diff shows."""
-        rows = [DiffRow(change="workflow", step=None, field=c.field, old=c.old, new=c.new)
-                for c in self.workflow_changes]
-        rows += [DiffRow(change="added", step=e.step, field=None, old=None,
-                         new=f"{e.kind} at position {e.position}") for e in self.steps_added]
-        rows += [DiffRow(change="removed", step=e.step, field=None,
-                         old=f"{e.kind} at position {e.position}", new=None)
+        """Return every change as one row of text, the child workflows' too (their steps
+        named ``"<step> › <child step>"``): what a table of the diff shows."""
+        rows = [_row("workflow", "", change) for change in self.workflow_changes]
+        rows += [DiffRow(change="added", step=e.step, field="", before="",
+                         after=f"{e.kind} step at position {e.position}")
+                 for e in self.steps_added]
+        rows += [DiffRow(change="removed", step=e.step, field="",
+                         before=f"{e.kind} step at position {e.position}", after="")
                  for e in self.steps_removed]
-        rows += [DiffRow(change="moved", step=m.step, field="position", old=m.old_position,
-                         new=m.new_position) for m in self.steps_moved]
+        rows += [DiffRow(change="moved", step=m.step, field="position",
+                         before=str(m.old_position),
+                         after=f"{m.new_position} ({'reordered' if m.reordered else 'shifted'})")
+                 for m in self.steps_moved]
         for change, groups in (("option", self.options_changed),
                                ("handler", self.handlers_changed)):
-            rows += [DiffRow(change=change, step=group.step, field=c.field, old=c.old,
-                             new=c.new) for group in groups for c in group.changes]
+            rows += [_row(change, group.step, c) for group in groups for c in group.changes]
         for child in self.children_changed:
-            rows += [DiffRow(change=row.change, step=f"{child.step} › {row.step or 'workflow'}",
-                             field=row.field, old=row.old, new=row.new)
+            rows += [replace(row, step=f"{child.step} › {row.step or 'workflow'}")
                      for row in child.diff.rows()]
         return rows
 
@@ -435,3 +437,9 @@ def names_handler(field: str) -> bool:
 def _line(change: FieldChange) -> str:
     show = show_handler if names_handler(change.field) else show_value
     return f"{change.field}: {show(change.old)} → {show(change.new)}"
+
+
+def _row(kind: str, step: str, change: FieldChange) -> DiffRow:
+    show = show_handler if names_handler(change.field) else show_value
+    return DiffRow(change=kind, step=step, field=change.field, before=show(change.old),
+                   after=show(change.new))

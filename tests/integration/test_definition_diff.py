@@ -11,11 +11,14 @@ from io import StringIO
 
 import pytest
 from django.core.management import CommandError, call_command
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 import queuety
 from queuety.models import WorkflowDefinition, WorkflowRun
 from queuety.store.definitions import definition_id
 from tests.integration.conftest import ROOT, Worker
+from tests.integration.test_admin import DEFINITIONS, client_for, make_user
 
 W = "tests.workflows"
 
@@ -38,6 +41,14 @@ def add_runs(definition: WorkflowDefinition, *statuses: str) -> None:
     WorkflowRun.objects.bulk_create(
         WorkflowRun(definition=definition, name=definition.name, total_steps=2, status=status)
         for status in statuses)
+
+
+@pytest.fixture(autouse=True)
+def remove_runs(token):
+    """Delete this test's run rows afterwards: "running" rows no worker will ever touch would
+    otherwise count in every later test that counts live runs."""
+    yield
+    WorkflowRun.objects.filter(name__contains=token).delete()
 
 
 def run_cli(*args: str) -> str:
@@ -135,3 +146,84 @@ def test_cli_diff__an_unknown_hash_is_a_one_line_error_with_exit_code_1(token, t
     assert result.stderr == (
         "Error: No workflow definition has the id or hash '0000ffff0000'; list them with "
         "'manage.py queuety workflow definitions' (or the admin's Workflow definitions).\n")
+
+
+# -- the admin's definition page and changelist ----------------------------------------------------
+
+LIVE = ("running", "waiting_for_signal", "waiting_for_workflows", "paused")
+
+
+@pytest.fixture
+def boss():
+    return client_for(make_user(superuser=True))
+
+
+def drain_row(html: str, definition: WorkflowDefinition) -> str:
+    """The drain table's row of ``definition``: from its hash cell to the end of the row."""
+    row = html.split(f'<code title="{definition.definition_hash}">')[-1]
+    return row.split("</tr>")[0]
+
+
+def test_definition_page__shows_the_diff_against_the_previous_definition(boss, token):
+    old, new = versions(token)
+    first = boss.get(f"{DEFINITIONS}{old.pk}/change/").content.decode()
+    page = boss.get(f"{DEFINITIONS}{new.pk}/change/").content.decode()
+
+    assert "First definition of this workflow." in first
+    assert (f'Against <a href="{DEFINITIONS}{old.pk}/change/">definition {old.pk} of '
+            f"&#x27;{old.name}&#x27; (version &#x27;v1&#x27;, hash {old.definition_hash[:12]})"
+            "</a>, the previous definition of this workflow:") in page
+    table = page.split('<table class="queuety-diff">')[1].split("</table>")[0]
+    for row in ("<td>workflow</td><td></td><td><code>version</code></td>"
+                "<td><code>&quot;v1&quot;</code></td><td><code>&quot;v2&quot;</code></td>",
+                "<td>added</td><td>step_c</td><td><code></code></td><td><code></code></td>"
+                "<td><code>task step at position 2</code></td>",
+                "<td>option</td><td>step_b</td><td><code>retry</code></td>"
+                "<td><code>unset</code></td><td><code>{&quot;backoff_factor&quot;"):
+        assert row in table, row
+    assert "First definition" not in page
+
+
+def test_definition_page__lists_the_workflows_definitions_with_live_and_total_runs(boss,
+                                                                                  token):
+    old, new = versions(token)
+    newest = stored(queuety.workflow(old.name).version("v3").then(f"{W}.step_a"))
+    add_runs(old, "completed", "failed", "cancelled")
+    add_runs(new, *LIVE, "completed")
+
+    page = boss.get(f"{DEFINITIONS}{new.pk}/change/").content.decode()
+
+    drained, live, empty = (drain_row(page, each) for each in (old, new, newest))
+    assert f"<td>0</td><td><a href=\"/admin/queuety/workflowrun/?definition={old.pk}\">3</a>" \
+        in drained and "drained: its code can go" in drained
+    assert f"<td>4</td><td><a href=\"/admin/queuety/workflowrun/?definition={new.pk}\">5</a>" \
+        in live and "drained" not in live
+    # The newest definition is what new runs get: without runs it is not drained.
+    assert "<td>0</td>" in empty and "<td>newest</td>" in empty and "drained" not in empty
+    assert f'<a href="{DEFINITIONS}{old.pk}/change/">{old.pk}</a>' in page
+    assert f"<strong>{new.pk} (this page)</strong>" in page
+    assert page.index(f">{newest.pk}</a>") < page.index(f">{new.pk} (this page)") \
+        < page.index(f">{old.pk}</a>")  # newest first
+
+
+def test_changelist__live_runs_column_from_the_one_grouped_query(boss, token):
+    old, new = versions(token)
+    add_runs(old, "completed")
+    add_runs(new, "running", "paused", "failed")
+
+    def listing(search: str):
+        with CaptureQueriesContext(connection) as queries:
+            response = boss.get(DEFINITIONS, {"q": search})
+        return response, len(queries)
+
+    response, many = listing(f"diff_{token}")
+    _, one = listing(old.definition_hash)
+
+    rows = {d.pk: d for d in response.context["cl"].result_list}
+    assert set(rows) == {old.pk, new.pk}
+    html = response.content.decode()
+    assert '<th scope="col" class="column-live_runs">' in html
+    assert '<td class="field-live_runs">2</td>' in html
+    assert '<td class="field-live_runs">0 <span title="No live run' in html
+    assert html.count("(drained: its code can go)") == 1
+    assert many == one  # no query per row

@@ -214,9 +214,10 @@ def test_diff__a_child_workflow_is_diffed_as_a_workflow_of_its_own():
         ("handler", f"{W}.step_a", f"{W}.step_c")]
     assert changes_of(child.diff.options_changed, "step_a") == [("timeout", None, 5)]
     assert not (diff.options_changed or diff.handlers_changed)
-    assert [(r.change, r.step, r.field) for r in diff.rows()] == [
-        ("removed", "ship › step_b", None), ("option", "ship › step_a", "timeout"),
-        ("handler", "ship › step_a", "handler")]
+    assert [(r.change, r.step, r.field, r.before, r.after) for r in diff.rows()] == [
+        ("removed", "ship › step_b", "", "task step at position 1", ""),
+        ("option", "ship › step_a", "timeout", "unset", "5.0"),
+        ("handler", "ship › step_a", "handler", f"{W}.step_a", f"{W}.step_c")]
     assert ("Child workflows changed:\n  ship (workflow 'ship'):\n    Steps removed:\n"
             "      - step_b (task), was at position 1\n") in diff.to_text()
 
