@@ -18,9 +18,9 @@ from typing import Any
 
 from queuety.core.definition import WorkflowSpec, canonical_json
 
-#: The workflow's own fields, in the order a diff lists their changes. ``name`` and ``steps``
-#: are compared apart; a field not named here (from another format) is compared after these.
-WORKFLOW_FIELDS = ("version", "budget", "retry", "deadline_seconds", "queue", "priority",
+#: The workflow's own fields, in the order a diff lists their changes (``steps`` are compared
+#: apart); a field not named here (from another format) is compared after these.
+WORKFLOW_FIELDS = ("name", "version", "budget", "retry", "deadline_seconds", "queue", "priority",
                    "compensate_on_failure", "prune_state_after", "on_cancel", "on_deadline",
                    "format")
 
@@ -306,7 +306,7 @@ def diff_documents(old: Mapping[str, Any], new: Mapping[str, Any], *,
             handlers.append(StepChanges(step=name, changes=tuple(named)))
     return DefinitionDiff(
         old=_side(old, old_id, old_hash), new=_side(new, new_id, new_hash),
-        workflow_changes=tuple(_compare(old, new, WORKFLOW_FIELDS, skip=("name", "steps"))),
+        workflow_changes=tuple(_compare(old, new, WORKFLOW_FIELDS, skip=("steps",))),
         steps_added=_only_in(new_steps, old_steps), steps_removed=_only_in(old_steps, new_steps),
         steps_moved=_moves(list(old_steps), list(new_steps)),
         options_changed=tuple(options), handlers_changed=tuple(handlers),

@@ -230,7 +230,11 @@ def test_diff__definitions_of_two_workflows_say_so():
     assert not diff.same_workflow and not diff.identical
     assert diff.to_dict()["same_workflow"] is False
     assert (diff.old.name, diff.new.name) == ("order", "invoice")
+    assert [(c.field, c.old, c.new) for c in diff.workflow_changes] == [
+        ("name", "order", "invoice")]
+    assert diff.steps_added == diff.steps_removed == diff.options_changed == ()
     assert "two different workflows, 'order' and 'invoice'" in diff.to_text()
+    assert 'Workflow:\n  name: "order" → "invoice"' in diff.to_text()
 
 
 def test_diff__a_document_that_no_longer_loads_is_still_diffable():
