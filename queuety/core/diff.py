@@ -353,19 +353,35 @@ def _compare(old: Mapping[str, Any], new: Mapping[str, Any], order: tuple[str, .
 
 def _changes(old: Any, new: Any, path: str) -> Iterator[FieldChange]:
     """The changes from ``old`` to ``new`` at ``path``: objects field by field (a field absent
-    on one side reads as unset), branch lists position by position, other values whole."""
-    if old == new:
+    on one side reads as unset, as does an empty one), branch lists position by position,
+    other values whole."""
+    if old == new or (old in (None, {}) and new in (None, {})):
         return
-    if isinstance(old, dict) and isinstance(new, dict):
+    if _opened(old, dict, path) and _opened(new, dict, path):
+        old, new = old or {}, new or {}
         for key in sorted(old.keys() | new.keys()):
             yield from _changes(old.get(key), new.get(key), f"{path}.{key}")
-    elif path in _PER_POSITION and isinstance(old, list) and isinstance(new, list):
+    elif path in _PER_POSITION and _opened(old, list, path) and _opened(new, list, path):
+        old, new = old or [], new or []
         for position in range(max(len(old), len(new))):
             yield from _changes(old[position] if position < len(old) else None,
                                 new[position] if position < len(new) else None,
                                 f"{path}[{position}]")
     else:
         yield FieldChange(field=path, old=old, new=new)
+
+
+def _opened(value: Any, kind: type, path: str) -> bool:
+    """Whether the value at ``path`` is compared item by item as a ``kind``: it is one, or it
+    is unset where a definition's own objects stand (a top-level field such as a step's
+    ``retry`` or ``fanout``, or a fan-out's branch lists), so a policy set where there was
+    none lists its fields. A deeper value added or removed whole (a wait's schema) stays
+    whole."""
+    if isinstance(value, kind):
+        return True
+    if value is not None:
+        return False
+    return "." not in path if kind is dict else path in _PER_POSITION
 
 
 def _child_change(step: str, old: Any, new: Any) -> ChildChange | FieldChange | None:

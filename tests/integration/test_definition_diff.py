@@ -72,8 +72,11 @@ def test_diff_definitions__by_hash_prefix_and_id_give_the_same_diff(token):
     assert [(c.field, c.old, c.new) for c in by_hash.workflow_changes] == [
         ("version", "v1", "v2")]
     assert [e.step for e in by_hash.steps_added] == ["step_c"]
-    assert [(g.step, [c.field for c in g.changes]) for g in by_hash.options_changed] == [
-        ("step_b", ["retry"])]
+    assert [(g.step, [(c.field, c.old, c.new) for c in g.changes])
+            for g in by_hash.options_changed] == [
+        ("step_b", [("retry.backoff_factor", None, 2.0), ("retry.initial_delay", None, 1.0),
+                    ("retry.jitter", None, 0.1), ("retry.max_attempts", None, 5),
+                    ("retry.max_delay", None, 60.0)])]
 
 
 def test_diff_definitions__unknown_refs_raise_unknown_definition_naming_them(token):
@@ -106,7 +109,9 @@ def test_diff_definitions__of_two_workflows_and_of_one_that_no_longer_loads(toke
     assert not across.same_workflow
     assert f"two different workflows, {old.name!r} and {other.name!r}" in across.to_text()
     assert [e.step for e in across.steps_removed] == ["step_b"]
-    assert [(c.field, c.new) for c in gone.workflow_changes] == [("retry", None)]
+    assert [(c.field, c.new) for c in gone.workflow_changes] == [
+        ("retry.backoff_factor", None), ("retry.initial_delay", None), ("retry.jitter", None),
+        ("retry.max_attempts", None), ("retry.max_delay", None), ("retry.retry_on", None)]
     assert gone.old.hash == ghost.definition_hash
 
 
@@ -178,8 +183,8 @@ def test_definition_page__shows_the_diff_against_the_previous_definition(boss, t
                 "<td><code>&quot;v1&quot;</code></td><td><code>&quot;v2&quot;</code></td>",
                 "<td>added</td><td>step_c</td><td><code></code></td><td><code></code></td>"
                 "<td><code>task step at position 2</code></td>",
-                "<td>option</td><td>step_b</td><td><code>retry</code></td>"
-                "<td><code>unset</code></td><td><code>{&quot;backoff_factor&quot;"):
+                "<td>option</td><td>step_b</td><td><code>retry.max_attempts</code></td>"
+                "<td><code>unset</code></td><td><code>5</code></td>"):
         assert row in table, row
     assert "First definition" not in page
 
