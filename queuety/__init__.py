@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from queuety.core.budget import Budget, BudgetView
 from queuety.core.builder import WorkflowBuilder, workflow
+from queuety.core.diff import DefinitionDiff
 from queuety.core.engine import DEFAULT, Route
 from queuety.core.handlers import Step, StepContext
 from queuety.core.retry import RetryPolicy
@@ -61,6 +62,7 @@ __all__ = [
     "BudgetExceeded",
     "BudgetView",
     "ChildRunFailed",
+    "DefinitionDiff",
     "IdempotencyConflict",
     "InvalidMigration",
     "InvalidPayload",
@@ -96,6 +98,7 @@ __all__ = [
     "cancel",
     "chunks",
     "delete_artifact",
+    "diff_definitions",
     "export_workflow",
     "fork",
     "list_workflows",
@@ -336,6 +339,25 @@ def replay_workflow(document: Any) -> int:
     from queuety import export
 
     return export.replay(document)
+
+
+def diff_definitions(a: str | int, b: str | int) -> DefinitionDiff:
+    """Return what changed from stored definition ``a`` to stored definition ``b``: steps
+    added, removed and moved, options and handlers changed per step, child workflows, and the
+    workflow's own fields (version, budgets, retry, deadline, queue, hooks, ...).
+
+    ``a`` and ``b`` are definition ids, hashes, or unique hash prefixes of at least 8
+    characters. The stored JSON is compared, so a definition whose code is gone is still
+    diffable; two definitions of different workflows are too (``same_workflow`` is False).
+    The diff has ``to_dict()`` (JSON-ready) and ``to_text()``.
+
+    Raises:
+        UnknownDefinition: ``a`` or ``b`` matches no stored definition, or a prefix matches
+            more than one.
+    """
+    from queuety import definition_diff
+
+    return definition_diff.diff_definitions(a, b)
 
 
 def put_artifact(run_id: int, key: str, content: Any, kind: str = "json",

@@ -1,4 +1,5 @@
-"""The definitions admin: immutable workflow shapes with their run counts per status."""
+"""The definitions admin: immutable workflow shapes with their run counts per status, what
+changed since the workflow's previous definition, and which of its definitions are drained."""
 
 from __future__ import annotations
 
@@ -6,15 +7,18 @@ from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin
 from django.contrib.admin.views.main import ChangeList
-from django.db.models import Count
+from django.db.models import Count, Exists, OuterRef, QuerySet
 from django.http import (
     HttpRequest,
 )
 from django.urls import reverse
-from django.utils.formats import number_format
+from django.utils.formats import date_format, number_format
 from django.utils.html import format_html, format_html_join
+from django.utils.timezone import localtime
 
+from queuety import definition_diff
 from queuety.admin.display import pretty_json, status_badge
+from queuety.core.diff import DefinitionDiff
 from queuety.models import (
     RunStatus,
     WorkflowDefinition,
@@ -49,12 +53,13 @@ else:
 class WorkflowDefinitionAdmin(_ModelAdmin):
     """Workflow definitions (immutable shapes) with their run counts per status."""
 
-    list_display = ("id", "name", "version", "short_hash", "runs", "created_at")
+    list_display = ("id", "name", "version", "short_hash", "runs", "live_runs", "created_at")
     show_facets = admin.ShowFacets.NEVER
     list_display_links = ("id", "name")
     search_fields = ("name", "=definition_hash")
     ordering = ("-id",)
-    fields = ("name", "version", "definition_hash", "created_at", "runs", "document")
+    fields = ("name", "version", "definition_hash", "created_at", "runs", "changes", "drain",
+              "document")
     readonly_fields = fields
 
     def has_add_permission(self, request: HttpRequest) -> bool:
@@ -77,6 +82,12 @@ class WorkflowDefinitionAdmin(_ModelAdmin):
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
         return DefinitionChangeList
 
+    def get_queryset(self, request: HttpRequest) -> QuerySet[WorkflowDefinition]:
+        # Part of the page's own query: whether a newer definition of the same workflow
+        # exists, so the newest one (which new runs get) is never called drained.
+        return super().get_queryset(request).annotate(superseded=Exists(
+            WorkflowDefinition.objects.filter(name=OuterRef("name"), pk__gt=OuterRef("pk"))))
+
     @admin.display(description="version")
     def version(self, definition: WorkflowDefinition) -> str:
         return (definition.definition or {}).get("version") or "-"
@@ -86,10 +97,14 @@ class WorkflowDefinitionAdmin(_ModelAdmin):
         return format_html('<code title="{}">{}</code>', definition.definition_hash,
                            definition.definition_hash[:12])
 
-    def _runs_url(self, definition: WorkflowDefinition, status: str | None = None) -> str:
+    def _runs_url(self, definition_pk: int, status: str | None = None) -> str:
         url = reverse(f"{self.admin_site.name}:queuety_workflowrun_changelist")
-        return f"{url}?definition={definition.pk}" + (f"&status__exact={status}" if status
+        return f"{url}?definition={definition_pk}" + (f"&status__exact={status}" if status
                                                       else "")
+
+    def _page_url(self, definition_pk: int) -> str:
+        return reverse(f"{self.admin_site.name}:queuety_workflowdefinition_change",
+                       args=[definition_pk])
 
     @admin.display(description="runs per status")
     def runs(self, definition: WorkflowDefinition) -> str:
@@ -102,12 +117,72 @@ class WorkflowDefinitionAdmin(_ModelAdmin):
             return "no runs"
         parts = format_html_join(
             " ", '<a href="{}" style="text-decoration:none">{} {}</a>',
-            ((self._runs_url(definition, status), status_badge(status),
+            ((self._runs_url(definition.pk, status), status_badge(status),
               number_format(counts[status], force_grouping=True))
              for status in RunStatus if status in counts))
-        return format_html('{} <a href="{}">all</a>', parts, self._runs_url(definition))
+        return format_html('{} <a href="{}">all</a>', parts, self._runs_url(definition.pk))
+
+    @admin.display(description="live runs")
+    def live_runs(self, definition: WorkflowDefinition) -> str:
+        # From the changelist's grouped counts: no query of its own.
+        live = definition_diff.live_count(getattr(definition, "run_counts", {}))
+        if live or not getattr(definition, "superseded", False):
+            return number_format(live, force_grouping=True)
+        return format_html('0 <span title="{}">(drained: its code can go)</span>', _DRAINED)
+
+    @admin.display(description="changes since the previous definition")
+    def changes(self, definition: WorkflowDefinition) -> str:
+        previous = definition_diff.previous_definition(definition)
+        if previous is None:
+            return "First definition of this workflow."
+        diff = definition_diff.diff_rows(previous, definition)
+        against = format_html('Against <a href="{}">{}</a>, the previous definition of this '
+                              "workflow", self._page_url(previous.pk), diff.old.label())
+        if diff.identical:
+            return format_html("{}: no differences.", against)
+        return format_html("{}:{}", against, _diff_table(diff))
+
+    @admin.display(description="definitions of this workflow")
+    def drain(self, definition: WorkflowDefinition) -> str:
+        entries = definition_diff.drain(definition.name)
+        rows = format_html_join("", "<tr>{}</tr>", ((self._drain_cells(entry, definition.pk),)
+                                                    for entry in entries))
+        return format_html(
+            '<table><thead><tr><th>definition</th><th>version</th><th>hash</th>'
+            "<th>created</th><th>live runs</th><th>all runs</th><th></th></tr></thead>"
+            "<tbody>{}</tbody></table>", rows)
+
+    def _drain_cells(self, entry: definition_diff.Drain, current_pk: int) -> str:
+        page = (format_html("<strong>{} (this page)</strong>", entry.id)
+                if entry.id == current_pk
+                else format_html('<a href="{}">{}</a>', self._page_url(entry.id), entry.id))
+        state = (format_html('<span title="{}">drained: its code can go</span>', _DRAINED)
+                 if entry.drained else "newest" if entry.newest else "")
+        return format_html(
+            '<td>{}</td><td>{}</td><td><code title="{}">{}</code></td><td>{}</td><td>{}</td>'
+            '<td><a href="{}">{}</a></td><td>{}</td>', page, entry.version or "-",
+            entry.definition_hash, entry.definition_hash[:12],
+            date_format(localtime(entry.created_at), "DATETIME_FORMAT"),
+            number_format(entry.live_runs, force_grouping=True), self._runs_url(entry.id),
+            number_format(entry.total_runs, force_grouping=True), state)
 
     @admin.display(description="definition")
     def document(self, definition: WorkflowDefinition) -> str:
         return format_html('<pre style="white-space:pre-wrap;margin:0">{}</pre>',
                            pretty_json(definition.definition, masked=False)[0])
+
+
+#: What "drained" means, in the title of each mark.
+_DRAINED = ("No live run (running, waiting or paused) uses this definition and a newer one "
+            "replaced it: code that only it names can be removed.")
+
+
+def _diff_table(diff: DefinitionDiff) -> str:
+    """The diff's rows as a table: change, step, field, before, after."""
+    rows = format_html_join(
+        "", "<tr><td>{}</td><td>{}</td><td><code>{}</code></td><td><code>{}</code></td>"
+            "<td><code>{}</code></td></tr>",
+        ((row.change, row.step, row.field, row.before, row.after) for row in diff.rows()))
+    return format_html(
+        '<table class="queuety-diff"><thead><tr><th>change</th><th>step</th><th>field</th>'
+        "<th>before</th><th>after</th></tr></thead><tbody>{}</tbody></table>", rows)

@@ -9,7 +9,7 @@ from typing import Any, ParamSpec, TypeVar
 
 from django.core.management.base import BaseCommand
 
-from queuety import exceptions, inbox, metrics, operations, outputs, queries
+from queuety import definition_diff, exceptions, inbox, metrics, operations, outputs, queries
 from queuety import export as exports  # "export" and "timeline" name sub-parsers below
 from queuety import timeline as timelines
 from queuety.core import artifacts as artifact_rules
@@ -86,13 +86,20 @@ class Command(BaseCommand):
                                        metavar="{workflow,schedule,status,sweep}")
         workflow = groups.add_parser("workflow", help="Workflow runs.")
         actions = workflow.add_subparsers(dest="action", required=True,
-                                          metavar="{dispatch,definitions,status,list,retry,"
+                                          metavar="{dispatch,definitions,diff,status,list,retry,"
                                                   "pause,resume,cancel,approve,reject,input,"
                                                   "signal,timeline,state-at,rewind,fork,"
                                                   "export,replay,artifacts,artifact,"
-                                                  "delete-artifact,chunks,migrate}")
+                                                  "delete-artifact,chunks,migrate,diff}")
         starting.add_workflow_actions(actions)
         migrating.add_migrate_action(actions)
+        diff = actions.add_parser("diff", help="Show what changed between two stored "
+                                               "definitions (steps, options, handlers).")
+        for side, which in (("a", "The older definition"), ("b", "The newer definition")):
+            diff.add_argument(side, help=f"{which}: its id, its hash or at least 8 characters "
+                                         "of it.")
+        diff.add_argument("--json", action="store_true", dest="as_json",
+                          help="Print the diff as JSON.")
 
         status = actions.add_parser("status", help="Show one run.")
         status.add_argument("run_id", type=_run_id)
@@ -256,6 +263,10 @@ class Command(BaseCommand):
         operation, said = self._LIFECYCLE[action]
         new = self._call(operation, run_id, actor="manage.py")
         self.stdout.write(said.format(id=run_id, new=new))
+
+    def _diff(self, a: str, b: str, as_json: bool, **options: Any) -> None:
+        found = self._call(definition_diff.diff_definitions, a, b)
+        self.stdout.write(_json(found.to_dict()) if as_json else found.to_text())
 
     def _timeline(self, run_id: int, limit: int, offset: int, format: str,
                   **options: Any) -> None:
