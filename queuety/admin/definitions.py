@@ -4,6 +4,7 @@ changed since the workflow's previous definition, and which of its definitions a
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlencode
 
 from django.contrib import admin
 from django.contrib.admin.views.main import ChangeList
@@ -43,6 +44,11 @@ class DefinitionChangeList(ChangeList):
             definition.run_counts = counts.get(definition.pk, {})
 
 
+#: The definition page's fields (all read-only: definitions are never edited).
+_FIELDS = ("name", "version", "definition_hash", "created_at", "runs", "changes", "drain",
+           "document")
+
+
 if TYPE_CHECKING:  # ModelAdmin is generic in django-stubs only: not subscriptable at run time
     _ModelAdmin = admin.ModelAdmin[WorkflowDefinition]
 else:
@@ -58,9 +64,8 @@ class WorkflowDefinitionAdmin(_ModelAdmin):
     list_display_links = ("id", "name")
     search_fields = ("name", "=definition_hash")
     ordering = ("-id",)
-    fields = ("name", "version", "definition_hash", "created_at", "runs", "changes", "drain",
-              "document")
-    readonly_fields = fields
+    fields = _FIELDS
+    readonly_fields = _FIELDS
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
@@ -81,6 +86,25 @@ class WorkflowDefinitionAdmin(_ModelAdmin):
 
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
         return DefinitionChangeList
+
+    def get_fields(self, request: HttpRequest,
+                   obj: WorkflowDefinition | None = None) -> tuple[str, ...]:
+        # What only an operator may do with the definition's runs.
+        operate = request.user.has_perm("queuety.change_workflowrun")
+        return (*_FIELDS, "moves") if operate else _FIELDS
+
+    def get_readonly_fields(self, request: HttpRequest,
+                            obj: WorkflowDefinition | None = None) -> tuple[str, ...]:
+        return self.get_fields(request, obj)
+
+    @admin.display(description="move its live runs")
+    def moves(self, definition: WorkflowDefinition) -> str:
+        url = reverse(f"{self.admin_site.name}:queuety_workflowrun_migrate")
+        query = urlencode({"workflow": definition.name, "from": definition.pk})
+        return format_html(
+            '<a class="button" id="move-live-runs" href="{}?{}">Move its live runs to the '
+            'latest version…</a> <span class="help">The dry run is shown first.</span>',
+            url, query)
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[WorkflowDefinition]:
         # Part of the page's own query: whether a newer definition of the same workflow

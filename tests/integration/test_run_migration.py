@@ -265,6 +265,18 @@ def test_the_admin_shows_the_dry_run_first_then_moves_the_selected_runs(worker, 
         assert chosen.status_code == 302
         assert chosen["Location"].endswith(f"migrate/?workflow={name}&runs={ids[0]}%2C{ids[1]}")
 
+        # The definition page links operators (only) to the move of its live runs.
+        old_pk = WorkflowRun.objects.get(pk=ids[0]).definition_id
+        definition_page = f"/admin/queuety/workflowdefinition/{old_pk}/change/"
+        assert 'id="move-live-runs"' not in viewer.get(definition_page).content.decode()
+        link = operator.get(definition_page).content.decode()
+        assert f"migrate/?workflow={name}&amp;from={old_pk}" in link
+        whole = operator.get(f"/admin/queuety/workflowrun/migrate/?workflow={name}"
+                             f"&from={old_pk}")
+        assert whole.status_code == 200 and "the live runs of definition" in \
+            whole.content.decode()
+        assert whole.content.decode().count('id="migrate-run-') == 2
+
         before = [snapshot(run_id) for run_id in ids]
         dry = operator.get(chosen["Location"])
         assert dry.status_code == 200
