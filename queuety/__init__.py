@@ -92,6 +92,7 @@ __all__ = [
     "WorkflowDefinitionError",
     "WorkflowStatus",
     "WorkflowWaitFailed",
+    "alias",
     "approve",
     "artifact",
     "artifacts",
@@ -131,6 +132,28 @@ if TYPE_CHECKING:  # for annotations only: importing it would import Django
     from queuety.outputs import ChunkPage
     from queuety.run_migration import MigrationReport
     from queuety.schedules import Schedule
+
+
+def alias(old: str, new: str) -> None:
+    """Run the handler at dotted path ``new`` wherever a stored definition names ``old``.
+
+    For a deploy that renames or moves a handler while runs still wait at (or before) a step
+    naming it: their definitions keep the old path, and so their hash; the worker imports
+    ``new`` instead. It covers every path a definition holds (steps, branches, ``for_each``
+    items, compensations, hooks, reducers, conditions, ``retry_on`` classes). Declare it where
+    every worker and ``manage.py`` process runs it: an app's ``workflows.py`` or
+    ``AppConfig.ready()``, or the module that now holds the handler when the old path's module
+    is still there (importing it then declares the alias). ``QUEUETY["HANDLER_ALIASES"]`` does
+    the same from the settings, and wins for a path aliased in both. ``manage.py queuety
+    deploy-check`` reports each aliased path with its target.
+
+    Raises:
+        ValueError: a path is not a dotted import path, ``old`` is ``new``, or the alias
+            closes a loop with those already in force; nothing is changed.
+    """
+    from queuety.core import imports
+
+    imports.alias(old, new)
 
 
 def workflow_status(run_id: int) -> WorkflowStatus:

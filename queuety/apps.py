@@ -17,8 +17,14 @@ class QueuetyConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        # Registers the system checks (queuety.E001 ...) as it is imported.
-        from queuety import checks  # noqa: F401
+        # Importing checks registers the system checks (queuety.E001 ...).
+        from queuety import checks, conf  # noqa: F401
+        from queuety.core import imports
+
+        # Stored handler paths resolve through QUEUETY["HANDLER_ALIASES"]: the core reads them
+        # from conf (on first use, and again when the setting changes), and imports no Django.
+        # Before autodiscovery, so a workflows.py calling queuety.alias() sees them.
+        imports.use_alias_source(conf.handler_aliases)
 
         # Each installed app's workflows.py registers its workflows (queuety.register), as
         # Django's admin imports every admin.py.

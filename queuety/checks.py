@@ -200,3 +200,46 @@ def check_sweeper_schedule(app_configs: Any = None, databases: Any = None,
             f"and QUEUETY['QUEUE'] ({queue!r}), which changed since the last migrate.",
             hint=fix, id="queuety.W006")]
     return []
+
+
+#: What to do about a live run that would fail (queuety.E005).
+_DEPLOY_HINT = (
+    "Put the handler back where the definition names it, or alias the old path to the new "
+    "one (QUEUETY['HANDLER_ALIASES'] or queuety.alias()); 'manage.py queuety deploy-check' "
+    "lists every definition with live runs, its runs and every path that fails.")
+
+
+@register(Tags.database)
+def check_live_runs(app_configs: Any = None, databases: Any = None,
+                    **kwargs: Any) -> list[CheckMessage]:
+    """queuety.E005 / E006: every live run gets past the code at hand (the deploy check).
+
+    A database check, so it runs only when asked (``check --database default``, which then
+    exits non-zero: a CI step or a release phase gates a deploy on it) and on ``migrate``,
+    which it then stops too (``migrate --skip-checks`` goes ahead). Skipped until Queuety's
+    tables exist.
+    """
+    if not databases or "default" not in databases:
+        return []
+    from queuety import deploy_check
+    from queuety.models import WorkflowRun
+
+    try:
+        if WorkflowRun._meta.db_table not in connections["default"].introspection.table_names():
+            return []
+        report = deploy_check.deploy_check()
+    except DatabaseError:
+        return []  # reported by Django's own checks, or by the command that needs the database
+    problems: list[CheckMessage] = []
+    for found in report.definitions:
+        live = sum(found.live.values())
+        label = f"Workflow {found.name!r}" + (f" {found.version}" if found.version else "")
+        problems += [Error(
+            f"{label} (definition {found.hash[:12]}) has {live} live "
+            f"run{'s' if live != 1 else ''}, the oldest #{found.oldest_run_id}, that would "
+            f"fail: {problem}", hint=_DEPLOY_HINT, id="queuety.E005")
+            for problem in found.check.failures]
+    problems += [Error(alias.problem, hint="Point the alias to a path that imports in this "
+                                           "code, or remove it.", id="queuety.E006")
+                 for alias in report.aliases if alias.problem is not None]
+    return problems

@@ -15,6 +15,7 @@ from django.conf import settings as django_settings
 from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 
+from queuety.core import imports
 from queuety.core.retry import NO_RETRY, RetryPolicy
 
 DEFAULTS: dict[str, Any] = {
@@ -127,6 +128,9 @@ DEFAULTS: dict[str, Any] = {
     # served first) {"high": 0, "normal": 3, "low": 6}, else (RabbitMQ: higher first)
     # {"high": 9, "normal": 5, "low": 0}. Only steps that set a priority carry one.
     "MESSAGE_PRIORITIES": None,
+    # Stored handler paths a deploy renamed or moved, old dotted path -> new dotted path: the
+    # workers import the new one for definitions that name the old (their hash unchanged).
+    "HANDLER_ALIASES": {},
 }
 
 _ADMISSION_KEYS = ("MAX_RSS_MB", "MIN_AVAILABLE_MB", "DEFER_SECONDS")
@@ -238,6 +242,11 @@ class QueuetySettings:
                 raise ImproperlyConfigured(f"QUEUETY[{key!r}] must be "
                                            + message.format(value=values[key]))
         _check_resources(values)
+        aliases = imports.alias_problem(values["HANDLER_ALIASES"])
+        if aliases is not None:
+            raise ImproperlyConfigured(
+                f"QUEUETY['HANDLER_ALIASES'] must map old dotted handler paths to new ones: "
+                f"{aliases}")
         if values["HEARTBEAT_INTERVAL"] >= values["STALE_AFTER"]:
             raise ImproperlyConfigured(
                 "QUEUETY['HEARTBEAT_INTERVAL'] must be shorter than QUEUETY['STALE_AFTER'], "
@@ -286,9 +295,17 @@ def _is_site_address(value: object) -> bool:
 settings = QueuetySettings()
 
 
+def handler_aliases() -> dict[str, str]:
+    """``QUEUETY["HANDLER_ALIASES"]``: the source of the settings' aliases that the app
+    installs into ``queuety.core.imports`` (which imports no Django)."""
+    table: dict[str, str] = settings.HANDLER_ALIASES
+    return table
+
+
 def _reload(*, setting: str, **kwargs: Any) -> None:
     if setting == "QUEUETY":
         settings.reload()
+        imports.forget_aliases()
 
 
 setting_changed.connect(_reload)

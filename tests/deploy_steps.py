@@ -1,39 +1,81 @@
-"""Steps and state functions of the deploy tests (tests/integration/test_run_migration.py);
-the worker imports them by dotted path."""
+"""Handlers of every shape a definition can name, fitting or not: the deploy check's cases
+(tests/unit/test_handler_refs.py)."""
 
 from __future__ import annotations
 
-from typing import Any
-
-from tests.workflows import mark
+import queuety
 
 
-def greet(state: dict[str, Any]) -> dict[str, Any]:
-    """Version 2's step: it needs ``customer_name``, which version 1's runs call ``customer``."""
-    mark(f"{state['token']}-greet")
-    return {"greeting": f"Hello {state['customer_name']}"}
+def plain(state):
+    return {"plain": True}
 
 
-def audit(state: dict[str, Any]) -> dict[str, Any]:
-    """A step only version 2 has."""
-    mark(f"{state['token']}-audit")
-    return {"audited": True}
+def with_context(state, context):
+    return {"attempt": context.attempt}
 
 
-def rename_customer(state: dict[str, Any], run: Any) -> dict[str, Any]:
-    """The state function of version 1 -> 2: ``customer`` is now ``customer_name``."""
-    state["customer_name"] = state.pop("customer")
-    state["migrated_run"] = run.pk
-    return state
+def needs_three(state, item, index):
+    return {"item": item}
 
 
-def refuse_two(state: dict[str, Any], run: Any) -> dict[str, Any]:
-    """A state function that cannot migrate one run (``n == 2``)."""
-    if state.get("n") == 2:
-        raise ValueError(f"run {run.pk} has n=2, which version 2 cannot take")
-    return {**state, "n_checked": True}
+def takes_nothing():
+    return None
 
 
-def returns_junk(state: dict[str, Any], run: Any) -> Any:
-    """A state function that returns no state."""
-    return ["not", "a", "dict"]
+async def awaits(state):
+    return {"awaited": True}
+
+
+def streams(state):
+    yield "chunk"
+
+
+def reduce_items(state, aggregate):
+    return {"reduced": aggregate["succeeded"]}
+
+
+async def reduce_later(state, aggregate):
+    return {}
+
+
+def is_done(state):
+    return bool(state.get("done"))
+
+
+async def is_done_later(state):
+    return True
+
+
+class Charge(queuety.Step):
+    def handle(self, state):
+        return {"charged": True}
+
+
+class Unimplemented(queuety.Step):
+    """Subclasses Step but never overrides handle()."""
+
+
+class NotAStep:
+    pass
+
+
+class Items(queuety.Step):
+    def handle_item(self, state, item, index):
+        return {"item": item}
+
+
+class Streams(queuety.Step):
+    def handle(self, state):
+        yield "chunk"
+
+
+class Reducer:
+    def reduce(self, state, aggregate):
+        return {}
+
+
+class Flaky(Exception):
+    pass
+
+
+NOT_CALLABLE = 3

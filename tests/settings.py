@@ -6,6 +6,7 @@ PostgreSQL and a real broker (tests/integration, tests/reliability, tests/browse
 variables in their conftest (tests/servers.py) and fail loudly without them.
 """
 
+import json
 import os
 import uuid
 
@@ -48,6 +49,10 @@ if os.environ.get("QUEUETY_TEST_LANE_MAX_ABANDONED"):
 # (a 1 MB RSS ceiling): it defers every step it claims (tests/integration/test_resources.py).
 if os.environ.get("QUEUETY_TEST_ADMISSION") == "starved":
     QUEUETY = {**QUEUETY, "ADMISSION": {"MAX_RSS_MB": 1, "DEFER_SECONDS": 1}}
+# A worker started with QUEUETY_TEST_HANDLER_ALIASES='{"old.path": "new.path"}' resolves those
+# stored handler paths (tests/integration/test_deploy_check.py: a deploy that renamed one).
+if os.environ.get("QUEUETY_TEST_HANDLER_ALIASES"):
+    QUEUETY = {**QUEUETY, "HANDLER_ALIASES": json.loads(os.environ["QUEUETY_TEST_HANDLER_ALIASES"])}
 LOGGING["loggers"]["queuety"]["level"] = "INFO"  # noqa: F405
 # The API fuzzer authenticates every request with HTTP Basic: a fast hasher keeps a request at
 # milliseconds instead of a PBKDF2 derivation each (tests only).

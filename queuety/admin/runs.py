@@ -51,6 +51,7 @@ from queuety.admin.filters import (
 from queuety.admin.migrate import MigrationPages
 from queuety.admin.start import StartRunPages
 from queuety.core import budget as budgets
+from queuety.core import imports
 from queuety.core.definition import WorkflowSpec
 from queuety.core.describe import describe_step, format_status, human_duration, waiting_label
 from queuety.core.status import WorkflowStatus
@@ -406,7 +407,10 @@ class WorkflowRunAdmin(StartRunPages, MigrationPages, _ModelAdmin):
             definition_runs_url=f"{self._url('changelist')}?definition={run.definition_id}",
             definition_url=reverse(f"{self.admin_site.name}:queuety_workflowdefinition_change",
                                    args=[run.definition_id]),
-            steps=[{"index": i, "spec": s, "what": describe_step(s),
+            # A handler path a deploy aliased reads "old → new": the path stored, then the
+            # one the workers import.
+            steps=[{"index": i, "spec": s, "what": describe_step(s, imports.shown),
+                    "compensation": s.compensation and imports.shown(s.compensation),
                     "current": i == run.current_step and
                     run.status != RunStatus.COMPLETED,
                     "retry": effective_policy(spec, i).describe()

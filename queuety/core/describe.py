@@ -17,6 +17,7 @@ database and any surface can import it.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from queuety.core.definition import (
@@ -78,11 +79,12 @@ def waiting_label(status: str, current_step: int, spec: WorkflowSpec) -> str:
                                  else "")
 
 
-def describe_step(step: StepSpec) -> str:
+def describe_step(step: StepSpec, shown: Callable[[str], str] = str) -> str:
     """Return what a step does, in one line (the run page's definition table).
 
     Task steps read as their handler's dotted path, followed by their fan-out or routes;
-    the other kinds say what they do (``sleep 5 min 0 s``, ``signals: paid``, ...).
+    the other kinds say what they do (``sleep 5 min 0 s``, ``signals: paid``, ...). Each
+    handler path is written as ``shown(path)`` (the admin: ``old → new`` when aliased).
     """
     match step:
         case WaitStep(wait=wait):
@@ -92,7 +94,8 @@ def describe_step(step: StepSpec) -> str:
         case DelayStep():
             return f"sleep {human_duration(step.delay_seconds)}"
         case RepeatStep(repeat=loop):
-            test = loop.get("condition") or f"state[{loop.get('state_key')!r}] == " \
+            test = shown(loop["condition"]) if loop.get("condition") else \
+                f"state[{loop.get('state_key')!r}] == " \
                 f"{json.dumps(loop.get('expected'))}"
             limit = (f", at most {loop['max_iterations']} times" if loop.get("max_iterations")
                      else "")
@@ -113,8 +116,8 @@ def describe_step(step: StepSpec) -> str:
     limit = (f", at most {step.fanout.max_concurrency} at once"
              if step.fanout is not None and step.fanout.max_concurrency else "")
     if isinstance(step, ParallelStep):
-        return "in parallel: " + ", ".join(step.fanout.branches) + limit
-    text = step.handler
+        return "in parallel: " + ", ".join(map(shown, step.fanout.branches)) + limit
+    text = shown(step.handler)
     if isinstance(step, ForEachStep):
         quorum = f" {step.fanout.quorum}" if step.fanout.quorum else ""
         text += (f" for each item of state[{step.fanout.items_key!r}], join "

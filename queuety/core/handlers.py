@@ -327,7 +327,7 @@ def invoke_handler(path: str, state: dict[str, Any], context: StepContext | None
         instance.context = context
         result = instance.handle(state)
         on_complete = getattr(instance, "on_complete", None)
-    elif _wants_context(obj):
+    elif wants_context(obj):
         result = obj(state, context)
     else:
         result = obj(state)
@@ -378,7 +378,9 @@ def is_async_handler(path: str, *, item: bool = False) -> bool:
 
 
 @functools.lru_cache(maxsize=1024)
-def _wants_context(function: Any) -> bool:
+def wants_context(function: Any) -> bool:
+    """Whether a function handler is called as ``f(state, context)`` (it takes two
+    positional arguments or ``*args``) rather than ``f(state)``."""
     try:
         parameters = inspect.signature(function).parameters.values()
     except (TypeError, ValueError):

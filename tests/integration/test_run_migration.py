@@ -14,7 +14,7 @@ import queuety
 from queuety import export, timeline
 from queuety.models import Event, StepRun, WorkflowRun
 from queuety.store.definitions import definition_id
-from tests import deploy_steps, workflows
+from tests import migration_steps, workflows
 from tests.integration.conftest import wait_for
 
 pytestmark = pytest.mark.worker
@@ -40,7 +40,7 @@ def v2(name):
     """Version 2: a step added before the wait (so the wait moves), step_c replaced by greet,
     which needs the state key version 1 calls ``customer``."""
     return (queuety.workflow(name).version("2").then(workflows.step_a)
-            .then(deploy_steps.audit).wait_for_approval(name="review").then(deploy_steps.greet))
+            .then(migration_steps.audit).wait_for_approval(name="review").then(migration_steps.greet))
 
 
 def snapshot(run_id):
@@ -57,7 +57,7 @@ def test_dry_run_then_real__a_waiting_run_keeps_its_wait_and_completes_on_v2(wor
     definition_id(new)  # stored, as a deploy's first dispatch of it would
     before = snapshot(run_id)
 
-    dry = queuety.migrate_runs(name, new.definition_hash, state=deploy_steps.rename_customer,
+    dry = queuety.migrate_runs(name, new.definition_hash, state=migration_steps.rename_customer,
                                dry_run=True)
     assert snapshot(run_id) == before  # the dry run changed nothing
     (move,) = dry.runs
@@ -68,7 +68,7 @@ def test_dry_run_then_real__a_waiting_run_keeps_its_wait_and_completes_on_v2(wor
     assert dry.counts["moved_in_place"] == 1 and dry.dry_run
 
     report = queuety.migrate_runs(name, new.definition_hash[:12],
-                                  state="tests.deploy_steps.rename_customer", actor="ops")
+                                  state="tests.migration_steps.rename_customer", actor="ops")
     assert report.counts["moved_in_place"] == 1
     run = WorkflowRun.objects.get(pk=run_id)
     assert run.definition_id == definition_id(new) and run.current_step == 2
@@ -119,10 +119,10 @@ def test_a_run_whose_step_is_processing_moves_at_the_boundary_its_output_merged_
     run_id = old.dispatch({"token": token, "sleep": 2.0, "customer": "Bo"})
     wait_until(lambda: StepRun.objects.filter(run_id=run_id, status="processing").exists(),
                message="the slow step to start")
-    new = (queuety.workflow(name).then(workflows.slow).then(deploy_steps.audit)
-           .then(deploy_steps.greet, name="step_c")).build()
+    new = (queuety.workflow(name).then(workflows.slow).then(migration_steps.audit)
+           .then(migration_steps.greet, name="step_c")).build()
 
-    report = queuety.migrate_runs(name, new, state=deploy_steps.rename_customer)
+    report = queuety.migrate_runs(name, new, state=migration_steps.rename_customer)
     (move,) = report.runs
     assert move.outcome == "at_boundary", move
     assert "attempt of 'slow'" in move.reason
@@ -192,17 +192,17 @@ def test_bad_input_is_refused_by_name_and_changes_nothing(worker, token):
     with pytest.raises(queuety.InvalidMigration, match="'ghost'"):
         queuety.migrate_runs(name, new, step_map={"ghost": "review"})
     with pytest.raises(queuety.InvalidMigration, match="does not import"):
-        queuety.migrate_runs(name, new, state="tests.deploy_steps.no_such_function")
+        queuety.migrate_runs(name, new, state="tests.migration_steps.no_such_function")
     with pytest.raises(queuety.UnknownDefinition, match="not 'other'"):
         queuety.migrate_runs("other", definition_id(new))
     assert [snapshot(run_id) for run_id in ids] == before
 
-    report = queuety.migrate_runs(name, new, state=deploy_steps.returns_junk, dry_run=True)
+    report = queuety.migrate_runs(name, new, state=migration_steps.returns_junk, dry_run=True)
     assert {move.outcome for move in report.runs} == {"failed"}
     assert "must be a dict" in report.runs[0].reason
 
     # One run's state function raises: that run is reported and left alone; the others move.
-    report = queuety.migrate_runs(name, new, state=deploy_steps.refuse_two)
+    report = queuety.migrate_runs(name, new, state=migration_steps.refuse_two)
     outcomes = {move.run_id: move.outcome for move in report.runs}
     assert outcomes == {ids[0]: "moved_in_place", ids[1]: "failed", ids[2]: "moved_in_place"}
     failed = next(move for move in report.runs if move.outcome == "failed")
@@ -216,12 +216,12 @@ def test_the_cli_migrates_with_a_dry_run_a_map_and_json(worker, token):
     run_id = v1(name).dispatch({"token": token, "customer": "Cy"})
     wait_for(run_id, ("waiting_for_signal",), worker=worker)
     new = (queuety.workflow(name).then(workflows.step_a)
-           .wait_for_approval(name="sign_off").then(deploy_steps.greet))
+           .wait_for_approval(name="sign_off").then(migration_steps.greet))
     queuety.register(name, new)
     try:
         out = StringIO()
         call_command("queuety", "workflow", "migrate", name, "--map", "review=sign_off",
-                     "--state", "tests.deploy_steps.rename_customer", "--dry-run", "--json",
+                     "--state", "tests.migration_steps.rename_customer", "--dry-run", "--json",
                      stdout=out)
         report = json.loads(out.getvalue())
         assert report["dry_run"] and report["counts"]["moved_in_place"] == 1
@@ -231,7 +231,7 @@ def test_the_cli_migrates_with_a_dry_run_a_map_and_json(worker, token):
 
         out = StringIO()
         call_command("queuety", "workflow", "migrate", name, "--map", "review=sign_off",
-                     "--state", "tests.deploy_steps.rename_customer", stdout=out)
+                     "--state", "tests.migration_steps.rename_customer", stdout=out)
         assert "1 moved now" in out.getvalue() and "moved_in_place" in out.getvalue()
         assert WorkflowRun.objects.get(pk=run_id).definition_id == definition_id(new.build())
         with pytest.raises(CommandError, match="OLD=NEW"):
@@ -291,7 +291,7 @@ def test_the_admin_shows_the_dry_run_first_then_moves_the_selected_runs(worker, 
         assert [snapshot(run_id) for run_id in ids] == before
 
         moved = operator.post(chosen["Location"], {
-            "to": "latest", "step_map": "", "state": "tests.deploy_steps.rename_customer",
+            "to": "latest", "step_map": "", "state": "tests.migration_steps.rename_customer",
             "move": "1"})
         assert moved.status_code == 200 and "Done." in moved.content.decode()
         for run_id in ids:

@@ -24,8 +24,9 @@ def test_every_check_is_registered():
     registered = set(django_checks.registry.registry.get_checks(include_deployment_checks=True))
     assert {checks.check_database, checks.check_celery_settings, checks.check_queuety_settings,
             checks.check_celery_app, checks.check_prepared_statements,
-            checks.check_sweeper_schedule} <= registered
+            checks.check_sweeper_schedule, checks.check_live_runs} <= registered
     assert "database" in checks.check_sweeper_schedule.tags
+    assert "database" in checks.check_live_runs.tags
 
 
 @pytest.mark.parametrize("vendor, expected", [
@@ -164,6 +165,12 @@ def test_prepared_statements__warned_when_the_connection_looks_pooled(database, 
 
 def test_sweeper_schedule__not_run_without_a_database():
     assert checks.check_sweeper_schedule(databases=None) == []
+
+
+def test_live_runs__not_run_without_a_database():
+    # Plain 'manage.py check' reads nothing: the unit tests have no database to read.
+    assert checks.check_live_runs(databases=None) == []
+    assert checks.check_live_runs(databases=["other"]) == []
 
 
 def test_every_message_names_its_fix_in_full_sentences():

@@ -14,7 +14,7 @@ from queuety import export as exports  # "export" and "timeline" name sub-parser
 from queuety import timeline as timelines
 from queuety.core import artifacts as artifact_rules
 from queuety.core.describe import format_status
-from queuety.management import migrating, starting
+from queuety.management import deploying, migrating, starting
 from queuety.management.starting import Error
 from queuety.runtime import sweeper
 
@@ -83,7 +83,8 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         groups = parser.add_subparsers(dest="group", required=True,
-                                       metavar="{workflow,schedule,status,sweep}")
+                                       metavar="{workflow,schedule,status,sweep,metrics,"
+                                               "deploy-check}")
         workflow = groups.add_parser("workflow", help="Workflow runs.")
         actions = workflow.add_subparsers(dest="action", required=True,
                                           metavar="{dispatch,definitions,diff,status,list,retry,"
@@ -186,12 +187,17 @@ class Command(BaseCommand):
                            help="The window, in minutes back from now (default 60).")
         stats.add_argument("--format", choices=["table", "json"], default="table")
 
+        deploying.add_deploy_check(groups)
+
     def handle(self, *args: Any, **options: Any) -> None:
         if options["group"] == "sweep":
             self.stdout.write(_json(sweeper.sweep()))
             return
         if options["group"] == "status":
             self._overview(**options)
+            return
+        if options["group"] == "deploy-check":
+            deploying.deploy_check(options, self.stdout.write)
             return
         if options["group"] == "metrics":
             self._metrics(options["minutes"], options["format"])
