@@ -40,7 +40,8 @@ def v2(name):
     """Version 2: a step added before the wait (so the wait moves), step_c replaced by greet,
     which needs the state key version 1 calls ``customer``."""
     return (queuety.workflow(name).version("2").then(workflows.step_a)
-            .then(migration_steps.audit).wait_for_approval(name="review").then(migration_steps.greet))
+            .then(migration_steps.audit).wait_for_approval(name="review")
+            .then(migration_steps.greet))
 
 
 def snapshot(run_id):
