@@ -1,0 +1,212 @@
+"""Quarantining a definition: pausing every live run of one definition and resuming them in
+bulk, through the Python API, the command line, the admin and the REST API, against
+PostgreSQL and a real worker."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from io import StringIO
+
+import pytest
+from django.contrib.auth.models import Permission, User
+from django.core.management import CommandError, call_command
+from django.db import connection, transaction
+from django.test import Client
+from rest_framework.test import APIClient
+
+import queuety
+from queuety import quarantine
+from queuety.models import Event, RunStatus, StepRun, WorkflowDefinition, WorkflowRun
+from queuety.store import rows
+from queuety.store.definitions import load_spec
+from tests import workflows
+from tests.integration.conftest import wait_for
+
+pytestmark = pytest.mark.worker
+
+LIVE = ("running", "waiting_for_signal", "waiting_for_workflows", "paused")
+
+
+def wait_until(predicate, timeout=20, message="condition"):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {message}"
+        time.sleep(0.05)
+
+
+def statuses(run_ids) -> list[str]:
+    found = dict(WorkflowRun.objects.filter(pk__in=run_ids).values_list("pk", "status"))
+    return [found[pk] for pk in run_ids]
+
+
+def definition_of(run_id: int) -> WorkflowDefinition:
+    return WorkflowRun.objects.select_related("definition").get(pk=run_id).definition
+
+
+def approval_flow(token: str, name: str = "a"):
+    """A wait for an approval first, so a dispatched run waits at once (no worker needed)."""
+    return queuety.workflow(f"quar_{name}_{token}").wait_for_approval().then(workflows.step_a)
+
+
+def approval_signal(run_id: int) -> str:
+    run = WorkflowRun.objects.get(pk=run_id)
+    return load_spec(run.definition_id).steps[run.current_step].wait.signals[0]
+
+
+@pytest.fixture(autouse=True)
+def cancel_leftovers(token):
+    """Cancel this test's unfinished runs afterwards (pages listing every waiting run, in other
+    modules, stay short in the session's shared database)."""
+    yield
+    for run_id in (WorkflowRun.objects.filter(name__contains=token).exclude(
+            status__in=["completed", "failed", "cancelled"]).values_list("pk", flat=True)):
+        try:
+            queuety.cancel(run_id)
+        except queuety.InvalidTransition:
+            pass  # finished meanwhile
+
+
+# -- the Python API ---------------------------------------------------------------------------
+
+def test_pause_definition__only_its_live_runs_again_nothing_more_resume_completes_them(
+        worker, token):
+    flow_a = (queuety.workflow(f"quar_a_{token}").then(workflows.slow).wait_for_approval()
+              .then(workflows.step_a))
+    waiting = [flow_a.dispatch({"token": token, "sleep": 0}) for _ in range(3)]
+    running = [flow_a.dispatch({"token": f"{token}-r", "sleep": 2.5}) for _ in range(2)]
+    done = flow_a.dispatch({"token": token, "sleep": 0})
+    others = [approval_flow(token, "b").dispatch({"token": token}) for _ in range(2)]
+    for run_id in [*waiting, done]:
+        wait_for(run_id, ("waiting_for_signal",), worker=worker)
+    queuety.approve(done)
+    wait_for(done, worker=worker)
+    wait_until(lambda: StepRun.objects.filter(run_id__in=running, status="processing")
+               .count() == 2, message="the slow steps in flight")
+    definition = definition_of(waiting[0])
+
+    result = queuety.pause_definition(definition.definition_hash, actor="ops:alice")
+
+    assert (result.action, result.definition_id, result.workflow) == (
+        "pause", definition.pk, f"quar_a_{token}")
+    assert (result.done, result.skipped, result.failed) == (5, {"finished": 1}, {})
+    assert statuses(waiting + running) == ["paused"] * 5
+    assert statuses(others) == ["waiting_for_signal"] * 2
+    paused = Event.objects.filter(run_id__in=waiting + running, kind="workflow_paused")
+    assert sorted((e.run_id, e.data["by"], e.data["definition"], e.data["previous_status"])
+                  for e in paused) == sorted(
+        [(pk, "ops:alice", definition.definition_hash, "waiting_for_signal") for pk in waiting]
+        + [(pk, "ops:alice", definition.definition_hash, "running") for pk in running])
+
+    again = queuety.pause_definition(definition.definition_hash[:10])
+    assert (again.done, again.skipped, again.failed) == (
+        0, {"already_paused": 5, "finished": 1}, {})
+    assert Event.objects.filter(run_id__in=waiting + running,
+                                kind="workflow_paused").count() == 5
+
+    # The steps in flight finish; nothing new starts, and answers wait for the resume.
+    wait_until(lambda: not StepRun.objects.filter(run_id__in=running,
+                                                  status="processing").exists(),
+               message="the steps in flight to finish")
+    for run_id in waiting:
+        with pytest.raises(queuety.RunNotWaiting):
+            queuety.approve(run_id)
+    for run_id in waiting + running:
+        assert not queuety.signal(run_id, approval_signal(run_id), {"ok": 1}).settled
+    time.sleep(1.2)  # past the sweeper's period
+    assert statuses(waiting + running) == ["paused"] * 5
+    assert len(workflows.marks(f"{token}-a")) == 1  # the finished run's, before the pause
+    assert workflows.marks(f"{token}-r-a") == []
+
+    resumed = queuety.resume_definition(definition.pk, actor="ops:bob")
+
+    assert (resumed.done, resumed.skipped, resumed.failed) == (5, {"finished": 1}, {})
+    for run_id in waiting + running:
+        assert wait_for(run_id, worker=worker).status == "completed"
+    assert statuses(others) == ["waiting_for_signal"] * 2
+    events = Event.objects.filter(run_id__in=waiting + running, kind="workflow_resumed")
+    assert {(e.data["by"], e.data["definition"]) for e in events} == {
+        ("ops:bob", definition.definition_hash)}
+    assert queuety.resume_definition(definition.pk).skipped == {"finished": 6}
+
+
+def test_resume_definition__a_run_whose_resume_raises_is_reported_the_others_proceed(token):
+    child = queuety.workflow(f"quar_child_{token}").then(workflows.step_a)
+    flow = (queuety.workflow(f"quar_capped_{token}").max_started_workflows(1)
+            .wait_for_signal("go").start_workflows("tasks", child, "child_ids"))
+    breach = flow.dispatch({"token": token, "tasks": ["x", "y"]})
+    fine = [flow.dispatch({"token": token, "tasks": ["x"]}) for _ in range(2)]
+    definition = definition_of(breach)
+    assert quarantine.pause_definition(definition.pk).done == 3
+    for run_id in (breach, *fine):
+        queuety.signal(run_id, "go")
+
+    result = quarantine.resume_definition(definition.pk, chunk_size=2)
+
+    assert result.done == 2 and list(result.failed) == [breach]
+    assert "would start 2 runs" in result.failed[breach]
+    assert statuses([breach]) == ["paused"]  # rolled back alone: still paused, nothing started
+    assert not WorkflowRun.objects.filter(started_by_id=breach).exists()
+    assert statuses(fine) == ["completed", "completed"]  # past the start step, the last
+    assert WorkflowRun.objects.filter(started_by_id__in=fine).count() == 2
+    assert not Event.objects.filter(run_id=breach, kind="workflow_resumed").exists()
+
+
+def test_unknown_definition__raises_and_changes_nothing(token):
+    run_id = approval_flow(token).dispatch({"token": token})
+    before = list(WorkflowRun.objects.filter(status__in=LIVE).values_list("pk", "status",
+                                                                         "revision"))
+    for call in (queuety.pause_definition, queuety.resume_definition):
+        with pytest.raises(queuety.UnknownDefinition, match="No workflow definition has the "
+                                                            "id or hash 'ffffffffffffdead'"):
+            call("ffffffffffffdead")
+        with pytest.raises(queuety.UnknownDefinition, match="at least 8 characters"):
+            call("abc")
+    assert list(WorkflowRun.objects.filter(status__in=LIVE).values_list(
+        "pk", "status", "revision")) == before
+    assert statuses([run_id]) == ["waiting_for_signal"]
+
+
+def _hold_row(run_id: int, taken: threading.Event, seconds: float) -> None:
+    """Hold run ``run_id``'s row lock in another connection for ``seconds``."""
+    try:
+        with transaction.atomic():
+            rows.lock_run(run_id)
+            taken.set()
+            time.sleep(seconds)
+    finally:
+        connection.close()
+
+
+def test_pause_definition__in_chunks_a_held_row_alone_a_finished_run_skipped_a_new_one_paused(
+        token, monkeypatch):
+    flow = approval_flow(token)
+    run_ids = [flow.dispatch({"token": token}) for _ in range(5)]
+    definition = definition_of(run_ids[0])
+    taken = threading.Event()
+    holder = threading.Thread(target=_hold_row, args=(run_ids[1], taken, 0.6))
+    holder.start()
+    assert taken.wait(10)
+    locking = rows.lock_free_runs
+    started = []
+
+    def meanwhile(ids, wanted):
+        if not started:  # inside the first chunk's transaction: a run finishes, one starts
+            queuety.cancel(run_ids[0])
+            started.append(flow.dispatch({"token": token}))
+        return locking(ids, wanted)
+
+    monkeypatch.setattr(rows, "lock_free_runs", meanwhile)
+    try:
+        began = time.monotonic()
+        result = quarantine.pause_definition(definition.definition_hash, chunk_size=2)
+        waited = time.monotonic() - began
+    finally:
+        holder.join()
+
+    assert (result.done, result.skipped, result.failed) == (5, {"finished": 1}, {})
+    assert waited >= 0.3  # the held run was paused once its holder let go, not skipped
+    assert statuses(run_ids[1:] + started) == ["paused"] * 5
+    assert statuses(run_ids[:1]) == ["cancelled"]
