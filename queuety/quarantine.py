@@ -177,7 +177,8 @@ def _sweep(action: _Action, definition: WorkflowDefinition, actor: str, chunk_si
                        "process starts it.", definition.pk, action.name)
     result = BulkResult(action=action.name, definition_id=definition.pk,
                         definition_hash=definition.definition_hash, workflow=definition.name,
-                        done=tally.done, skipped=dict(tally.skipped), failed=dict(tally.failed))
+                        done=tally.done, skipped={k: n for k, n in tally.skipped.items() if n},
+                        failed=dict(tally.failed))
     logger.info("Definition id=%s hash=%s %s by %s: %s done, skipped %s, %s failed",
                 definition.pk, definition.definition_hash[:12], action.name, actor or "-",
                 result.done, result.skipped, len(result.failed))

@@ -210,3 +210,82 @@ def test_pause_definition__in_chunks_a_held_row_alone_a_finished_run_skipped_a_n
     assert waited >= 0.3  # the held run was paused once its holder let go, not skipped
     assert statuses(run_ids[1:] + started) == ["paused"] * 5
     assert statuses(run_ids[:1]) == ["cancelled"]
+
+
+# -- the command line -------------------------------------------------------------------------
+
+def cli(*args: str) -> str:
+    out = StringIO()
+    call_command("queuety", *args, stdout=out)
+    return out.getvalue()
+
+
+def test_cli__pause_and_resume_a_definition_as_text_and_json(worker, token):
+    run_ids = [approval_flow(token).dispatch({"token": token}) for _ in range(2)]
+    definition = definition_of(run_ids[0])
+    short = definition.definition_hash[:12]
+
+    assert cli("workflow", "pause", "--definition", definition.definition_hash) == (
+        f"Success: 2 runs of workflow 'quar_a_{token}' paused (definition {short}, id "
+        f"{definition.pk}).\n")
+    document = json.loads(cli("workflow", "pause", "--definition", short, "--format", "json"))
+    assert document == {"action": "pause", "definition": {
+        "id": definition.pk, "hash": definition.definition_hash,
+        "workflow": f"quar_a_{token}"}, "paused": 0, "skipped": {"already_paused": 2},
+        "failed": []}
+    assert {e.data["by"] for e in Event.objects.filter(run_id__in=run_ids,
+                                                       kind="workflow_paused")} == {"manage.py"}
+
+    queuety.signal(run_ids[0], approval_signal(run_ids[0]))
+    assert cli("workflow", "resume", "--definition", str(definition.pk)).splitlines() == [
+        f"Success: 2 runs of workflow 'quar_a_{token}' resumed (definition {short}, id "
+        f"{definition.pk})."]
+    assert wait_for(run_ids[0], worker=worker).status == "completed"
+    assert statuses(run_ids[1:]) == ["waiting_for_signal"]
+
+
+def test_cli__one_run_as_before_and_errors_for_neither_both_or_an_unknown_definition(token):
+    run_id = approval_flow(token).dispatch({"token": token})
+    definition = definition_of(run_id)
+    assert cli("workflow", "pause", str(run_id)) == f"Success: Workflow #{run_id} paused.\n"
+    assert cli("workflow", "resume", str(run_id)) == f"Success: Workflow #{run_id} resumed.\n"
+
+    with pytest.raises(CommandError, match="Give the id of the run to pause, or --definition "
+                                           "HASH to pause every live run of a definition."):
+        cli("workflow", "pause")
+    with pytest.raises(CommandError, match="or --definition HASH to resume every paused run"):
+        cli("workflow", "resume")
+    with pytest.raises(CommandError, match=f"Give either a run id or --definition, not both "
+                                           f"\\(got run #{run_id} and --definition 'abc"):
+        cli("workflow", "pause", str(run_id), "--definition", "abcdef1234")
+    with pytest.raises(CommandError, match="--format goes with --definition"):
+        cli("workflow", "pause", str(run_id), "--format", "json")
+    with pytest.raises(CommandError, match="No workflow definition has the id or hash "
+                                           "'ffffffffffffdead'"):
+        cli("workflow", "resume", "--definition", "ffffffffffffdead")
+    assert statuses([run_id]) == ["waiting_for_signal"]
+    assert definition.runs.filter(status="paused").count() == 0
+
+
+def test_cli__a_run_that_could_not_be_resumed_is_listed_and_the_command_fails(token):
+    child = queuety.workflow(f"quar_child_{token}").then(workflows.step_a)
+    flow = (queuety.workflow(f"quar_capped_{token}").max_started_workflows(1)
+            .wait_for_signal("go").start_workflows("tasks", child, "child_ids"))
+    breach = flow.dispatch({"token": token, "tasks": ["x", "y"]})
+    fine = flow.dispatch({"token": token, "tasks": []})
+    definition = definition_of(breach)
+    cli("workflow", "pause", "--definition", definition.definition_hash)
+    queuety.signal(breach, "go")
+    out = StringIO()
+
+    with pytest.raises(CommandError, match=f"1 run of definition "
+                                           f"{definition.definition_hash[:12]} could not be "
+                                           "resumed \\(listed above\\); the others were."):
+        call_command("queuety", "workflow", "resume", "--definition",
+                     definition.definition_hash, stdout=out)
+
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("Success: 1 run of workflow")
+    assert lines[1].startswith(f"Failed: run #{breach}: Start step") and \
+        "would start 2 runs" in lines[1]
+    assert statuses([breach, fine]) == ["paused", "waiting_for_signal"]
