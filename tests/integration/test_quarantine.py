@@ -14,16 +14,17 @@ import pytest
 from django.contrib.auth.models import Permission, User
 from django.core.management import CommandError, call_command
 from django.db import connection, transaction
-from django.test import Client
+from django.test import override_settings
 from rest_framework.test import APIClient
 
 import queuety
 from queuety import quarantine
-from queuety.models import Event, RunStatus, StepRun, WorkflowDefinition, WorkflowRun
+from queuety.models import Event, StepRun, WorkflowDefinition, WorkflowRun
 from queuety.store import rows
 from queuety.store.definitions import load_spec
 from tests import workflows
 from tests.integration.conftest import wait_for
+from tests.settings import QUEUETY as TEST_QUEUETY
 
 pytestmark = pytest.mark.worker
 
@@ -289,3 +290,106 @@ def test_cli__a_run_that_could_not_be_resumed_is_listed_and_the_command_fails(to
     assert lines[1].startswith(f"Failed: run #{breach}: Start step") and \
         "would start 2 runs" in lines[1]
     assert statuses([breach, fine]) == ["paused", "waiting_for_signal"]
+
+
+# -- the REST API -----------------------------------------------------------------------------
+
+API = "/queuety/api"
+
+
+def make_user(*perms: str, staff: bool = False) -> User:
+    user = User.objects.create_user(f"q{uuid.uuid4().hex[:10]}", password="pw", is_staff=staff)
+    for codename in perms:
+        user.user_permissions.add(Permission.objects.get(codename=codename,
+                                                         content_type__app_label="queuety"))
+    return User.objects.get(pk=user.pk)  # fresh permission cache
+
+
+def api_client(*perms: str, user: User | None = None) -> APIClient:
+    client = APIClient()
+    client.force_authenticate(user or make_user(*perms))
+    return client
+
+
+def api_post(client: APIClient, path: str):
+    return client.post(f"{API}{path}", data="", content_type="application/json")
+
+
+def test_api__pause_and_resume_a_definition_answer_200_with_the_counts(worker, token):
+    user = make_user("view_workflowrun", "change_workflowrun")
+    operator = api_client(user=user)
+    run_ids = [approval_flow(token).dispatch({"token": token}) for _ in range(3)]
+    other = approval_flow(token, "b").dispatch({"token": token})
+    definition = definition_of(run_ids[0])
+    base = f"/workflows/quar_a_{token}/definitions"
+
+    first = api_post(operator, f"{base}/{definition.definition_hash}/pause/")
+    again = api_post(operator, f"{base}/{definition.definition_hash[:8]}/pause/")
+
+    assert first.status_code == 200 and first.json() == {
+        "action": "pause", "definition": {"id": definition.pk,
+                                          "hash": definition.definition_hash,
+                                          "workflow": f"quar_a_{token}"},
+        "paused": 3, "skipped": {}, "failed": []}
+    assert again.status_code == 200 and again.json()["paused"] == 0
+    assert again.json()["skipped"] == {"already_paused": 3}
+    assert statuses(run_ids + [other]) == ["paused"] * 3 + ["waiting_for_signal"]
+    assert {e.data["by"] for e in Event.objects.filter(run_id__in=run_ids,
+                                                       kind="workflow_paused")} == {
+        f"api:user:{user.pk}:{user.get_username()}"}
+
+    queuety.signal(run_ids[0], approval_signal(run_ids[0]))
+    resumed = api_post(operator, f"{base}/{definition.definition_hash[:12]}/resume/")
+    assert resumed.status_code == 200 and resumed.json()["resumed"] == 3
+    assert wait_for(run_ids[0], worker=worker).status == "completed"
+
+
+def test_api__404_for_an_unknown_hash_or_another_workflows_403_without_the_permission(token):
+    run_id = approval_flow(token).dispatch({"token": token})
+    other = approval_flow(token, "b").dispatch({"token": token})
+    definition = definition_of(run_id)
+    operator = api_client("view_workflowrun", "change_workflowrun")
+
+    unknown = api_post(operator, f"/workflows/quar_a_{token}/definitions/ffffffffffffdead/"
+                                 "pause/")
+    assert unknown.status_code == 404 and unknown.json() == {
+        "detail": "No workflow definition has the id or hash 'ffffffffffffdead'; list them "
+                  "with 'manage.py queuety workflow definitions' (or the admin's Workflow "
+                  "definitions).", "code": "definition_not_found"}
+    wrong = api_post(operator, f"/workflows/quar_b_{token}/definitions/"
+                               f"{definition.definition_hash}/pause/")
+    assert wrong.status_code == 404 and wrong.json()["code"] == "definition_not_found"
+    assert f"is of workflow 'quar_a_{token}', not 'quar_b_{token}'" in wrong.json()["detail"]
+    path = f"/workflows/quar_a_{token}/definitions/{definition.definition_hash}/pause/"
+    for client in (api_client("view_workflowrun", "signal_workflowrun"), APIClient()):
+        refused = api_post(client, path)
+        assert refused.status_code == 403 and refused.json()["code"] in (
+            "permission_denied", "not_authenticated")
+    assert operator.get(f"{API}{path}").status_code == 405
+    assert statuses([run_id, other]) == ["waiting_for_signal"] * 2
+
+
+def test_api__run_access_limits_a_definition_to_the_runs_the_user_may_act_on(token):
+    run_ids = [approval_flow(token).dispatch({"token": token}) for _ in range(2)]
+    definition = definition_of(run_ids[0])
+    operator = api_client("view_workflowrun", "change_workflowrun")
+
+    with override_settings(QUEUETY={**TEST_QUEUETY, "RUN_ACCESS": "tests.workflows.deny_all"}):
+        response = api_post(operator, f"/workflows/quar_a_{token}/definitions/"
+                                      f"{definition.definition_hash}/pause/")
+
+    assert response.status_code == 200
+    assert (response.json()["paused"], response.json()["skipped"]) == (
+        0, {"not_permitted": 2})
+    assert statuses(run_ids) == ["waiting_for_signal"] * 2
+
+
+def test_api__the_openapi_schema_documents_both_endpoints():
+    schema = json.loads(api_client("view_workflowrun").get(
+        f"{API}/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json").content)
+    for action in ("pause", "resume"):
+        operation = schema["paths"][f"{API}/workflows/{{name}}/definitions/{{hash}}/{action}/"]
+        assert {p["name"] for p in operation["post"]["parameters"]} >= {"name", "hash"}
+        assert set(operation["post"]["responses"]) >= {"200", "403", "404"}
+    assert {"paused", "resumed", "skipped", "failed"} <= set(
+        schema["components"]["schemas"]["BulkResult"]["properties"])
