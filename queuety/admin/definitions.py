@@ -15,6 +15,7 @@ from django.utils.formats import number_format
 from django.utils.html import format_html, format_html_join
 
 from queuety.admin.display import pretty_json, status_badge
+from queuety.admin.quarantine import QuarantinePages
 from queuety.models import (
     RunStatus,
     WorkflowDefinition,
@@ -46,7 +47,7 @@ else:
 
 
 @admin.register(WorkflowDefinition)
-class WorkflowDefinitionAdmin(_ModelAdmin):
+class WorkflowDefinitionAdmin(QuarantinePages, _ModelAdmin):
     """Workflow definitions (immutable shapes) with their run counts per status."""
 
     list_display = ("id", "name", "version", "short_hash", "runs", "created_at")

@@ -11,10 +11,11 @@ import uuid
 from io import StringIO
 
 import pytest
+from django.contrib.admin.models import LogEntry
 from django.contrib.auth.models import Permission, User
 from django.core.management import CommandError, call_command
 from django.db import connection, transaction
-from django.test import override_settings
+from django.test import Client, override_settings
 from rest_framework.test import APIClient
 
 import queuety
@@ -55,6 +56,14 @@ def approval_flow(token: str, name: str = "a"):
 def approval_signal(run_id: int) -> str:
     run = WorkflowRun.objects.get(pk=run_id)
     return load_spec(run.definition_id).steps[run.current_step].wait.signals[0]
+
+
+def make_user(*perms: str, staff: bool = False) -> User:
+    user = User.objects.create_user(f"q{uuid.uuid4().hex[:10]}", password="pw", is_staff=staff)
+    for codename in perms:
+        user.user_permissions.add(Permission.objects.get(codename=codename,
+                                                         content_type__app_label="queuety"))
+    return User.objects.get(pk=user.pk)  # fresh permission cache
 
 
 @pytest.fixture(autouse=True)
@@ -292,17 +301,101 @@ def test_cli__a_run_that_could_not_be_resumed_is_listed_and_the_command_fails(to
     assert statuses([breach, fine]) == ["paused", "waiting_for_signal"]
 
 
+
+# -- the admin --------------------------------------------------------------------------------
+
+DEFINITIONS = "/admin/queuety/workflowdefinition/"
+
+
+def admin_client(*perms: str, **options) -> Client:
+    user = make_user(*perms, staff=True)
+    client = Client(**options)
+    client.force_login(user)
+    return client
+
+
+def flash(response) -> list[str]:
+    return [str(m) for m in response.context["messages"]] if response.context else []
+
+
+def test_admin__the_definition_page_confirms_then_pauses_and_resumes_its_runs(worker, token):
+    operator = admin_client("view_workflowrun", "change_workflowrun")
+    run_ids = [approval_flow(token).dispatch({"token": token}) for _ in range(2)]
+    other = approval_flow(token, "b").dispatch({"token": token})
+    definition = definition_of(run_ids[0])
+    page = f"{DEFINITIONS}{definition.pk}/change/"
+
+    html = operator.get(page).content.decode()
+    assert f'href="{DEFINITIONS}{definition.pk}/pause-runs/" id="pause-runs"' in html
+    assert f'href="{DEFINITIONS}{definition.pk}/resume-runs/" id="resume-runs"' in html
+    confirm = operator.get(f"{DEFINITIONS}{definition.pk}/pause-runs/")
+    assert confirm.status_code == 200
+    assert [row["affected"] for row in confirm.context["rows"]] == [2]
+    assert "csrfmiddlewaretoken" in confirm.content.decode()
+    assert statuses(run_ids) == ["waiting_for_signal"] * 2  # a GET changes nothing
+
+    done = operator.post(f"{DEFINITIONS}{definition.pk}/pause-runs/", follow=True)
+
+    assert done.redirect_chain == [(page, 302)]
+    assert flash(done) == [f"Definition {definition.definition_hash[:12]} of "
+                           f"'quar_a_{token}': 2 runs paused."]
+    assert statuses(run_ids + [other]) == ["paused", "paused", "waiting_for_signal"]
+    timeline = operator.get(f"/admin/queuety/workflowrun/{run_ids[0]}/change/")
+    row = next(r for r in timeline.context["timeline"] if r["event"].kind == "workflow_paused")
+    assert row["by"].startswith("admin:q") and definition.definition_hash in row["data"]
+
+    queuety.signal(run_ids[0], approval_signal(run_ids[0]))
+    resumed = operator.post(f"{DEFINITIONS}{definition.pk}/resume-runs/", follow=True)
+    assert flash(resumed) == [f"Definition {definition.definition_hash[:12]} of "
+                              f"'quar_a_{token}': 2 runs resumed."]
+    assert wait_for(run_ids[0], worker=worker).status == "completed"
+    assert statuses(run_ids[1:]) == ["waiting_for_signal"]
+    assert LogEntry.objects.filter(object_id=str(definition.pk)).count() == 2
+
+
+def test_admin__the_changelist_actions_confirm_then_act_on_each_selected_definition(token):
+    operator = admin_client("view_workflowrun", "change_workflowrun")
+    first = approval_flow(token).dispatch({"token": token})
+    second = approval_flow(token, "b").dispatch({"token": token})
+    untouched = approval_flow(token, "c").dispatch({"token": token})
+    chosen = [definition_of(first).pk, definition_of(second).pk]
+    selection = {"action": "pause_live_runs", "_selected_action": chosen}
+
+    confirm = operator.post(DEFINITIONS, selection)
+    assert confirm.status_code == 200
+    assert [row["definition"].pk for row in confirm.context["rows"]] == sorted(chosen)
+    assert statuses([first, second]) == ["waiting_for_signal"] * 2
+
+    done = operator.post(DEFINITIONS, {**selection, "post": "yes"}, follow=True)
+    assert len(flash(done)) == 2 and all("1 run paused." in m for m in flash(done))
+    assert statuses([first, second, untouched]) == ["paused", "paused", "waiting_for_signal"]
+
+    operator.post(DEFINITIONS, {"action": "resume_paused_runs", "_selected_action": chosen,
+                                "post": "yes"})
+    assert statuses([first, second]) == ["waiting_for_signal"] * 2
+
+
+def test_admin__without_the_run_change_permission_nothing_is_offered_or_done(token):
+    viewer = admin_client("view_workflowrun")
+    run_id = approval_flow(token).dispatch({"token": token})
+    definition = definition_of(run_id)
+
+    assert "pause-runs" not in viewer.get(f"{DEFINITIONS}{definition.pk}/change/"
+                                          ).content.decode()
+    for action in ("pause-runs", "resume-runs"):
+        assert viewer.get(f"{DEFINITIONS}{definition.pk}/{action}/").status_code == 403
+        assert viewer.post(f"{DEFINITIONS}{definition.pk}/{action}/").status_code == 403
+    assert viewer.get(DEFINITIONS).context["action_form"] is None
+    viewer.post(DEFINITIONS, {"action": "pause_live_runs", "post": "yes",
+                              "_selected_action": [definition.pk]})
+    strict = admin_client("view_workflowrun", "change_workflowrun", enforce_csrf_checks=True)
+    assert strict.post(f"{DEFINITIONS}{definition.pk}/pause-runs/").status_code == 403
+    assert statuses([run_id]) == ["waiting_for_signal"]
+
+
 # -- the REST API -----------------------------------------------------------------------------
 
 API = "/queuety/api"
-
-
-def make_user(*perms: str, staff: bool = False) -> User:
-    user = User.objects.create_user(f"q{uuid.uuid4().hex[:10]}", password="pw", is_staff=staff)
-    for codename in perms:
-        user.user_permissions.add(Permission.objects.get(codename=codename,
-                                                         content_type__app_label="queuety"))
-    return User.objects.get(pk=user.pk)  # fresh permission cache
 
 
 def api_client(*perms: str, user: User | None = None) -> APIClient:
