@@ -7,12 +7,11 @@ from __future__ import annotations
 import json
 import threading
 import time
-import uuid
 from io import StringIO
 
 import pytest
 from django.contrib.admin.models import LogEntry
-from django.contrib.auth.models import Permission, User
+from django.contrib.auth.models import User
 from django.core.management import CommandError, call_command
 from django.db import connection, transaction
 from django.test import Client, override_settings
@@ -25,6 +24,7 @@ from queuety.store import rows
 from queuety.store.definitions import load_spec
 from tests import workflows
 from tests.integration.conftest import wait_for
+from tests.integration.test_api import make_user
 from tests.settings import QUEUETY as TEST_QUEUETY
 
 pytestmark = pytest.mark.worker
@@ -56,14 +56,6 @@ def approval_flow(token: str, name: str = "a"):
 def approval_signal(run_id: int) -> str:
     run = WorkflowRun.objects.get(pk=run_id)
     return load_spec(run.definition_id).steps[run.current_step].wait.signals[0]
-
-
-def make_user(*perms: str, staff: bool = False) -> User:
-    user = User.objects.create_user(f"q{uuid.uuid4().hex[:10]}", password="pw", is_staff=staff)
-    for codename in perms:
-        user.user_permissions.add(Permission.objects.get(codename=codename,
-                                                         content_type__app_label="queuety"))
-    return User.objects.get(pk=user.pk)  # fresh permission cache
 
 
 @pytest.fixture(autouse=True)
@@ -342,7 +334,7 @@ def test_admin__the_definition_page_confirms_then_pauses_and_resumes_its_runs(wo
     assert statuses(run_ids + [other]) == ["paused", "paused", "waiting_for_signal"]
     timeline = operator.get(f"/admin/queuety/workflowrun/{run_ids[0]}/change/")
     row = next(r for r in timeline.context["timeline"] if r["event"].kind == "workflow_paused")
-    assert row["by"].startswith("admin:q") and definition.definition_hash in row["data"]
+    assert row["by"].startswith("admin:u") and definition.definition_hash in row["data"]
 
     queuety.signal(run_ids[0], approval_signal(run_ids[0]))
     resumed = operator.post(f"{DEFINITIONS}{definition.pk}/resume-runs/", follow=True)
