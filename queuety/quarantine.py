@@ -14,8 +14,8 @@ unfinished runs once, then work through them by id in chunks (:data:`CHUNK`,
   wait may settle on the signals stored meanwhile. A run whose resume raises (a budget breach,
   say) is rolled back alone and reported, and the others proceed.
 
-A run a worker held is then handled alone: ``operations.pause`` or ``resume`` waits for its
-lock. A run that finished or changed meanwhile is counted as skipped, by its status then.
+A run a worker held is handled alone once the chunks are done: ``operations.pause`` or
+``resume`` waits for its lock. A run that finished or changed meanwhile is counted as skipped, by its status then.
 Runs started meanwhile (by a process still running the old code) are picked up in another
 round. Each event records ``"definition": <hash>`` besides ``by``, so the run's timeline says
 why it was paused. Both calls can be run again: a second pause pauses nothing more and counts
@@ -176,8 +176,12 @@ def _sweep(action: _Action, definition: WorkflowDefinition, actor: str, chunk_si
         if not found:
             break
         after = found[-1][0]
-        for chunk in _chunks(found, chunk_size):
-            _chunk(action, chunk, context, tally)
+        alone = [pk for chunk in _chunks(found, chunk_size)
+                 for pk in _chunk(action, chunk, context, tally)]
+        # After every chunk, so a row held for long holds up no other: the operation waits
+        # for each one's lock and says what became of the run.
+        for pk in alone:
+            _alone(action, pk, context, tally)
     else:
         logger.warning("Runs of definition id=%s keep being started; %s them again once no "
                        "process starts it.", definition.pk, action.name)
@@ -198,8 +202,9 @@ def _chunks(items: Sequence[tuple[int, str]], size: int) -> Iterator[list[tuple[
 
 
 def _chunk(action: _Action, chunk: list[tuple[int, str]], context: _Context,
-           tally: _Tally) -> None:
-    """Act on one chunk of ``(id, status)`` pairs, as read before it."""
+           tally: _Tally) -> list[int]:
+    """Act on one chunk of ``(id, status)`` pairs, as read before it; return the runs to do
+    alone."""
     ids = []
     for pk, status in chunk:
         if status in action.eligible:
@@ -209,15 +214,14 @@ def _chunk(action: _Action, chunk: list[tuple[int, str]], context: _Context,
     if context.include is not None:
         ids = _permitted(ids, context.include, tally)
     if not ids:
-        return
+        return []
     with transaction.atomic():
         locked = rows.lock_free_runs(ids, action.eligible)
         alone = action.batch(locked, context, tally)
     # Not locked: a worker (or an operator) held the row, or the run left the status since
-    # it was read. Alone, the operation waits for the row and says which.
+    # it was read.
     taken = {pk for pk, _ in locked}
-    for pk in [pk for pk in ids if pk not in taken] + alone:
-        _alone(action, pk, context, tally)
+    return [pk for pk in ids if pk not in taken] + alone
 
 
 def _permitted(ids: list[int], include: Callable[[WorkflowRun], bool],

@@ -15,6 +15,7 @@ from django.contrib.auth.models import User
 from django.core.management import CommandError, call_command
 from django.db import connection, transaction
 from django.test import Client, override_settings
+from django.utils import timezone
 from rest_framework.test import APIClient
 
 import queuety
@@ -171,24 +172,25 @@ def test_unknown_definition__raises_and_changes_nothing(token):
     assert statuses([run_id]) == ["waiting_for_signal"]
 
 
-def _hold_row(run_id: int, taken: threading.Event, seconds: float) -> None:
+def _hold_row(run_id: int, taken: threading.Event, seconds: float, released: list) -> None:
     """Hold run ``run_id``'s row lock in another connection for ``seconds``."""
     try:
         with transaction.atomic():
             rows.lock_run(run_id)
             taken.set()
             time.sleep(seconds)
+            released.append(timezone.now())
     finally:
         connection.close()
 
 
-def test_pause_definition__in_chunks_a_held_row_alone_a_finished_run_skipped_a_new_one_paused(
+def test_pause_definition__in_chunks_a_held_row_last_a_finished_run_skipped_a_new_one_paused(
         token, monkeypatch):
     flow = approval_flow(token)
     run_ids = [flow.dispatch({"token": token}) for _ in range(5)]
     definition = definition_of(run_ids[0])
-    taken = threading.Event()
-    holder = threading.Thread(target=_hold_row, args=(run_ids[1], taken, 0.6))
+    taken, released = threading.Event(), []
+    holder = threading.Thread(target=_hold_row, args=(run_ids[1], taken, 0.6, released))
     holder.start()
     assert taken.wait(10)
     locking = rows.lock_free_runs
@@ -202,16 +204,16 @@ def test_pause_definition__in_chunks_a_held_row_alone_a_finished_run_skipped_a_n
 
     monkeypatch.setattr(rows, "lock_free_runs", meanwhile)
     try:
-        began = time.monotonic()
         result = quarantine.pause_definition(definition.definition_hash, chunk_size=2)
-        waited = time.monotonic() - began
     finally:
         holder.join()
 
     assert (result.done, result.skipped, result.failed) == (5, {"finished": 1}, {})
-    assert waited >= 0.3  # the held run was paused once its holder let go, not skipped
     assert statuses(run_ids[1:] + started) == ["paused"] * 5
     assert statuses(run_ids[:1]) == ["cancelled"]
+    # The other chunks did not wait for the held row (SKIP LOCKED); it was paused once free.
+    paused_at = dict(WorkflowRun.objects.filter(pk__in=run_ids).values_list("pk", "updated_at"))
+    assert max(paused_at[pk] for pk in run_ids[2:]) < released[0] < paused_at[run_ids[1]]
 
 
 # -- the command line -------------------------------------------------------------------------
