@@ -105,6 +105,7 @@ __all__ = [
     "list_workflows",
     "migrate_runs",
     "pause",
+    "pause_definition",
     "register",
     "registered",
     "put_artifact",
@@ -113,6 +114,7 @@ __all__ = [
     "queue_budgets",
     "resource_groups",
     "resume",
+    "resume_definition",
     "retry",
     "rewind",
     "schedule",
@@ -130,6 +132,7 @@ if TYPE_CHECKING:  # for annotations only: importing it would import Django
 
     from queuety.inbox import SignalReceipt
     from queuety.outputs import ChunkPage
+    from queuety.quarantine import BulkResult
     from queuety.run_migration import MigrationReport
     from queuety.schedules import Schedule
 
@@ -312,6 +315,36 @@ def resume(run_id: int) -> str:
     from queuety import operations
 
     return operations.resume(run_id)
+
+
+def pause_definition(ref: str | int, *, actor: str = "") -> BulkResult:
+    """Pause every running or waiting run of one definition: ``ref`` is its id, its hash or a
+    unique prefix of it (at least 8 characters). Safe to run again.
+
+    Returns a :class:`~queuety.quarantine.BulkResult`: ``done`` (runs paused), ``skipped`` by
+    reason (``already_paused``, ``waiting_for_workflows``, ``finished``, ...) and ``failed``
+    (run id: error). Each run's ``workflow_paused`` event records ``actor`` and the hash.
+
+    Raises:
+        UnknownDefinition: ``ref`` names no definition; nothing is changed.
+    """
+    from queuety import quarantine
+
+    return quarantine.pause_definition(ref, actor=actor)
+
+
+def resume_definition(ref: str | int, *, actor: str = "") -> BulkResult:
+    """Resume every paused run of one definition (``ref`` as for :func:`pause_definition`),
+    each as :func:`resume` does. A run whose resume raises (a budget breach, say) is listed
+    in ``failed`` and the others are still resumed.
+
+    Raises:
+        UnknownDefinition: ``ref`` names no definition. WorkflowDefinitionError: the stored
+            definition no longer loads here. Nothing is changed in either case.
+    """
+    from queuety import quarantine
+
+    return quarantine.resume_definition(ref, actor=actor)
 
 
 def retry(run_id: int) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, ParamSpec, TypeVar
 
@@ -98,26 +98,48 @@ def cancel(run_id: int, *, actor: str = "") -> None:
     logger.info("Run id=%s cancelled by %s", run_id, actor or "-")
 
 
-def pause(run_id: int, *, actor: str = "") -> None:
+#: The statuses a run can be paused from: a run waiting for other workflows holds nothing to
+#: pause (they are paused, or cancelled, on their own).
+PAUSABLE = (RunStatus.RUNNING, RunStatus.WAITING_FOR_SIGNAL)
+
+
+def pause(run_id: int, *, actor: str = "", reason: Mapping[str, Any] | None = None) -> None:
     """Pause a running or waiting run: a step in flight finishes, nothing new starts.
+
+    ``reason`` is recorded on its ``workflow_paused`` event besides ``by`` and
+    ``previous_status`` (``{"definition": hash}`` when its whole definition is paused).
 
     Raises:
         InvalidTransition: the run is not running or waiting.
     """
     with transaction.atomic():
         run = rows.lock_run(run_id)
-        if run.status not in (RunStatus.RUNNING, RunStatus.WAITING_FOR_SIGNAL):
+        if run.status not in PAUSABLE:
             raise _refuse(run, "pause", f"it is {run.status}, not running or waiting")
-        WorkflowRun.objects.filter(pk=run.pk).update(
-            status=RunStatus.PAUSED, updated_at=timezone.now(), revision=F("revision") + 1)
-        _event(run, "workflow_paused", actor, previous_status=run.status)
+        pause_locked([(run.pk, run.status)], actor=actor, reason=reason)
 
 
-def resume(run_id: int, *, actor: str = "") -> str:
+def pause_locked(runs: Sequence[tuple[int, str]], *, actor: str = "",
+                 reason: Mapping[str, Any] | None = None) -> None:
+    """Pause ``runs``, ``(id, status)`` pairs of runs whose rows this transaction holds locked
+    in a :data:`PAUSABLE` status: one UPDATE and one INSERT of their ``workflow_paused`` events
+    for them all, what :func:`pause` writes for one."""
+    if not runs:
+        return
+    WorkflowRun.objects.filter(pk__in=[pk for pk, _ in runs]).update(
+        status=RunStatus.PAUSED, updated_at=timezone.now(), revision=F("revision") + 1)
+    Event.objects.bulk_create([
+        Event(run_id=pk, kind="workflow_paused",
+              data={"by": actor, "previous_status": status, **(reason or {})})
+        for pk, status in runs])
+
+
+def resume(run_id: int, *, actor: str = "", reason: Mapping[str, Any] | None = None) -> str:
     """Resume a paused run where it stands; return its new status.
 
     Its current step's existing row is published again (never duplicated); a wait is evaluated
-    against the signals stored meanwhile, so it may settle at once.
+    against the signals stored meanwhile, so it may settle at once. ``reason`` is recorded on
+    its ``workflow_resumed`` event besides ``by``.
 
     Raises:
         InvalidTransition: the run is not paused.
@@ -128,7 +150,7 @@ def resume(run_id: int, *, actor: str = "") -> str:
         if run.status != RunStatus.PAUSED:
             raise _refuse(run, "resume", f"it is {run.status}, not paused")
         spec = load_spec(run.definition_id)
-        _event(run, "workflow_resumed", actor)
+        _event(run, "workflow_resumed", actor, **(reason or {}))
         return _continue(run, spec, now)
 
 

@@ -14,7 +14,8 @@ Pages:
   and the actions valid in the run's status);
 - ``approvals/``: every run waiting on a person, oldest first, answerable inline;
 - ``<id>/export/``: the run's JSON export (``export.export()``);
-- the definitions changelist with run counts per status;
+- the definitions changelist with run counts per status, and each definition's "Pause its
+  live runs" / "Resume its paused runs" (``admin/quarantine.py``);
 - webhook endpoints (the secret write-only) and the delivery log, with a redeliver action.
 - the concurrency groups page: in flight against the limit, waiting steps, starts against the
   rate limit, running cost against the budget (``admin/groups.py``).

@@ -19,6 +19,7 @@ from django.utils.timezone import localtime
 
 from queuety import definition_diff
 from queuety.admin.display import pretty_json, status_badge
+from queuety.admin.quarantine import QuarantinePages
 from queuety.core.diff import DefinitionDiff
 from queuety.models import (
     RunStatus,
@@ -56,7 +57,7 @@ else:
 
 
 @admin.register(WorkflowDefinition)
-class WorkflowDefinitionAdmin(_ModelAdmin):
+class WorkflowDefinitionAdmin(QuarantinePages, _ModelAdmin):
     """Workflow definitions (immutable shapes) with their run counts per status."""
 
     list_display = ("id", "name", "version", "short_hash", "runs", "live_runs", "created_at")

@@ -13,7 +13,7 @@ from rest_framework.pagination import CursorPagination
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from queuety import exceptions, operations, queries, registry
+from queuety import exceptions, operations, quarantine, queries, registry
 from queuety.api import exceptions as api_errors
 from queuety.api import serializers
 from queuety.api.views import (
@@ -24,7 +24,10 @@ from queuety.api.views import (
     read_json_body,
     replayable,
 )
+from queuety.conf import settings
 from queuety.core.status import RunStatus
+from queuety.models import WorkflowRun
+from queuety.store.definitions import find_definition
 
 
 class RunCursorPagination(CursorPagination):
@@ -145,9 +148,13 @@ class RunActionView(RunAPIView):
         return replayable(request, lambda: self._act(request, pk))
 
     def _act(self, request: Request, pk: int) -> Response:
-        actor = f"api:user:{request.user.pk}:{request.user.get_username()}"
-        self._OPERATIONS[self.action](pk, actor=actor)  # InvalidTransition: a 409
+        self._OPERATIONS[self.action](pk, actor=_actor(request))  # InvalidTransition: a 409
         return Response(queries.workflow_status(pk).to_dict())
+
+
+def _actor(request: Request) -> str:
+    """How a run's timeline names the API user who operated it."""
+    return f"api:user:{request.user.pk}:{request.user.get_username()}"
 
 
 class CancelView(RunActionView):
@@ -164,6 +171,51 @@ class ResumeView(RunActionView):
 
 class RetryView(RunActionView):
     action = "retry"
+
+
+DEFINITION_PATH = [
+    OpenApiParameter("name", str, OpenApiParameter.PATH,
+                     description="The workflow's name: the definition must be one of its."),
+    OpenApiParameter("hash", str, OpenApiParameter.PATH,
+                     description="The definition's hash, or a unique prefix of it (8 "
+                                 "characters at least)."),
+]
+
+
+@extend_schema(parameters=[*DEFINITION_PATH, IDEMPOTENCY_KEY], request=None,
+               responses={200: serializers.BulkResultSerializer, **ERRORS})
+class DefinitionActionView(RunAPIView):
+    """``POST workflows/<name>/definitions/<hash>/pause/``: pause every running or waiting run
+    of one definition; ``resume/``: resume its paused runs. 200 with the counts, also when
+    some runs failed (listed in ``failed``); 404 ``definition_not_found`` when ``<hash>``
+    names no definition of workflow ``<name>``. Safe to repeat: a second pause pauses
+    nothing more. With ``QUEUETY["RUN_ACCESS"]``, only the runs it lets the user act on."""
+
+    action = ""
+    required_permissions = {"POST": "queuety.change_workflowrun"}
+
+    def post(self, request: Request, name: str, hash: str) -> Response:
+        definition = find_definition(hash, name=name)  # UnknownDefinition: a 404
+        return replayable(request, lambda: self._act(request, definition.pk))
+
+    def _act(self, request: Request, definition_id: int) -> Response:
+        operation = quarantine.pause_definition if self.action == "pause" else \
+            quarantine.resume_definition
+        result = operation(definition_id, actor=_actor(request),
+                           include=None if settings.RUN_ACCESS is None
+                           else lambda run: self._may_act_on(request, run))
+        return Response(result.to_dict())
+
+    def _may_act_on(self, request: Request, run: WorkflowRun) -> bool:
+        return all(p.has_object_permission(request, self, run) for p in self.get_permissions())
+
+
+class PauseDefinitionView(DefinitionActionView):
+    action = "pause"
+
+
+class ResumeDefinitionView(DefinitionActionView):
+    action = "resume"
 
 
 @extend_schema(responses={200: serializers.RegisteredWorkflowSerializer(many=True),

@@ -208,3 +208,33 @@ class ChunkPageSerializer(serializers.Serializer[Any]):
     step_status = serializers.CharField(allow_null=True)
     finished = serializers.BooleanField()
     chunks = ChunkSerializer(many=True)
+
+
+class DefinitionRefSerializer(serializers.Serializer[Any]):
+    """The stored definition a bulk action acted on."""
+
+    id = serializers.IntegerField()
+    hash = serializers.CharField()
+    workflow = serializers.CharField()
+
+
+class BulkFailureSerializer(serializers.Serializer[Any]):
+    """A run whose operation raised; nothing was written for it."""
+
+    run_id = serializers.IntegerField()
+    error = serializers.CharField()
+
+
+class BulkResultSerializer(serializers.Serializer[Any]):
+    """What pausing or resuming every run of one definition did
+    (``queuety.quarantine.BulkResult.to_dict()``)."""
+
+    action = serializers.ChoiceField(choices=["pause", "resume"])
+    definition = DefinitionRefSerializer()
+    paused = serializers.IntegerField(required=False, help_text="pause/: runs paused now.")
+    resumed = serializers.IntegerField(required=False, help_text="resume/: runs resumed now.")
+    skipped = serializers.DictField(
+        child=serializers.IntegerField(),
+        help_text="Runs left as they were, by reason: already_paused, waiting_for_workflows, "
+                  "not_paused, finished, not_permitted, deleted, changed.")
+    failed = BulkFailureSerializer(many=True)

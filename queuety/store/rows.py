@@ -261,6 +261,18 @@ def lock_run(run_id: Any, *, steps_first: bool = False,
         raise exceptions.RunNotFound(run_id) from None
 
 
+def lock_free_runs(ids: Iterable[int], statuses: Iterable[str]) -> list[tuple[int, str]]:
+    """Lock, for this transaction, those of runs ``ids`` whose status is one of ``statuses``,
+    skipping the rows another transaction holds; return ``(id, status)`` of each, by id.
+
+    It never waits for a lock, so it cannot close a deadlock cycle however many rows it takes:
+    the bulk operations lock a chunk of runs this way, then handle the skipped ones alone.
+    """
+    return list(WorkflowRun.objects.select_for_update(skip_locked=True)
+                .filter(pk__in=list(ids), status__in=list(statuses)).order_by("pk")
+                .values_list("pk", "status"))
+
+
 #: The columns the step boundary reads of a run it locks.
 BOUNDARY_FIELDS = ("name", "definition_id", "status", "state", "current_step", "transitions",
                    "cost_units", "started_workflows", "error")

@@ -14,7 +14,7 @@ from queuety import export as exports  # "export" and "timeline" name sub-parser
 from queuety import timeline as timelines
 from queuety.core import artifacts as artifact_rules
 from queuety.core.describe import format_status
-from queuety.management import deploying, migrating, starting
+from queuety.management import deploying, migrating, quarantine, starting
 from queuety.management.starting import Error
 from queuety.runtime import sweeper
 
@@ -125,12 +125,19 @@ class Command(BaseCommand):
         signal.add_argument("--data", default=None, help="JSON data of the signal.")
 
         for action, what in (("retry", "Run a failed run again from its failed step."),
-                             ("pause", "Pause a running or waiting run."),
-                             ("resume", "Resume a paused run."),
+                             ("pause", "Pause a running or waiting run (or, with "
+                                       "--definition, every one of a definition)."),
+                             ("resume", "Resume a paused run (or, with --definition, "
+                                        "every paused run of a definition)."),
                              ("cancel", "Cancel a run (compensations run afterwards)."),
                              ("fork", "Start a new run from this run's current state.")):
             op = actions.add_parser(action, help=what)
-            op.add_argument("run_id", type=_run_id)
+            if action in ("pause", "resume"):
+                # Or a whole definition's runs: the run id is then left out.
+                op.add_argument("run_id", type=_run_id, nargs="?")
+                quarantine.add_definition_options(op, action)
+            else:
+                op.add_argument("run_id", type=_run_id)
         timeline = actions.add_parser("timeline", help="Show a run's events.")
         timeline.add_argument("run_id", type=_run_id)
         timeline.add_argument("--limit", type=_limit, default=100)
@@ -209,6 +216,8 @@ class Command(BaseCommand):
             return
         if migrating.migrate_action(options["action"], options, self.stdout.write, self._table):
             return
+        if quarantine.definition_action(options["action"], options, self.stdout.write):
+            return
         if options["action"] in self._LIFECYCLE:
             self._lifecycle(options["action"], options["run_id"])
             return
@@ -257,7 +266,7 @@ class Command(BaseCommand):
                  str(q["waiting"])] for q in data["queues"]])
 
     #: Lifecycle subcommands: the operation and the original's success line.
-    _LIFECYCLE = {
+    _LIFECYCLE: dict[str, tuple[Callable[..., Any], str]] = {
         "retry": (operations.retry, "Success: Workflow #{id} scheduled for retry."),
         "pause": (operations.pause, "Success: Workflow #{id} paused."),
         "resume": (operations.resume, "Success: Workflow #{id} resumed."),
