@@ -12,7 +12,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from queuety import exceptions
+from queuety import exceptions, timeline
 from queuety.conf import settings
 from queuety.core import landing, waits
 from queuety.core.definition import WaitStep, WorkflowSpec
@@ -222,8 +222,10 @@ def _reply_locked(run: WorkflowRun, spec: WorkflowSpec, kind: str, data: Any, *,
         name = waits.reply_signal(step.wait, kind)
         if signal is not None and signal != name:
             name = None  # a reply of this kind cannot send another signal
-    pinned = (step_index is None or step_index == run.current_step) and (
-        transitions is None or transitions == run.transitions)
+    pinned = (transitions is None or transitions == run.transitions) and (
+        step_index is None or step_index == run.current_step
+        or (transitions is not None and
+            timeline.moved_position(run_id, transitions, step_index) == run.current_step))
     if name is None or not pinned:
         answered = Signal.objects.filter(
             run_id=run_id, consumed_at__isnull=False,

@@ -82,7 +82,7 @@ def cancel(run_id: int, *, actor: str = "") -> None:
         rows.stop_live_steps(run.pk, now)
         WorkflowRun.objects.filter(pk=run.pk).update(
             status=RunStatus.CANCELLED, finished_at=now, updated_at=now,
-            revision=F("revision") + 1)
+            revision=F("revision") + 1, migration=None)
         _event(run, "workflow_cancelled", actor, previous_status=previous)
         signals.emit("run_cancelled", run_id=run.pk, workflow=run.name, actor=actor,
                      previous_status=previous)

@@ -18,7 +18,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import transaction
-from django.db.models import F
+from django.db.models import F, Q
 from django.utils import timezone
 
 from queuety import exceptions, registry
@@ -84,8 +84,8 @@ class MigrationReport:
 
 
 @dataclass(frozen=True, slots=True)
-class _Plan:
-    """A migration's inputs, checked."""
+class MigrationPlan:
+    """A migration's inputs, checked (:func:`plan_migration`)."""
 
     to_pk: int
     to: WorkflowSpec
@@ -94,6 +94,13 @@ class _Plan:
     state_path: str | None
     """Where a worker imports the state function from (``None``: it cannot)."""
     by: str
+    source_pk: int | None = None
+    """Only runs of this definition move (``from_definition``)."""
+
+    def pending(self) -> dict[str, Any]:
+        """The move as a run row records it until its boundary (``WorkflowRun.migration``)."""
+        return {"to": self.to_pk, "step_map": self.step_map, "state": self.state_path,
+                "by": self.by}
 
 
 def migrate_runs(workflow: str, to: str | int | WorkflowSpec = "latest", *,
@@ -124,8 +131,10 @@ def migrate_runs(workflow: str, to: str | int | WorkflowSpec = "latest", *,
     """
     source_pk = None if from_definition is None else \
         find_definition(from_definition, name=workflow).pk
-    plan = _plan(workflow, to, step_map, state, actor)
-    candidates = WorkflowRun.objects.filter(name=workflow).exclude(definition_id=plan.to_pk)
+    plan = plan_migration(workflow, to, step_map, state, actor, source_pk)
+    # Runs on ``to`` already are left alone, unless a move elsewhere is pending (cancelled).
+    candidates = WorkflowRun.objects.filter(
+        Q(name=workflow) & (~Q(definition_id=plan.to_pk) | Q(migration__isnull=False)))
     if source_pk is not None:
         candidates = candidates.filter(definition_id=source_pk)
     listed = None if runs is None else sorted(set(runs))
@@ -143,13 +152,21 @@ def migrate_runs(workflow: str, to: str | int | WorkflowSpec = "latest", *,
                       for pk in ids]
             transaction.set_rollback(True)
     else:
-        found += [_move(pk, plan) for pk in ids]
+        found += [move_run(pk, plan) for pk in ids]
     return MigrationReport(workflow, plan.to.definition_hash, plan.to_pk, dry_run,
                            tuple(sorted(found, key=lambda move: move.run_id)))
 
 
-def _plan(workflow: str, to: str | int | WorkflowSpec, step_map: Mapping[str, str] | None,
-          state: StateFunction | str | None, actor: str) -> _Plan:
+def plan_migration(workflow: str, to: str | int | WorkflowSpec,
+                   step_map: Mapping[str, str] | None = None,
+                   state: StateFunction | str | None = None, actor: str = "",
+                   source_pk: int | None = None) -> MigrationPlan:
+    """Check a migration's inputs once, for :func:`move_run` on each run (``migrate_runs``
+    does both; see it for the arguments).
+
+    Raises:
+        UnknownDefinition, UnknownWorkflow, InvalidMigration: as ``migrate_runs``.
+    """
     if isinstance(to, WorkflowSpec):
         if to.name != workflow:
             raise exceptions.InvalidMigration(
@@ -167,7 +184,7 @@ def _plan(workflow: str, to: str | int | WorkflowSpec, step_map: Mapping[str, st
             f"step_map must be a dict of old step name to new step name (got "
             f"{type(step_map).__name__}).")
     function, path = _state_function(state)
-    return _Plan(pk, spec, dict(step_map or {}), function, path, actor)
+    return MigrationPlan(pk, spec, dict(step_map or {}), function, path, actor, source_pk)
 
 
 def _state_function(state: StateFunction | str | None
@@ -182,8 +199,10 @@ def _state_function(state: StateFunction | str | None
             raise exceptions.InvalidMigration(
                 f"The state function {state!r} does not import: {error}. Give the dotted path "
                 "of a module-level function, such as 'myapp.migrations_state.v2_to_v3'.") from None
-        if not callable(function):
-            raise exceptions.InvalidMigration(f"The state function {state!r} is not callable.")
+        if not inspect.isfunction(function):
+            raise exceptions.InvalidMigration(
+                f"The state function {state!r} is a {type(function).__name__}, not a function "
+                "state(state, run) -> state defined in a module.")
         return function, state
     if not callable(state):
         raise exceptions.InvalidMigration(
@@ -198,7 +217,7 @@ def _state_function(state: StateFunction | str | None
     return state, path if importable else None
 
 
-def _unlisted(run_id: int, workflow: str, plan: _Plan) -> RunMove:
+def _unlisted(run_id: int, workflow: str, plan: MigrationPlan) -> RunMove:
     found = WorkflowRun.objects.filter(pk=run_id).values_list("name", "status",
                                                               "definition_id").first()
     if found is None:
@@ -209,8 +228,38 @@ def _unlisted(run_id: int, workflow: str, plan: _Plan) -> RunMove:
     return RunMove(run_id, status, None, SKIPPED, why)
 
 
-def _decide(run: WorkflowRun, plan: _Plan, *, dry_run: bool) -> RunMove:
+def _settled(run: WorkflowRun, plan: MigrationPlan, *, dry_run: bool) -> RunMove | None:
+    """The answer for a run whose move is settled before any decision (as locked): on ``to``
+    already (a move elsewhere still pending is cancelled), moved off ``from_definition``
+    meanwhile, or with this very move pending."""
+    if run.definition_id == plan.to_pk:
+        if not run.migration:
+            return RunMove(run.pk, run.status, None, SKIPPED,
+                           f"Run {run.pk} is already on that definition.")
+        if not dry_run:
+            WorkflowRun.objects.filter(pk=run.pk).update(migration=None,
+                                                         revision=F("revision") + 1)
+            Event.objects.create(run_id=run.pk, kind="run_migration_cancelled", data={
+                "by": plan.by, "to_definition": run.migration.get("to")})
+        return RunMove(run.pk, run.status, None, SKIPPED, (
+            f"Run {run.pk} is on that definition; the move elsewhere it had pending "
+            f"{'would be' if dry_run else 'was'} cancelled."))
+    if plan.source_pk is not None and run.definition_id != plan.source_pk:
+        return RunMove(run.pk, run.status, None, SKIPPED,
+                       f"Run {run.pk} is no longer on definition {plan.source_pk}.")
+    asked = plan.pending()
+    if run.migration and all(run.migration.get(key) == asked[key]
+                             for key in ("to", "step_map", "state")):
+        return RunMove(run.pk, run.status, None, AT_BOUNDARY,
+                       "This move is already pending: it is made at the run's next boundary.")
+    return None
+
+
+def _decide(run: WorkflowRun, plan: MigrationPlan, *, dry_run: bool) -> RunMove:
     """Decide (and unless ``dry_run``, make) the move of one run."""
+    settled = _settled(run, plan, dry_run=dry_run)
+    if settled is not None:
+        return settled
     run_id = run.pk
     spec = load_spec(run.definition_id)
     verdict = _verdict(run, spec, plan)
@@ -220,7 +269,7 @@ def _decide(run: WorkflowRun, plan: _Plan, *, dry_run: bool) -> RunMove:
     if verdict.action == moves.AT_BOUNDARY:
         return _at_boundary(run, step, verdict, plan, dry_run=dry_run)
     try:
-        after = run_moves.new_state(plan.state, run.state, run, plan.to)
+        after = run_moves.new_state(plan.state, run.state, run)
     except exceptions.InvalidMigration as error:
         return RunMove(run_id, run.status, step, FAILED, str(error))
     target = plan.to.steps[verdict.target or 0].name
@@ -231,14 +280,15 @@ def _decide(run: WorkflowRun, plan: _Plan, *, dry_run: bool) -> RunMove:
     return RunMove(run_id, run.status, step, outcome, verdict.reason, target, diff)
 
 
-def _verdict(run: WorkflowRun, spec: WorkflowSpec, plan: _Plan) -> moves.Verdict:
+def _verdict(run: WorkflowRun, spec: WorkflowSpec, plan: MigrationPlan) -> moves.Verdict:
     processing = StepRun.objects.filter(run_id=run.pk, kind="step",
                                         status=StepStatus.PROCESSING).exists()
     return moves.decide(spec, plan.to, status=run.status, current_step=run.current_step,
                         step_map=plan.step_map, processing=processing)
 
 
-def _at_boundary(run: WorkflowRun, step: str | None, verdict: moves.Verdict, plan: _Plan, *,
+def _at_boundary(run: WorkflowRun, step: str | None, verdict: moves.Verdict,
+                 plan: MigrationPlan, *,
                  dry_run: bool) -> RunMove:
     if plan.state is not None and plan.state_path is None:
         return RunMove(run.pk, run.status, step, SKIPPED, (
@@ -247,17 +297,18 @@ def _at_boundary(run: WorkflowRun, step: str | None, verdict: moves.Verdict, pla
             "or its dotted path."))
     if not dry_run:
         WorkflowRun.objects.filter(pk=run.pk).update(
-            migration={"to": plan.to_pk, "step_map": plan.step_map, "state": plan.state_path,
-                       "by": plan.by, "requested_at": timezone.now().isoformat()},
+            migration={**plan.pending(), "requested_at": timezone.now().isoformat()},
             revision=F("revision") + 1, updated_at=timezone.now())
         Event.objects.create(run_id=run.pk, kind="run_migration_pending", data={
             "by": plan.by, "to_hash": plan.to.definition_hash, "step_map": plan.step_map,
             "reason": verdict.reason})
-    return RunMove(run.pk, run.status, step, AT_BOUNDARY, verdict.reason)
+    target = None if verdict.target is None else plan.to.steps[verdict.target].name
+    return RunMove(run.pk, run.status, step, AT_BOUNDARY, verdict.reason, target)
 
 
-def _move(run_id: int, plan: _Plan) -> RunMove:
-    """Move one run, in a transaction of its own, holding its lock."""
+def move_run(run_id: int, plan: MigrationPlan) -> RunMove:
+    """Move one run, in a transaction of its own, holding its lock: decided again as locked,
+    so a run another migration moved meanwhile is not moved twice."""
     try:
         with transaction.atomic():
             return _decide(rows.lock_run(run_id, steps_first=True), plan, dry_run=False)
@@ -265,16 +316,21 @@ def _move(run_id: int, plan: _Plan) -> RunMove:
         return RunMove(run_id, "", None, SKIPPED, f"Run {run_id} no longer exists.")
 
 
-def _apply(run: WorkflowRun, spec: WorkflowSpec, verdict: moves.Verdict, plan: _Plan,
+def _apply(run: WorkflowRun, spec: WorkflowSpec, verdict: moves.Verdict, plan: MigrationPlan,
            after: dict[str, Any]) -> None:
     """Make a move now (``NOW`` or ``IN_PLACE``), the run locked by this transaction."""
     now = timezone.now()
     target = verdict.target or 0
     loops = run_moves.remap_loops(dict(run.loops or {}), spec, plan.to, plan.step_map)
+    in_place = verdict.action == moves.IN_PLACE
+    # An in-place move keeps the wait, and the count of transitions that approval links
+    # name with its position (``timeline.moved_position`` follows it to the new one).
     event = run_moves.migrated_event(run.pk, spec, plan.to, step=run.current_step,
                                      target=target, before=run.state, after=after,
-                                     step_map=plan.step_map, by=plan.by)
-    if verdict.action == moves.IN_PLACE:
+                                     step_map=plan.step_map, by=plan.by,
+                                     **({"in_place": True, "transitions": run.transitions}
+                                        if in_place else {}))
+    if in_place:
         run_moves.switch(run.pk, plan.to_pk, plan.to, state=after, current_step=target,
                          loops=loops, revision=F("revision") + 1, updated_at=now,
                          wait_expires_at=_expiry(run, plan.to.step_of(target, WaitStep), now))

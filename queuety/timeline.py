@@ -70,6 +70,17 @@ def _moved(after: dict[int, dict[str, Any]], positions: dict[str, int]
             if str(old) in positions}
 
 
+def moved_position(run_id: int, transitions: int, index: int) -> int:
+    """Where the wait at position ``index`` of the run's visit ``transitions`` stands now: the
+    same position, unless moves onto other definitions kept it in place elsewhere (an
+    approval link names the position it was mailed for)."""
+    for data in (Event.objects.filter(run_id=run_id, kind="run_migrated",
+                                      data__in_place=True, data__transitions=transitions)
+                 .order_by("pk").values_list("data", flat=True)):
+        index = (data.get("step_indexes") or {}).get(str(index), -1)
+    return index
+
+
 def state_at(run_id: int, step: int | str) -> dict[str, Any]:
     """Return the public state right after step ``step`` (index or name) last completed.
 

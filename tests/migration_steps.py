@@ -3,8 +3,12 @@ the worker imports them by dotted path."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
+from django.db import connection
+
+from queuety.models import WorkflowRun
 from tests.workflows import mark
 
 
@@ -37,3 +41,36 @@ def refuse_two(state: dict[str, Any], run: Any) -> dict[str, Any]:
 def returns_junk(state: dict[str, Any], run: Any) -> Any:
     """A state function that returns no state."""
     return ["not", "a", "dict"]
+
+
+def slow_then_fail(state: dict[str, Any]) -> dict[str, Any]:
+    """Sleep ``state['sleep']`` seconds, then fail."""
+    mark(f"{state['token']}-slow-fail")
+    time.sleep(state["sleep"])
+    raise ValueError("this attempt fails after its sleep")
+
+
+def mutate_nested_then_raise(state: dict[str, Any], run: Any) -> dict[str, Any]:
+    """Changes a nested value of the state it was given, then refuses the run."""
+    state["profile"]["name"] = "CHANGED BY A FAILED STATE FUNCTION"
+    raise ValueError("this run cannot be migrated")
+
+
+def rename_nested(state: dict[str, Any], run: Any) -> dict[str, Any]:
+    """Renames a nested key: profile.name -> profile.full_name."""
+    state["profile"]["full_name"] = state["profile"].pop("name")
+    return state
+
+
+def write_then_raise(state: dict[str, Any], run: Any) -> dict[str, Any]:
+    """Writes to the run's row, then refuses the run."""
+    WorkflowRun.objects.filter(pk=run.pk).update(state={"overwritten": True})
+    raise ValueError("refused after writing")
+
+
+def db_error_for_two(state: dict[str, Any], run: Any) -> dict[str, Any]:
+    """A database error (division by zero) for the run whose ``n`` is 2."""
+    if state.get("n") == 2:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1/0")
+    return {**state, "checked": True}

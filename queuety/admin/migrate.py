@@ -9,9 +9,11 @@ changelist's action). Moving needs ``queuety.change_workflowrun``.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from django import forms
+from django.apps import apps
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
@@ -21,6 +23,7 @@ from django.urls import URLPattern, path
 
 from queuety import exceptions, run_migration
 from queuety.admin.display import actor
+from queuety.conf import settings
 from queuety.models import WorkflowDefinition, WorkflowRun
 
 if TYPE_CHECKING:  # for annotations only
@@ -40,6 +43,17 @@ class MigrateForm(forms.Form):
         "Renamed steps, one OLD=NEW per line; other steps map by name."))
     state = forms.CharField(required=False, max_length=255, help_text=(
         "Optional: the dotted path of a function state(state, run) -> state."))
+
+    def clean_state(self) -> str:
+        """Only a function of the site's own code: a form must not make the admin import
+        and call any dotted path there is."""
+        path = (self.cleaned_data.get("state") or "").strip()
+        if path and not _trusted(path):
+            raise forms.ValidationError(
+                f"{path!r} is not in one of this site's own apps (its INSTALLED_APPS "
+                "that are not installed packages) nor in QUEUETY['REPLAY_MODULES']; give a "
+                "function of the site's own code.")
+        return path
 
     def clean_step_map(self) -> dict[str, str]:
         found: dict[str, str] = {}
@@ -122,6 +136,16 @@ class MigrationPages:
             definitions=_definitions(workflow),
             run_url=self._url("changelist"), **self._breadcrumbs("Move runs")),
             status=400 if form.errors else 200)
+
+
+def _trusted(path: str) -> bool:
+    """Whether ``path`` is in a module of the site's own apps (or a replayable module)."""
+    own = [config.name for config in apps.get_app_configs()
+           if not any(part in ("site-packages", "dist-packages")
+                      for part in Path(config.path).parts)
+           and config.name.split(".")[0] not in ("django", "queuety")]
+    return any(path == prefix or path.startswith(prefix + ".")
+               for prefix in [*own, *settings.REPLAY_MODULES])
 
 
 def _scope(request: HttpRequest) -> tuple[str, str | None, list[int] | None]:

@@ -9,9 +9,11 @@ module decides it (:func:`decide`):
 - at rest (its step not started, or paused before it): it moves now, onto the mapped step;
 - parked at a signal wait: it keeps its wait, moved in place, if the mapped step is the same
   kind of wait (the same person's kind and the same signals); otherwise it cannot move;
-- in the middle of a step (an attempt processing, a delay sleeping, a fan-out joining, runs
-  it waits for still running): it moves at its next boundary, onto the step the one it then
-  lands on maps to, so nothing is moved half-way and no output is lost or merged twice.
+- in the middle of a step (an attempt processing, a delay sleeping, a fan-out joining): it
+  moves at its next boundary, onto the step the one it then lands on maps to, so nothing is
+  moved half-way and no output is lost or merged twice;
+- parked at a wait for other runs (a child run, ``wait_for_workflows``): it moves when the
+  wait is next landed on (an awaited run finishing), onto the same kind of wait.
 
 Pure Python: ``queuety.run_migration`` and ``queuety.runtime.moves`` apply the decisions.
 """
@@ -57,7 +59,8 @@ class Verdict:
     reason: str
     """A full sentence: what happens to the run, or why it cannot move."""
     target: int | None = None
-    """The step of the new definition it moves to (``NOW`` and ``IN_PLACE``)."""
+    """The step of the new definition it moves to (``NOW`` and ``IN_PLACE``), or, at its
+    boundary, the one its next step in order maps to."""
 
     @property
     def moves(self) -> bool:
@@ -109,9 +112,11 @@ def index_map(run_spec: WorkflowSpec, to: WorkflowSpec,
 
 def same_wait(old: WaitStep, new: Any) -> bool:
     """Whether a run parked at ``old`` can keep its wait at ``new``: a signal wait on the same
-    signals, for the same kind of person (approval, decision, input) or none."""
+    signals, in the same mode, for the same kind of person (approval, decision, input) or
+    none, with the same outcomes of a decision."""
     return isinstance(new, WaitStep) and new.wait.human == old.wait.human and \
-        set(new.wait.signals) == set(old.wait.signals)
+        set(new.wait.signals) == set(old.wait.signals) and new.wait.mode == old.wait.mode \
+        and new.wait.decision == old.wait.decision
 
 
 def decide(run_spec: WorkflowSpec, to: WorkflowSpec, *, status: str, current_step: int,
@@ -124,11 +129,25 @@ def decide(run_spec: WorkflowSpec, to: WorkflowSpec, *, status: str, current_ste
     if current_step >= len(run_spec.steps):
         return Verdict(CANNOT, "It stands past its last step.")
     step = run_spec.steps[current_step]
+    if isinstance(step, WaitStep | ChildStep | WaitWorkflowsStep):
+        return _parked(run_spec, to, step, current_step, step_map)
+    boundary = _boundary(step, processing)
+    if boundary is not None:
+        return _at_boundary(run_spec, to, step, current_step, step_map, boundary)
     target = map_index(run_spec, to, current_step, step_map)
     if target is None:
-        return Verdict(CANNOT, (
-            f"Its current step {step.name!r} is not a step of the new definition; map it "
-            f"with step_map={{{step.name!r}: 'a step of the new definition'}}."))
+        return _unmapped("Its current step", step.name)
+    return Verdict(NOW, f"It moves now, onto {to.steps[target].name!r} of the new "
+                        "definition.", target)
+
+
+def _parked(run_spec: WorkflowSpec, to: WorkflowSpec, step: Any, index: int,
+            step_map: Mapping[str, str]) -> Verdict:
+    """A run parked at a wait: a signal wait is kept in place; a wait for other runs is left
+    to end, its move made then; either only onto the same kind of wait."""
+    target = map_index(run_spec, to, index, step_map)
+    if target is None:
+        return _unmapped("Its current step", step.name)
     onto = to.steps[target]
     if isinstance(step, WaitStep):
         if same_wait(step, onto):
@@ -136,12 +155,38 @@ def decide(run_spec: WorkflowSpec, to: WorkflowSpec, *, status: str, current_ste
                                      "definition.", target)
         return Verdict(CANNOT, (
             f"It waits at {step.name!r} for {_wait_words(step)}, and {onto.name!r}, the step "
-            f"it maps to, {_is_not_same_wait(onto)}; map it onto a wait for the same signals."))
-    boundary = _boundary(step, processing)
-    if boundary is not None:
-        return Verdict(AT_BOUNDARY, f"It moves when {boundary}, onto the step it then lands "
-                                    "on (mapped by name or step_map).")
-    return Verdict(NOW, f"It moves now, onto {onto.name!r} of the new definition.", target)
+            f"it maps to, {_is_not_same_wait(onto)}; map it onto the same kind of wait."))
+    if type(onto) is not type(step):
+        return Verdict(CANNOT, (
+            f"It waits at {step.name!r} for other runs, and {onto.name!r}, the step it maps "
+            f"to, is a {onto.kind} step, not a {step.kind} step; map it onto the same kind "
+            "of wait."))
+    return Verdict(AT_BOUNDARY, f"It moves when the runs it waits for at {step.name!r} "
+                                f"finish, its wait at {onto.name!r} of the new definition.",
+                   target)
+
+
+def _at_boundary(run_spec: WorkflowSpec, to: WorkflowSpec, step: Any, index: int,
+                 step_map: Mapping[str, str], boundary: str) -> Verdict:
+    """A run in the middle of a step: it moves when the step ends, onto its next step."""
+    following = run_spec.next_index(index)
+    if following is None:
+        return Verdict(CANNOT, f"Its current step {step.name!r} is its last: the run "
+                               "completes on its own definition when it ends.")
+    target = map_index(run_spec, to, following, step_map)
+    name = run_spec.steps[following].name
+    if target is None:
+        return _unmapped(f"It moves only when {boundary}, onto its next step, and that "
+                         "step", name)
+    return Verdict(AT_BOUNDARY, (
+        f"It moves when {boundary}, onto {to.steps[target].name!r} (its next step {name!r}, "
+        "mapped; a step that jumps elsewhere is mapped when it does)."), target)
+
+
+def _unmapped(what: str, name: str) -> Verdict:
+    return Verdict(CANNOT, (
+        f"{what} {name!r} is not a step of the new definition; map it with "
+        f"step_map={{{name!r}: 'a step of the new definition'}}."))
 
 
 def _boundary(step: Any, processing: bool) -> str | None:
@@ -150,8 +195,6 @@ def _boundary(step: Any, processing: bool) -> str | None:
         return f"its delay at {step.name!r} ends"
     if isinstance(step, FanOutStep):
         return f"its fan-out at {step.name!r} joins"
-    if isinstance(step, ChildStep | WaitWorkflowsStep):
-        return f"the runs it waits for at {step.name!r} finish"
     if processing:
         return f"its attempt of {step.name!r}, running now, is recorded"
     return None

@@ -54,9 +54,11 @@ def fail_run(spec: WorkflowSpec | None, run_id: int, error: dict[str, Any], now:
     step's final failure fails a running or paused run (:data:`STEP_FAILS`), never one parked
     at a wait.
     """
+    # A move onto another definition still pending (migrate_runs()) goes with the failure:
+    # a retry runs the step again on the definition the run has.
     failed = WorkflowRun.objects.filter(pk=run_id, status__in=statuses).update(
         status=RunStatus.FAILED, error=error, finished_at=now, updated_at=now,
-        revision=F("revision") + 1, **(changes or {}))
+        revision=F("revision") + 1, migration=None, **(changes or {}))
     if not failed:
         Event.objects.bulk_create(events)
         return False

@@ -11,13 +11,17 @@ goes on, unchanged, on its own definition.
 
 from __future__ import annotations
 
+import copy
+import json
 import logging
 from dataclasses import replace
 from typing import Any
 
+from django.db import transaction
+
 from queuety import exceptions
 from queuety.core import moves
-from queuety.core.definition import WorkflowSpec, check_payload
+from queuety.core.definition import WorkflowSpec
 from queuety.core.imports import import_path
 from queuety.core.landing import RunView
 from queuety.models import Event, WorkflowDefinition, WorkflowRun
@@ -26,31 +30,50 @@ from queuety.store.definitions import definition_hash, load_spec
 logger = logging.getLogger("queuety")
 
 
-def new_state(state_function: Any, state: dict[str, Any], run: WorkflowRun,
-              to: WorkflowSpec) -> dict[str, Any]:
-    """Run ``state_function(state, run)`` (a callable, or a dotted path to one) on a copy of
-    the run's state and return the state it moves with (``state`` itself without one).
+def new_state(state_function: Any, state: dict[str, Any], run: WorkflowRun) -> dict[str, Any]:
+    """Run ``state_function(state, run)`` (a callable, or a dotted path to one) on a deep copy
+    of the run's state, in a savepoint, and return the state it moves with (``state`` itself
+    without one). Whatever the function wrote to the database is rolled back if it raises.
 
     Raises:
-        InvalidMigration: the function raised, or returned something that is not a state
-            (a dict of JSON without reserved ``_`` keys); the message names the run.
+        InvalidMigration: the function raised (a database error too), or returned something
+            that is not a state (a dict of JSON without reserved ``_`` keys); the message
+            names the run.
     """
     if state_function is None:
         return state
     function = import_path(state_function) if isinstance(state_function, str) \
         else state_function
     try:
-        returned = function(dict(state), run)
+        with transaction.atomic():
+            returned = function(copy.deepcopy(state), run)
     except Exception as error:
         raise exceptions.InvalidMigration(
             f"The state function {_name(state_function)} raised {type(error).__name__} for run "
             f"{run.pk}: {error}. The run was not moved.") from error
-    try:
-        return check_payload(to.name, returned)
-    except exceptions.InvalidPayload as error:
+    problem = _not_a_state(returned)
+    if problem is not None:
         raise exceptions.InvalidMigration(
-            f"The state function {_name(state_function)} returned no valid state for run "
-            f"{run.pk}: {error} The run was not moved.") from None
+            f"The state function {_name(state_function)} returned {problem} for run {run.pk}; "
+            "it must return the state as a dict of JSON values whose keys do not start with "
+            "'_'. The run was not moved.")
+    stored: dict[str, Any] = json.loads(json.dumps(returned))
+    return stored
+
+
+def _not_a_state(value: Any) -> str | None:
+    """What is wrong with ``value`` as a run's state (``None``: nothing)."""
+    if not isinstance(value, dict):
+        return f"a {type(value).__name__}, not a dict"
+    reserved = sorted(repr(key) for key in value
+                      if not isinstance(key, str) or key.startswith("_"))
+    if reserved:
+        return f"reserved or non-string keys {', '.join(reserved)}"
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError, RecursionError) as error:
+        return f"a dict that is not JSON ({error})"
+    return None
 
 
 def switch(run_id: int, to_pk: int, to: WorkflowSpec, **columns: Any) -> None:
@@ -107,7 +130,7 @@ def apply_pending(spec: WorkflowSpec, view: RunView, index: int | None, events: 
         state = view.state
         if pending.get("state"):
             run = WorkflowRun.objects.get(pk=view.run_id)  # locked by the caller
-            state = new_state(pending["state"], view.state, run, to)
+            state = new_state(pending["state"], view.state, run)
     except (exceptions.InvalidMigration, exceptions.WorkflowDefinitionError, ImportError,
             WorkflowDefinition.DoesNotExist) as error:
         return _give_up(spec, unchanged, index, events, pending, "run_migration_failed",

@@ -9,6 +9,7 @@ from io import StringIO
 
 import pytest
 from django.core.management import CommandError, call_command
+from django.test import override_settings
 
 import queuety
 from queuety import export, timeline
@@ -16,6 +17,7 @@ from queuety.models import Event, StepRun, WorkflowRun
 from queuety.store.definitions import definition_id
 from tests import migration_steps, workflows
 from tests.integration.conftest import wait_for
+from tests.settings import QUEUETY as TEST_QUEUETY
 
 pytestmark = pytest.mark.worker
 
@@ -200,7 +202,7 @@ def test_bad_input_is_refused_by_name_and_changes_nothing(worker, token):
 
     report = queuety.migrate_runs(name, new, state=migration_steps.returns_junk, dry_run=True)
     assert {move.outcome for move in report.runs} == {"failed"}
-    assert "must be a dict" in report.runs[0].reason
+    assert "returned a list, not a dict" in report.runs[0].reason
 
     # One run's state function raises: that run is reported and left alone; the others move.
     report = queuety.migrate_runs(name, new, state=migration_steps.refuse_two)
@@ -291,9 +293,10 @@ def test_the_admin_shows_the_dry_run_first_then_moves_the_selected_runs(worker, 
         assert bad.status_code == 400 and "is not OLD=NEW" in bad.content.decode()
         assert [snapshot(run_id) for run_id in ids] == before
 
-        moved = operator.post(chosen["Location"], {
-            "to": "latest", "step_map": "", "state": "tests.migration_steps.rename_customer",
-            "move": "1"})
+        with override_settings(QUEUETY={**TEST_QUEUETY, "REPLAY_MODULES": ["tests"]}):
+            moved = operator.post(chosen["Location"], {
+                "to": "latest", "step_map": "", "move": "1",
+                "state": "tests.migration_steps.rename_customer"})
         assert moved.status_code == 200 and "Done." in moved.content.decode()
         for run_id in ids:
             run = WorkflowRun.objects.get(pk=run_id)
