@@ -7,7 +7,9 @@ worker must see what they write, and each test works on its own runs.
 
 from __future__ import annotations
 
+import importlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -208,3 +210,42 @@ def wait_for(run_id: int, statuses=("completed", "failed", "cancelled"), timeout
             raise AssertionError(f"Run {run_id} is still {status.status!r} at step "
                                  f"{status.current_step} after {timeout}s.\n{tail}")
         time.sleep(0.05)
+
+
+# -- a site deployed from a folder of its own (the deploy tests) -------------------------------
+
+@pytest.fixture(scope="module")
+def code_dir(tmp_path_factory):
+    """A folder for the site's handler modules, on this process's ``sys.path``."""
+    folder = tmp_path_factory.mktemp("deployed")
+    sys.path.insert(0, str(folder))
+    yield folder
+    sys.path.remove(str(folder))
+
+
+@pytest.fixture(scope="module")
+def deployed(db_session, code_dir, tmp_path_factory):
+    """A worker of the module's own queue that imports from ``code_dir`` too."""
+    handle = Worker(tmp_path_factory.mktemp("deploy-worker"),
+                    queue=f"deploy-{uuid.uuid4().hex[:6]}", beat=False, concurrency=2)
+    handle.env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(code_dir)])
+    handle.env["PYTHONDONTWRITEBYTECODE"] = "1"
+    handle.start()
+    yield handle
+    handle.stop()
+
+
+def write(code_dir: Path, name: str, text: str) -> None:
+    """Put ``text`` on disk as module ``name``, as a deploy does, and let this process see it."""
+    (code_dir / f"{name}.py").write_text(text)
+    shutil.rmtree(code_dir / "__pycache__", ignore_errors=True)
+    forget(name)
+
+
+def forget(name: str) -> None:
+    """Make this process import module ``name`` afresh (and every handler path again)."""
+    from queuety.core import imports
+
+    sys.modules.pop(name, None)
+    importlib.invalidate_caches()
+    imports.forget_imports()

@@ -10,10 +10,7 @@ through it after the approval, their definition and its hash unchanged.
 
 from __future__ import annotations
 
-import importlib
 import json
-import os
-import shutil
 import subprocess
 import sys
 import uuid
@@ -31,7 +28,7 @@ import queuety
 from queuety import checks, deploy_check
 from queuety.core import imports
 from queuety.models import WorkflowDefinition, WorkflowRun
-from tests.integration.conftest import ROOT, Worker, wait_for
+from tests.integration.conftest import ROOT, forget, wait_for, write
 from tests.settings import QUEUETY as TEST_QUEUETY
 
 pytestmark = pytest.mark.worker
@@ -48,27 +45,6 @@ def charge(state):
 AFTER = BEFORE.replace("def charge(", "def charge_card(").replace('"charge"', '"charge_card"')
 
 
-@pytest.fixture(scope="module")
-def code_dir(tmp_path_factory):
-    """The folder the handler modules are written to, on this process's ``sys.path``."""
-    folder = tmp_path_factory.mktemp("deployed")
-    sys.path.insert(0, str(folder))
-    yield folder
-    sys.path.remove(str(folder))
-
-
-@pytest.fixture(scope="module")
-def deployed(db_session, code_dir, tmp_path_factory):
-    """A worker of this module's own queue that imports from ``code_dir`` too."""
-    handle = Worker(tmp_path_factory.mktemp("deploy-worker"),
-                    queue=f"deploy-{uuid.uuid4().hex[:6]}", beat=False, concurrency=2)
-    handle.env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(code_dir)])
-    handle.env["PYTHONDONTWRITEBYTECODE"] = "1"
-    handle.start()
-    yield handle
-    handle.stop()
-
-
 @pytest.fixture
 def module(code_dir, token):
     """A handler module of this test's own (written with :func:`write`), forgotten after."""
@@ -78,19 +54,6 @@ def module(code_dir, token):
             status__in=["completed", "failed", "cancelled"]).values_list("pk", flat=True):
         queuety.cancel(run_id)  # a failed test leaves no live run for the later checks
     forget(name)
-
-
-def write(code_dir, name: str, text: str) -> None:
-    """Put ``text`` on disk as module ``name``, as a deploy does, and let this process see it."""
-    (code_dir / f"{name}.py").write_text(text)
-    shutil.rmtree(code_dir / "__pycache__", ignore_errors=True)
-    forget(name)
-
-
-def forget(name: str) -> None:
-    sys.modules.pop(name, None)
-    importlib.invalidate_caches()
-    imports.forget_imports()
 
 
 def waiting_runs(deployed, token, module, count=3) -> tuple[str, list[int], str]:

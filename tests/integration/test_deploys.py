@@ -8,22 +8,19 @@ output merged once.
 
 from __future__ import annotations
 
-import importlib
 import json
-import os
-import shutil
-import sys
-import uuid
 
 import pytest
 from django.test import override_settings
 
 import queuety
 from queuety import deploy_check
-from queuety.core import imports
 from queuety.models import Event, WorkflowRun
 from queuety.store.definitions import definition_id
-from tests.integration.conftest import ROOT, Worker, wait_for
+
+# code_dir and deployed (conftest): a folder on sys.path for the site's module, and a worker
+# that imports from it; write() edits the module on disk, as a deploy does.
+from tests.integration.conftest import wait_for, write
 from tests.settings import QUEUETY as TEST_QUEUETY
 
 pytestmark = pytest.mark.worker
@@ -57,36 +54,6 @@ def audit(state):
 '''
 
 
-@pytest.fixture(scope="module")
-def site(tmp_path_factory):
-    """The folder the site's module is written to, on this process's ``sys.path``."""
-    folder = tmp_path_factory.mktemp("site")
-    sys.path.insert(0, str(folder))
-    yield folder
-    sys.path.remove(str(folder))
-
-
-@pytest.fixture(scope="module")
-def deployed(db_session, site, tmp_path_factory):
-    """A worker on a queue of its own that imports the site's module from ``site``."""
-    handle = Worker(tmp_path_factory.mktemp("deploys-worker"),
-                    queue=f"deploys-{uuid.uuid4().hex[:6]}", beat=False, concurrency=2)
-    handle.env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(site)])
-    handle.env["PYTHONDONTWRITEBYTECODE"] = "1"
-    handle.start()
-    yield handle
-    handle.stop()
-
-
-def write(site, module: str, text: str) -> None:
-    """Put ``text`` on disk as ``module``, as ``git pull`` does, and let this process see it."""
-    (site / f"{module}.py").write_text(text)
-    shutil.rmtree(site / "__pycache__", ignore_errors=True)
-    sys.modules.pop(module, None)
-    importlib.invalidate_caches()
-    imports.forget_imports()
-
-
 def failures(name: str) -> list[str]:
     report = deploy_check.deploy_check()
     return [problem for found in report.definitions if found.name == name
@@ -94,9 +61,9 @@ def failures(name: str) -> list[str]:
 
 
 def test_a_deploy_that_breaks_waiting_runs_is_caught_then_every_run_completes(
-        deployed, site, token):
+        deployed, code_dir, token):
     module, name = f"site_{token}", f"orders_{token}"
-    write(site, module, BEFORE)
+    write(code_dir, module, BEFORE)
     v1 = (queuety.workflow(name).version("1").on_queue(deployed.queue)
           .then(f"{module}.prepare").wait_for_approval(name="review")
           .then(f"{module}.charge").then(f"{module}.notify"))
@@ -108,7 +75,7 @@ def test_a_deploy_that_breaks_waiting_runs_is_caught_then_every_run_completes(
     assert failures(name) == []
 
     # git pull: the new code is on disk, the worker still runs the old.
-    write(site, module, AFTER)
+    write(code_dir, module, AFTER)
     v2 = (queuety.workflow(name).version("2").on_queue(deployed.queue)
           .then(f"{module}.prepare").wait_for_approval(name="review")
           .then(f"{module}.charge_card").then(f"{module}.audit"))

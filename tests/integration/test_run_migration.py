@@ -4,7 +4,6 @@ function, waits kept in place, a run moved at its step boundary, and bad input."
 from __future__ import annotations
 
 import json
-import time
 from io import StringIO
 
 import pytest
@@ -17,20 +16,10 @@ from queuety.models import Event, StepRun, WorkflowRun
 from queuety.store.definitions import definition_id
 from tests import migration_steps, workflows
 from tests.integration.conftest import wait_for
+from tests.integration.test_operations import kinds, wait_until
 from tests.settings import QUEUETY as TEST_QUEUETY
 
 pytestmark = pytest.mark.worker
-
-
-def kinds(run_id):
-    return list(Event.objects.filter(run_id=run_id).order_by("pk").values_list("kind", flat=True))
-
-
-def wait_until(predicate, timeout=20, message="condition"):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {message}"
-        time.sleep(0.05)
 
 
 def v1(name):
