@@ -17,6 +17,7 @@ from queuety.models import Event, StepRun, WorkflowDefinition, WorkflowRun
 from queuety.runtime import attempt
 from queuety.store.definitions import definition_id
 from queuety.tasks import execute_step
+from queuety.webhooks import outbox
 from tests import timeout_steps, workflows
 from tests.integration.conftest import wait_for
 
@@ -174,7 +175,11 @@ def test_step_boundary__query_count_is_pinned(token, monkeypatch, prepared):
     monkeypatch.setitem(connection.settings_dict["OPTIONS"], "prepare_threshold",
                         5 if prepared else None)
     definition_id(three_steps().build())  # the definition row, once per process
-    # The webhook endpoints the outbox subscribes: read once per process every 5 s, not per step.
+    # The webhook endpoints the outbox subscribes: read once per process every 5 s, not per
+    # step. Read now, and kept for the test: a refresh due in the middle of it (the last one
+    # 4.9 s ago) would add a SELECT the step does not make.
+    monkeypatch.setattr(outbox, "CACHE_SECONDS", 3600.0)
+    outbox.forget()
     signals.sinks_want("run_started")
     with publish.captured() as sent:
         with CaptureQueriesContext(connection) as dispatched:
