@@ -142,8 +142,9 @@ def migrate_runs(workflow: str, to: str | int | WorkflowSpec = "latest", *,
         candidates = candidates.filter(status__in=moves.MOVABLE)
     else:
         candidates = candidates.filter(pk__in=listed)
-    ids = list(candidates.order_by("pk").values_list("pk", flat=True))
-    sources = sorted(set(candidates.values_list("definition_id", flat=True)))
+    found_rows = list(candidates.order_by("pk").values_list("pk", "definition_id"))
+    ids = [pk for pk, _ in found_rows]
+    sources = sorted({definition_pk for _, definition_pk in found_rows})
     moves.check_step_map([load_spec(pk) for pk in sources], plan.to, plan.step_map)
     found = [_unlisted(pk, workflow, plan) for pk in listed or () if pk not in set(ids)]
     if dry_run:
