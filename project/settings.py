@@ -6,6 +6,7 @@ WAL mode and kombu's filesystem broker under ``var/``. Set ``DATABASE_URL`` (Pos
 """
 
 import os
+from importlib.util import find_spec
 from pathlib import Path
 
 import dj_database_url
@@ -30,6 +31,9 @@ INSTALLED_APPS = [
     "queuety",
     "project",
 ]
+# On Django 5.2 the tasks framework is the django-tasks backport, an app of its own.
+if find_spec("django.tasks") is None and find_spec("django_tasks") is not None:
+    INSTALLED_APPS.insert(INSTALLED_APPS.index("queuety"), "django_tasks")
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
@@ -147,6 +151,15 @@ CELERY_TASK_TIME_LIMIT = int(os.environ.get("QUEUETY_TASK_TIME_LIMIT", 0)) or No
 CELERY_TIMEZONE = TIME_ZONE
 
 QUEUETY = {}
+
+# Django's tasks framework (django.tasks; the django-tasks backport on Django 5.2): every
+# @task's jobs run on Queuety's workers (docs/guide/tasks.md). "io" is the I/O lane's queue.
+TASKS = {
+    "default": {
+        "BACKEND": "queuety.tasks_backend.QueuetyBackend",
+        "QUEUES": ["default", "io"],
+    },
+}
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [

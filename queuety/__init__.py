@@ -102,6 +102,9 @@ __all__ = [
     "diff_definitions",
     "export_workflow",
     "fork",
+    "job_options",
+    "chain",
+    "batch",
     "list_workflows",
     "migrate_runs",
     "pause",
@@ -168,6 +171,46 @@ def workflow_status(run_id: int) -> WorkflowStatus:
     from queuety import queries
 
     return queries.workflow_status(run_id)
+
+
+def job_options(**options: Any) -> Any:
+    """Give a task of Django's tasks framework Queuety's options for its jobs (``retry``,
+    ``timeout``, ``cost_units``, ``concurrency_group``, ``concurrency_limit``, ``rate_limit``,
+    ``queue``); put it over ``@task`` (docs/guide/tasks.md).
+
+    Raises:
+        WorkflowDefinitionError: an unknown option or a bad value.
+    """
+    from queuety.jobs import options as jobs
+
+    return jobs.job_options(**options)
+
+
+def chain(*tasks: Any, catch: Any = None) -> Any:
+    """Tasks of Django's tasks framework to run one after another, each given the return value
+    of the one before; ``.enqueue(*args, **kwargs)`` starts it with the first task's arguments
+    and returns a ``ChainResult`` (docs/guide/tasks.md, "Chains").
+
+    Raises:
+        TypeError: no tasks, or something that is not a task a chain can run.
+    """
+    from queuety.jobs import chains
+
+    return chains.chain(*tasks, catch=catch)
+
+
+def batch(items: list[Any], *, then: Any = None, catch: Any = None,
+          finally_: Any = None) -> Any:
+    """Jobs (tasks of Django's tasks framework, with their arguments) to enqueue together and
+    follow as one, with callbacks run exactly once; ``.enqueue()`` returns a ``BatchResult``
+    (docs/guide/tasks.md, "Batches").
+
+    Raises:
+        TypeError: no items, or an item that is not a task with its arguments.
+    """
+    from queuety.jobs import batches
+
+    return batches.batch(items, then=then, catch=catch, finally_=finally_)
 
 
 def start(name: str, payload: dict[str, Any] | None = None, *,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.apps import AppConfig
-from django.db.models.signals import post_delete, post_migrate, post_save
+from django.db.models.signals import post_delete, post_migrate, post_save, pre_delete
 from django.utils.module_loading import autodiscover_modules
 
 
@@ -44,8 +44,14 @@ class QueuetyConfig(AppConfig):
         from queuety.webhooks import outbox
 
         signals.add_sink(outbox.wants, outbox.write)
+        # A chain's catch task is enqueued in the transaction that fails the chain's run.
+        from queuety.jobs import callbacks
+
+        signals.add_sink(callbacks.wants, callbacks.write)
         post_save.connect(outbox.forget, sender=WebhookEndpoint)
         post_delete.connect(outbox.forget, sender=WebhookEndpoint)
+        pre_delete.connect(outbox.hold_for_delete, sender=WebhookEndpoint,
+                           dispatch_uid="queuety.webhooks.hold_for_delete")
 
 
 def _schedule_sweeper(using: str = "default", **kwargs: Any) -> None:

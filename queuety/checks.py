@@ -15,6 +15,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, connections
 
 from queuety import conf
+from queuety.runtime import lane
 
 #: The scheduler that reads django-celery-beat's tables, where ``migrate`` puts the sweeper.
 DATABASE_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
@@ -56,11 +57,11 @@ def check_celery_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckM
     if not _is_database_scheduler(scheduler):
         found = "not set" if scheduler is None else f"{scheduler!r}"
         problems.append(Error(
-            f"CELERY_BEAT_SCHEDULER is {found}, so beat never runs Queuety's sweeper: "
-            "lost messages are not published again, lost steps are not run again and "
-            "delays longer than QUEUETY['MAX_ETA'] never end.",
-            hint=f"Set CELERY_BEAT_SCHEDULER = {DATABASE_SCHEDULER!r} (the sweeper's "
-                 "schedule is in django-celery-beat's tables, written by migrate).",
+            f"CELERY_BEAT_SCHEDULER is {found}, so beat never fires Queuety's schedules "
+            "(queuety.schedule()), nor the sweeper's entry that workers of a Queuety from "
+            "before migration queuety.0015 need to sweep.",
+            hint=f"Set CELERY_BEAT_SCHEDULER = {DATABASE_SCHEDULER!r} (schedules are rows "
+                 "of django-celery-beat's tables, the sweeper's written by migrate).",
             id="queuety.E002"))
     if getattr(settings, "CELERY_TASK_ACKS_LATE", False) is not True:
         problems.append(Warning(
@@ -155,7 +156,9 @@ def check_prepared_statements(app_configs: Any = None, **kwargs: Any) -> list[Ch
 @register(Tags.database)
 def check_sweeper_schedule(app_configs: Any = None, databases: Any = None,
                            **kwargs: Any) -> list[CheckMessage]:
-    """queuety.W003 / W004 / W006: the sweeper's periodic task is there, enabled and in step.
+    """queuety.W003 / W004 / W006: the sweeper's periodic task is there, enabled and in step
+    (what workers from before the in-worker sweep, migration 0015, rely on; current workers
+    sweep without it, ``queuety.runtime.sweep_tick``).
 
     A database check, so it runs only when asked (``check --database default``) and on
     ``migrate``. Warnings, not errors: ``migrate`` is their fix, and errors would stop it.
@@ -180,14 +183,16 @@ def check_sweeper_schedule(app_configs: Any = None, databases: Any = None,
     fix = "Run 'python manage.py migrate', which writes the sweeper's schedule."
     if not tasks:
         return [Warning(
-            "No django-celery-beat periodic task runs 'queuety.sweep', so lost messages are "
-            "not published again, lost steps are not run again and long delays never end.",
-            hint=fix, id="queuety.W003")]
+            "No django-celery-beat periodic task runs 'queuety.sweep'. Workers sweep by "
+            "themselves, but those of a Queuety from before migration queuety.0015 sweep only "
+            "when beat asks: with only such workers, lost steps are not run again and long "
+            "delays never end.", hint=fix, id="queuety.W003")]
     enabled = [task for task in tasks if task.enabled]
     if not enabled:
         return [Warning(
-            f"The periodic task {tasks[0].name!r} that runs 'queuety.sweep' is disabled, so "
-            "the sweeper never runs.",
+            f"The periodic task {tasks[0].name!r} that runs 'queuety.sweep' is disabled: "
+            "workers sweep by themselves, but those of a Queuety from before migration "
+            "queuety.0015 never do.",
             hint="Run 'python manage.py migrate', which enables it again (or enable it in "
                  "the admin, under Periodic tasks).", id="queuety.W004")]
     every, queue = conf.settings.SWEEP_INTERVAL, conf.settings.QUEUE
@@ -200,6 +205,40 @@ def check_sweeper_schedule(app_configs: Any = None, databases: Any = None,
             f"and QUEUETY['QUEUE'] ({queue!r}), which changed since the last migrate.",
             hint=fix, id="queuety.W006")]
     return []
+
+
+@register(Tags.database)
+def check_lane_connections(app_configs: Any = None, databases: Any = None,
+                           **kwargs: Any) -> list[CheckMessage]:
+    """queuety.W007: one I/O lane worker could take every connection of the PostgreSQL server.
+
+    A database check (``check --database default``, and ``migrate``): it reads the server's
+    ``max_connections``. A warning: a site that runs no lane worker may silence it.
+    """
+    if not databases or "default" not in databases:
+        return []
+    connection = connections["default"]
+    if connection.vendor != "postgresql":
+        return []
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT current_setting('max_connections')::int, "
+                "current_setting('superuser_reserved_connections')::int "
+                "+ coalesce(current_setting('reserved_connections', true), '0')::int")
+            server_max, reserved = cursor.fetchone()
+    except DatabaseError:
+        return []  # reported by Django's own checks, or by the command that needs the database
+    advice = lane.server_advice(settings.DATABASES, conf.settings.LANE_MAX_CONNECTIONS,
+                                server_max, reserved)
+    if advice is None:
+        return []
+    return [Warning(advice, hint=(
+        "Lower DATABASES['default']['OPTIONS']['pool']['max_size'] (with the pool) or "
+        "QUEUETY['LANE_MAX_CONNECTIONS'] (without it), or raise the server's max_connections: "
+        "every lane worker's connections and every web process's together must stay under it "
+        "(docs/deploy/io-lane.md, 'Connections'). Silence queuety.W007 on a site that runs no "
+        "lane worker."), id="queuety.W007")]
 
 
 #: What to do about a live run that would fail (queuety.E005).

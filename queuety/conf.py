@@ -14,6 +14,7 @@ from urllib.parse import urlsplit
 from django.conf import settings as django_settings
 from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
+from django.utils.module_loading import import_string
 
 from queuety.core import imports
 from queuety.core.retry import NO_RETRY, RetryPolicy
@@ -21,8 +22,16 @@ from queuety.core.retry import NO_RETRY, RetryPolicy
 DEFAULTS: dict[str, Any] = {
     # Celery queue for step messages; None uses Celery's default queue (task_default_queue).
     "QUEUE": None,
-    # Whole seconds between sweeper runs (the django-celery-beat interval, set on migrate).
+    # Whole seconds between sweeper runs: every worker's main process offers to sweep this
+    # often and one at a time sweeps (also the interval of the optional beat entry, set on
+    # migrate).
     "SWEEP_INTERVAL": 5,
+    # Seconds a sweep holds the sweeper's lease without renewing it (it renews before each
+    # of its phases): a sweeper that dies mid-sweep is taken over this long after its last
+    # renewal. Longer than any one phase takes (or a slow phase's sweep is overlapped by the
+    # next, which is safe but not one at a time); well under WORKER_LOST_AFTER in production,
+    # so that a dead sweeper delays the recovery of other lost workers by little.
+    "SWEEP_LEASE": 20.0,
     # A processing step whose heartbeat is older than this is treated as lost and re-run.
     "STALE_AFTER": 60.0,
     # How often a running step's heartbeat is refreshed (well under STALE_AFTER), and how
@@ -60,6 +69,10 @@ DEFAULTS: dict[str, Any] = {
     "LANE_MAX_ABANDONED": 10,
     # ... and how long a body may block the lane's event loop before it is reported.
     "LANE_BLOCKED_AFTER": 0.5,
+    # ... and the most PostgreSQL connections one lane worker may open: without Django's
+    # connection pool a lane worker with more threads refuses to start; with it, one whose
+    # pool's max_size is larger does (docs/deploy/io-lane.md, "Connections").
+    "LANE_MAX_CONNECTIONS": 20,
     # Largest signal, approval or input payload accepted, in bytes of compact UTF-8 JSON.
     "MAX_SIGNAL_BYTES": 65536,
     # Largest artifact content accepted, in bytes (JSON kinds: of compact UTF-8 JSON).
@@ -78,9 +91,15 @@ DEFAULTS: dict[str, Any] = {
     "STREAM_MAX_SECONDS": 300.0,
     # DRF permission classes of the API (dotted paths).
     "API_PERMISSION_CLASSES": ["queuety.api.permissions.RunPermission"],
-    # Optional dotted path of ``f(user, run) -> bool``: object-level access to a run through
-    # the API (e.g. runs scoped by owner). None: every run, given the model permissions.
+    # Optional ``f(user, run) -> bool`` (a callable or its dotted path): object-level access
+    # to one run through the API (e.g. runs scoped by owner). None: every run, given the
+    # model permissions. Runs outside RUN_SCOPE never reach it.
     "RUN_ACCESS": None,
+    # Optional ``f(user, queryset) -> queryset`` of runs (a callable or its dotted path): the
+    # runs a user may reach at all, applied in SQL by every list, count, bulk action and
+    # lookup of the API, the admin and the CLI's --as-user (queuety.scope). A run outside it
+    # is "not found". None: every run.
+    "RUN_SCOPE": None,
     # Days after which finished runs (and their steps, events, signals) are purged by the
     # sweeper; None keeps them forever. Dispatch keys are never purged.
     "RETENTION_DAYS": None,
@@ -96,6 +115,10 @@ DEFAULTS: dict[str, Any] = {
     # Keys (case-insensitive, at any depth) whose values the admin and the approval-link page
     # show as "********": in states, timelines, signal payloads and admin exports.
     "SECRET_KEYS": [],
+    # Webhook endpoints may be on loopback, private, link-local or otherwise non-public
+    # addresses (refused by default, at creation and again after DNS resolution at delivery:
+    # a site's secrets must not be POSTed into its own network by whoever can add an endpoint).
+    "WEBHOOK_ALLOW_PRIVATE": False,
     # Seconds a webhook endpoint has to answer a delivery (connect and read).
     "WEBHOOK_TIMEOUT": 10.0,
     # Pauses before each further attempt of a webhook delivery that failed (no 2xx answer);
@@ -193,14 +216,17 @@ _RULES: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
      "a whole number, at least 1 (1 runs every step from its own message)."),
     ("LANE_MAX_ABANDONED", _whole(0),
      "a whole number, at least 0 (0 restarts the lane worker at the first stuck sync body)."),
+    ("LANE_MAX_CONNECTIONS", _whole(1),
+     "a whole number, at least 1 (the most PostgreSQL connections one lane worker opens)."),
     *((key, _positive, _POSITIVE) for key in (
         "STALE_AFTER", "HEARTBEAT_INTERVAL", "REDELIVER_AFTER", "INLINE_SECONDS",
         "WORKER_LOST_AFTER", "MAX_PROGRESS_BYTES", "PROGRESS_INTERVAL", "STREAM_POLL_INTERVAL",
-        "STREAM_MAX_SECONDS", "LANE_BLOCKED_AFTER")),
+        "STREAM_MAX_SECONDS", "LANE_BLOCKED_AFTER", "SWEEP_LEASE")),
     ("WEBHOOK_RETRY_DELAYS", lambda v: not isinstance(v, str | bytes) and all(
         isinstance(d, int | float) and d >= 0 for d in v),
      "a list of non-negative numbers of seconds, such as [10, 60, 300]."),
     ("WEBHOOK_TIMEOUT", _positive, _POSITIVE),
+    ("WEBHOOK_ALLOW_PRIVATE", lambda v: isinstance(v, bool), "True or False."),
     ("METRICS_TOKEN", lambda v: v is None or (isinstance(v, str) and len(v) >= 16),
      "None or a string of at least 16 characters (a scraper sends it as a Bearer token)."),
     ("CHUNK_FLUSH_INTERVAL", lambda v: not isinstance(v, bool) and isinstance(v, int | float)
@@ -242,6 +268,8 @@ class QueuetySettings:
                 raise ImproperlyConfigured(f"QUEUETY[{key!r}] must be "
                                            + message.format(value=values[key]))
         _check_resources(values)
+        for key, shape in _HOOKS.items():
+            values[key] = _hook(key, values[key], shape)
         aliases = imports.alias_problem(values["HANDLER_ALIASES"])
         if aliases is not None:
             raise ImproperlyConfigured(
@@ -280,6 +308,31 @@ class QueuetySettings:
     def reload(self) -> None:
         """Forget cached values (called when ``QUEUETY`` changes)."""
         self._cache = None
+
+
+#: The settings that name a site's function, and the shape the error message shows.
+_HOOKS = {"RUN_ACCESS": "f(user, run) -> bool", "RUN_SCOPE": "f(user, queryset) -> queryset"}
+
+
+def _hook(key: str, value: Any, shape: str) -> Callable[..., Any] | None:
+    """A hook setting's function: ``None``, a callable, or the callable a dotted path names
+    (imported here, so a bad path fails at start, through the system check, not at the
+    first request)."""
+    if value is None or callable(value):
+        hook: Callable[..., Any] | None = value
+        return hook
+    if isinstance(value, str):
+        try:
+            found = import_string(value)
+        except ImportError as error:
+            raise ImproperlyConfigured(
+                f"QUEUETY[{key!r}] names {value!r}, which cannot be imported ({error}); give "
+                f"the dotted path of a function {shape}, or the function itself.") from None
+        if callable(found):
+            return found  # type: ignore[no-any-return]
+    raise ImproperlyConfigured(
+        f"QUEUETY[{key!r}] must be None, a function {shape}, or its dotted path "
+        f"(got {value!r}).")
 
 
 def _is_site_address(value: object) -> bool:

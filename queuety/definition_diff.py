@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.db.models import Count
+from django.db.models import Count, QuerySet
 
 from queuety.core import diff, status
 from queuety.models import WorkflowDefinition, WorkflowRun
@@ -81,14 +81,16 @@ class Drain:
                 "newest": self.newest, "drained": self.drained}
 
 
-def drain(name: str) -> list[Drain]:
+def drain(name: str, runs: QuerySet[WorkflowRun] | None = None) -> list[Drain]:
     """Return every stored definition of workflow ``name``, newest first, with its live and
-    total runs (two queries, whatever the number of definitions)."""
+    total runs (two queries, whatever the number of definitions); counted among ``runs``
+    when given (a user's scope)."""
     rows = list(WorkflowDefinition.objects.filter(name=name).order_by("-pk")
                 .only("pk", "definition_hash", "created_at", "definition"))
     counts: dict[int, dict[str, int]] = {}
     for definition_pk, run_status, n in (
-            WorkflowRun.objects.filter(definition_id__in=[row.pk for row in rows])
+            (WorkflowRun.objects.all() if runs is None else runs)
+            .filter(definition_id__in=[row.pk for row in rows])
             .values_list("definition_id", "status").annotate(n=Count("pk")).order_by()):
         counts.setdefault(definition_pk, {})[run_status] = n
     return [Drain(id=row.pk, definition_hash=row.definition_hash,

@@ -11,7 +11,8 @@ from typing import Any, NamedTuple
 from django.db import connection, transaction
 from django.utils import timezone
 
-from queuety import exceptions, signals, tracing
+from queuety import exceptions, publish, signals, tracing
+from queuety.conf import settings
 from queuety.core import budget as budgets
 from queuety.core.definition import WorkflowSpec, canonical_json, check_payload
 from queuety.models import DispatchKey, Event, RunStatus, WorkflowRun
@@ -46,7 +47,9 @@ def dispatch(spec: WorkflowSpec, payload: dict[str, Any] | None = None, *,
 
 
 def dispatch_run(spec: WorkflowSpec, payload: dict[str, Any] | None = None, *,
-                 idempotency_key: str | None = None, on_conflict: str = "report") -> Dispatched:
+                 idempotency_key: str | None = None, on_conflict: str = "report",
+                 delay: float | None = None,
+                 fingerprint: dict[str, Any] | None = None) -> Dispatched:
     """Start a run of ``spec`` with ``payload`` as its state; return its id and whether an
     earlier dispatch with the same ``idempotency_key`` had started it.
 
@@ -54,6 +57,10 @@ def dispatch_run(spec: WorkflowSpec, payload: dict[str, Any] | None = None, *,
     transaction and publishes the first step's message when it commits. With an
     ``idempotency_key`` already used, returns the original run's id and writes no run: the
     key's unique index decides races, so concurrent dispatches of one key start one run.
+    With ``delay``, a first task step becomes due that many seconds from now (held in the
+    database: the sweeper publishes it when due if it is beyond ``QUEUETY["MAX_ETA"]``).
+    ``fingerprint`` is what a reused key's payload is compared by (default: the state), for a
+    caller whose state carries what differs between equal dispatches (an enqueue instant).
 
     Raises:
         WorkflowDefinitionError: the payload is not a JSON object or uses reserved keys.
@@ -70,26 +77,28 @@ def dispatch_run(spec: WorkflowSpec, payload: dict[str, Any] | None = None, *,
                     f"max_state_bytes budget of {limit}; nothing was dispatched.",
         )
     definition_pk = definition_id(spec)
-    payload_hash = hashlib.sha256(canonical_json(state).encode()).hexdigest()
+    payload_hash = hashlib.sha256(canonical_json(
+        state if fingerprint is None else fingerprint).encode()).hexdigest()
     if idempotency_key is not None:
         used = DispatchKey.objects.filter(key=idempotency_key).first()
         if used is not None:
             return Dispatched(_reused_key(used, spec, payload_hash, on_conflict), True)
     with tracing.run_span(spec.name, spec.version) as (span, context):
         dispatched = _write(spec, definition_pk, state, payload_hash, idempotency_key,
-                            on_conflict, context)
+                            on_conflict, context, delay)
         span.set(run_id=dispatched.run_id)
     return dispatched
 
 
 def _write(spec: WorkflowSpec, definition_pk: int, state: dict[str, Any], payload_hash: str,
-           idempotency_key: str | None, on_conflict: str, trace_context: str) -> Dispatched:
+           idempotency_key: str | None, on_conflict: str, trace_context: str,
+           delay: float | None) -> Dispatched:
     now = timezone.now()
     # The one-statement fast path commits by itself: a webhook endpoint subscribed to
     # run.started needs its delivery row in the run's transaction, so it takes the other path.
     if idempotency_key is None and spec.steps[0].kind == "task" and \
             connection.vendor == "postgresql" and not signals.sinks_want("run_started"):
-        run_pk = _dispatch_postgres(spec, definition_pk, state, now, trace_context)
+        run_pk = _dispatch_postgres(spec, definition_pk, state, now, trace_context, delay)
         logger.info("Run id=%s workflow=%s version=%s dispatched", run_pk, spec.name,
                     spec.version)
         return Dispatched(run_pk, False)
@@ -109,7 +118,7 @@ def _write(spec: WorkflowSpec, definition_pk: int, state: dict[str, Any], payloa
                                                     spec.definition_hash, now])
                     if cursor.fetchone() is None:
                         raise _KeyTaken
-            begin(spec, run, state, now, {"idempotency_key": idempotency_key})
+            begin(spec, run, state, now, {"idempotency_key": idempotency_key}, delay)
     except _KeyTaken:
         return Dispatched(_reused_key(DispatchKey.objects.get(key=idempotency_key), spec,
                                       payload_hash, on_conflict), True)
@@ -118,9 +127,12 @@ def _write(spec: WorkflowSpec, definition_pk: int, state: dict[str, Any], payloa
 
 
 def _dispatch_postgres(spec: WorkflowSpec, definition_pk: int, state: dict[str, Any],
-                       now: datetime, trace_context: str) -> int:
+                       now: datetime, trace_context: str, delay: float | None) -> int:
     first = spec.steps[0]
+    due = now + timedelta(seconds=delay) if delay else now
+    on_broker = not delay or delay <= settings.MAX_ETA
     params: dict[str, Any] = {
+        "available_at": due, "published_at": due if on_broker else None,
         "definition_id": definition_pk, "name": spec.name, "state": json.dumps(state),
         "total_steps": len(spec.steps), "now": now,
         "deadline_at": None if spec.deadline_seconds is None
@@ -131,7 +143,10 @@ def _dispatch_postgres(spec: WorkflowSpec, definition_pk: int, state: dict[str, 
                              "state": state, "idempotency_key": None}),
     }
     run_pk, step_run_pk = rows.execute_hot(sql.DISPATCH_POSTGRES, params)
-    gates.publish_landed(spec, step_run_pk, 0, int(run_pk), state)
+    if not delay:
+        gates.publish_landed(spec, step_run_pk, 0, int(run_pk), state)
+    elif on_broker:  # as landing.begin: the gate is met at the claim, when the row is due
+        publish.publish_on_commit([publish.message_for(spec, step_run_pk, 0, delay)])
     signals.emit("run_started", run_id=int(run_pk), workflow=spec.name, version=spec.version)
     return int(run_pk)
 

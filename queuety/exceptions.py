@@ -47,6 +47,19 @@ class TransitionFailed(PermanentError):
     """
 
 
+class StepHeld(QueuetyError):
+    """Raised by a step's handler to hand its attempt back unstarted: the attempt is not
+    counted, the row holds no worker, and it is due again in ``seconds`` (a job throttled
+    after exceptions, ``queuety.jobs.throttle``). Not a failure: no retry policy applies."""
+
+    def __init__(self, seconds: float, reason: str) -> None:
+        super().__init__(f"Held for {seconds:.1f} s: {reason}")
+        self.seconds, self.reason = seconds, reason
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.seconds, self.reason))
+
+
 class WorkerLost(QueuetyError):
     """The worker process running a step attempt died (killed, out of memory, host lost).
 

@@ -1,4 +1,5 @@
-"""The worker's Prometheus instruments: steps finished, their durations, the sweeper's runs.
+"""The worker's Prometheus instruments: steps finished, their durations, jobs by outcome, the
+sweeper's runs.
 
 Off unless ``QUEUETY["METRICS"]`` is on (then ``prometheus-client``, the ``metrics`` extra, must
 be installed). Each call is an in-memory update of this process's values: no query, no network.
@@ -37,6 +38,9 @@ def _make() -> dict[str, Any]:
                               ["workflow", "step"], buckets=DURATION_BUCKETS),
         "sweep_last": Gauge("queuety_sweeper_last_run_timestamp_seconds", "When the sweeper "
                             "last ran (Unix time).", multiprocess_mode="max"),
+        "jobs": Counter("queuety_jobs", "Jobs (Django tasks) by task and outcome: completed, "
+                        "failed (an attempt failed, another is scheduled), buried (failed "
+                        "for good).", ["task", "outcome"]),
         "swept": Counter("queuety_sweeper_recovered", "What the sweeper did, by phase "
                          "(workers, recovered, republished, parents, overdue, purged, "
                          "webhooks).", ["phase"]),
@@ -60,6 +64,14 @@ def step_finished(workflow: str, step: str, outcome: str, duration_ms: float | N
     found["steps"].labels(workflow, step, outcome).inc()
     if duration_ms is not None and outcome != "timed_out":
         found["duration"].labels(workflow, step).observe(duration_ms / 1000)
+
+
+def job_finished(task: str, outcome: str) -> None:
+    """Count one job event of ``task`` (its module path): ``completed``, ``failed`` or
+    ``buried``."""
+    found = _get()
+    if found is not None:
+        found["jobs"].labels(task, outcome).inc()
 
 
 def swept(report: dict[str, int]) -> None:

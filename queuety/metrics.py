@@ -3,8 +3,9 @@
 :func:`handler_stats` is the original's per-handler table (completed, failed, average and p95
 duration, error rate) over the last minutes, read from the timeline. :func:`exposition` is the
 Prometheus text: the series read from PostgreSQL at scrape time (runs per status, waiting runs
-per kind, the oldest due step's age), plus the workers' counters (``queuety.instruments``)
-added up across this host's processes when ``PROMETHEUS_MULTIPROC_DIR`` is set.
+per kind, jobs per task and status, the oldest due step's age), plus the workers' counters
+(``queuety.instruments``) added up across this host's processes when
+``PROMETHEUS_MULTIPROC_DIR`` is set.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 from django.db.models import Count, Min
 from django.utils import timezone
 
-from queuety.models import Event, RunStatus, StepRun, StepStatus, WorkflowRun
+from queuety.models import JOB_PREFIX, Event, RunStatus, StepRun, StepStatus, WorkflowRun
 
 #: Timeline kinds that end a step attempt, and what they count as.
 _ENDINGS = {"step_completed": "completed", "branch_completed": "completed",
@@ -100,12 +101,30 @@ class DatabaseCollector:
         for status, kind in WAITING_KINDS.items():
             waiting.add_metric([kind], by_status.get(status.value, 0))
         yield waiting
+        yield self._jobs()
         now = timezone.now()
         oldest = StepRun.objects.filter(status=StepStatus.PENDING, available_at__lte=now
                                         ).aggregate(oldest=Min("available_at"))["oldest"]
         yield GaugeMetricFamily("queuety_oldest_due_step_age_seconds", "How long the oldest "
                                 "due pending step has waited for a worker (0: none).",
                                 value=0 if oldest is None else (now - oldest).total_seconds())
+
+
+    @staticmethod
+    def _jobs() -> Any:
+        """Jobs (Django tasks) per task and run status; a job failed for good (buried) is
+        ``failed``."""
+        from prometheus_client.core import GaugeMetricFamily
+
+        jobs = GaugeMetricFamily("queuety_jobs_by_status", "Jobs (Django tasks) per task "
+                                 "(module path) and status (failed: buried).",
+                                 labels=["task", "status"])
+        for name, status, count in (
+                WorkflowRun.objects.filter(name__startswith=JOB_PREFIX)
+                .values_list("name", "status").annotate(n=Count("pk")).order_by()
+                .values_list("name", "status", "n")):
+            jobs.add_metric([name.removeprefix(JOB_PREFIX), status], count)
+        return jobs
 
 
 def exposition(openmetrics: bool = False) -> tuple[bytes, str]:

@@ -6,8 +6,14 @@ cases above it (``dispatch``, ``inbox``, ``operations``, ...) move data between 
 
 from __future__ import annotations
 
+from typing import ClassVar
+
+from django.core.exceptions import ValidationError
 from django.db import models
 from django.db.models import Q
+
+from queuety.conf import settings
+from queuety.core import addresses
 
 # The core's status vocabulary, re-exported: the storage speaks the same words (and its
 # ``choices`` are labelled as ``TextChoices`` would label them, so no migration changes).
@@ -82,6 +88,10 @@ class WorkflowRun(models.Model):
     # middle of a step: applied by the run's next landing, then cleared. {"to": definition id,
     # "step_map": {...}, "state": dotted path or None, "by": actor, "requested_at": iso}
     migration = models.JSONField(null=True, blank=True)
+    # Set (without a revision bump: it is no part of the run) by a workflow wait that names
+    # this run, on the row its finish updates: the finishing statement returns it, and only an
+    # awaited run, or one with a parent, then reads its waiters (queuety.store.sql).
+    awaited = models.BooleanField(default=False, db_default=False)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -325,6 +335,30 @@ class Worker(models.Model):
         return f"worker {self.name} (beat {self.beat_at:%H:%M:%S})"
 
 
+class SweepLease(models.Model):
+    """Which worker sweeps, or swept last, and since when (``queuety.store.sweeps``).
+
+    Every worker's main process offers to sweep every ``SWEEP_INTERVAL``; the one that claims
+    this row sweeps, so sweeps run one at a time and about once an interval however many
+    workers there are. A sweeper that dies holding it loses it at ``expires_at``.
+    """
+
+    name = models.CharField(max_length=64, unique=True)
+    token = models.BigIntegerField(default=0, help_text="Counts the sweeps: each claim adds "
+                                   "one, and only the claim's own token renews or ends it.")
+    holder = models.CharField(max_length=255, blank=True,
+                              help_text="The worker (or the process) that claimed it last.")
+    started_at = models.DateTimeField(null=True, help_text="When the last sweep started.")
+    finished_at = models.DateTimeField(null=True, help_text="When it ended; empty while it "
+                                       "runs, or if its sweeper died.")
+    expires_at = models.DateTimeField(null=True, help_text="When another worker may take over "
+                                      "a sweep that has not ended (SWEEP_LEASE after its last "
+                                      "renewal).")
+
+    def __str__(self) -> str:
+        return f"sweep {self.token} by {self.holder or 'nobody'}"
+
+
 class WebhookEndpoint(models.Model):
     """An address that receives the events it subscribes to, signed with its secret.
 
@@ -342,6 +376,15 @@ class WebhookEndpoint(models.Model):
 
     def __str__(self) -> str:
         return f"webhook {self.pk} -> {self.url}"
+
+    def clean(self) -> None:
+        """Refuse a URL whose host is loopback, private, link-local or otherwise not public
+        (SSRF), unless ``QUEUETY["WEBHOOK_ALLOW_PRIVATE"]``; delivery checks the resolved
+        addresses again."""
+        super().clean()
+        refusal = None if settings.WEBHOOK_ALLOW_PRIVATE else addresses.url_refusal(self.url)
+        if refusal is not None:
+            raise ValidationError({"url": refusal})
 
 
 class WebhookDelivery(models.Model):
@@ -470,3 +513,33 @@ class ResourceGroup(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+
+#: What a job's workflow name starts with (``queuety.jobs.specs.PREFIX``, which sits above the
+#: models; a unit test keeps them equal).
+JOB_PREFIX = "task:"
+
+
+class JobManager(models.Manager["Job"]):
+    """Only the runs that are jobs (their workflow is a task's, ``task:<module path>``)."""
+
+    def get_queryset(self) -> models.QuerySet[Job]:
+        # A prefix match, which the name index's varchar_pattern_ops twin serves.
+        return super().get_queryset().filter(name__startswith=JOB_PREFIX)
+
+
+class Job(WorkflowRun):
+    """A job: a run of a task's one-step workflow (``queuety.jobs``), for the admin's Jobs
+    list. A proxy: no table of its own, the same rows as :class:`WorkflowRun`."""
+
+    objects: ClassVar[JobManager] = JobManager()
+
+    class Meta:
+        proxy = True
+        verbose_name = "job"
+        verbose_name_plural = "jobs"
+        # A job is a run: the runs' permissions (view, change) govern it, not its own.
+        default_permissions = ()
+
+    def __str__(self) -> str:
+        return f"job #{self.pk} ({self.name.removeprefix(JOB_PREFIX)})"

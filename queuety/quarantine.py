@@ -32,6 +32,7 @@ from itertools import islice
 from typing import Any
 
 from django.db import DatabaseError, transaction
+from django.db.models import QuerySet
 
 from queuety import exceptions, operations
 from queuety.core.status import FINISHED
@@ -97,6 +98,10 @@ class BulkResult:
                            for pk, error in sorted(self.failed.items())]}
 
 
+#: Narrows the runs a bulk action reads, in SQL (``queuety.scope.scoped_runs`` for a user).
+Scope = Callable[[QuerySet[WorkflowRun]], QuerySet[WorkflowRun]]
+
+
 @dataclass(slots=True)
 class _Tally:
     done: int = 0
@@ -111,6 +116,7 @@ class _Context:
     actor: str
     reason: dict[str, Any]
     include: Callable[[WorkflowRun], bool] | None
+    scope: Scope | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,26 +132,32 @@ class _Action:
 
 
 def pause_definition(ref: str | int, *, actor: str = "", chunk_size: int = CHUNK,
-                     include: Callable[[WorkflowRun], bool] | None = None) -> BulkResult:
+                     include: Callable[[WorkflowRun], bool] | None = None,
+                     scope: Scope | None = None) -> BulkResult:
     """Pause every running run, and every run waiting for a signal, of the definition ``ref``
     names (its id, its hash or a unique prefix of it).
 
     A step in flight finishes; nothing new starts. Runs waiting for other workflows are left
     (``waiting_for_workflows``): pause the runs they wait for, or pause again once they woke.
     With ``include``, only the runs it accepts are paused (the others: ``not_permitted``).
+    With ``scope``, only the runs it keeps are read at all: the others are neither changed
+    nor counted.
 
     Raises:
         UnknownDefinition: ``ref`` names no definition; nothing is changed.
     """
     definition = find_definition(ref)
-    return _sweep(_PAUSE, definition, actor, chunk_size, include)
+    return _sweep(_PAUSE, definition, actor, chunk_size, _Context(
+        actor, {"definition": definition.definition_hash}, include, scope))
 
 
 def resume_definition(ref: str | int, *, actor: str = "", chunk_size: int = RESUME_CHUNK,
-                      include: Callable[[WorkflowRun], bool] | None = None) -> BulkResult:
+                      include: Callable[[WorkflowRun], bool] | None = None,
+                      scope: Scope | None = None) -> BulkResult:
     """Resume every paused run of the definition ``ref`` names, as ``queuety.resume()`` does
     for each: its step is published again; a wait is evaluated against the signals stored
-    meanwhile. Runs paused one by one are resumed too.
+    meanwhile. Runs paused one by one are resumed too. ``include`` and ``scope``: as for
+    :func:`pause_definition`.
 
     Raises:
         UnknownDefinition: ``ref`` names no definition. WorkflowDefinitionError: the stored
@@ -154,25 +166,27 @@ def resume_definition(ref: str | int, *, actor: str = "", chunk_size: int = RESU
     """
     definition = find_definition(ref)
     load_spec(definition.pk)  # refused once, for the definition, rather than once per run
-    return _sweep(_RESUME, definition, actor, chunk_size, include)
+    return _sweep(_RESUME, definition, actor, chunk_size, _Context(
+        actor, {"definition": definition.definition_hash}, include, scope))
 
 
 def _sweep(action: _Action, definition: WorkflowDefinition, actor: str, chunk_size: int,
-           include: Callable[[WorkflowRun], bool] | None) -> BulkResult:
+           context: _Context) -> BulkResult:
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be at least 1 (got {chunk_size}).")
-    context = _Context(actor, {"definition": definition.definition_hash}, include)
     tally = _Tally()
+    runs = WorkflowRun.objects.filter(definition_id=definition.pk)
+    if context.scope is not None:
+        runs = context.scope(runs)
     # Finished runs are counted, not read: a definition may have millions of them. Counted
     # before the unfinished ones are read, so no run is counted twice (one that finishes in
     # between is not counted at all: it needed nothing).
-    finished = WorkflowRun.objects.filter(definition_id=definition.pk, status__in=FINISHED)
-    if include is None:
-        tally.skipped["finished"] += finished.count()
+    if context.include is None:
+        tally.skipped["finished"] += runs.filter(status__in=FINISHED).count()
     after = 0
     for _ in range(ROUNDS):
-        found = list(WorkflowRun.objects.filter(definition_id=definition.pk, pk__gt=after)
-                     .exclude(status__in=FINISHED).order_by("pk").values_list("pk", "status"))
+        found = list(runs.filter(pk__gt=after).exclude(status__in=FINISHED).order_by("pk")
+                     .values_list("pk", "status"))
         if not found:
             break
         after = found[-1][0]

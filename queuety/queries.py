@@ -217,15 +217,17 @@ def workflow_status(run_id: int) -> WorkflowStatus:
     return status_of(rows.get_run(run_id))
 
 
-def list_workflows(status: str | None = None, limit: int = 50) -> list[WorkflowStatus]:
-    """Return the newest runs first, optionally only those with ``status``.
+def list_workflows(status: str | None = None, limit: int = 50,
+                   among: QuerySet[WorkflowRun] | None = None) -> list[WorkflowStatus]:
+    """Return the newest runs first, optionally only those with ``status``; only runs of
+    ``among`` when given (a user's scope, ``queuety.scope``).
 
     Raises:
         ValueError: ``status`` is not a run status, or ``limit`` is below 1.
     """
     if limit < 1:
         raise ValueError(f"limit must be at least 1 (got {limit}).")
-    runs = WorkflowRun.objects.order_by("-pk")
+    runs = (WorkflowRun.objects.all() if among is None else among).order_by("-pk")
     if status is not None:
         if status not in tuple(RunStatus):
             raise ValueError(

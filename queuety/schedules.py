@@ -9,6 +9,10 @@ nominal time (the latest cron tick, or interval slot, at or before the moment be
 a beat restart that fires again, or two beats, never start two runs for one tick, and a fire
 that waited in the broker past the next tick still starts its own tick's run. Beat's message
 carries the moment it was sent (the ``queuety_sent_at`` header, :func:`stamp_sent_at`).
+
+A cron tick is a wall-clock time of the schedule's zone, run once even on the days daylight
+saving skips or repeats it (:func:`latest_tick` says how those are keyed); an interval slot
+is counted in UTC and does not move at all.
 """
 
 from __future__ import annotations
@@ -113,26 +117,86 @@ def _zone(name: str) -> ZoneInfo:
 
 
 def latest_tick(cron: crontab, now: datetime, zone: ZoneInfo) -> datetime:
-    """The latest time at or before ``now`` (to the minute) that ``cron`` matches, in UTC.
+    """The latest tick of ``cron`` at or before ``now`` (to the minute), in UTC.
 
-    Days are matched as Celery's crontab matches them: day of month AND day of week.
+    A tick is a wall-clock time in ``zone`` that ``cron`` matches, at the first instant the
+    clocks show it. Across daylight saving:
+
+    * a time the clocks skip (02:30 when 02:00 becomes 03:00) is the first instant after the
+      jump, 03:00 (Celery's beat sends it at 03:30, reading 02:30 with the offset before the
+      jump; the fire is keyed 03:00 all the same);
+    * a time the clocks show twice (02:30 when 03:00 becomes 02:00) is one tick, the first:
+      a fire in the repeated hour finds that tick's key and starts nothing.
+
+    So the tick never lies after ``now``, never goes back as ``now`` advances, and one
+    wall-clock tick is one key. Days are matched as Celery's crontab matches them: day of
+    month AND day of week.
     """
-    local = now.astimezone(zone).replace(second=0, microsecond=0)
+    instant = now.astimezone(dt_timezone.utc).replace(second=0, microsecond=0)
+    local = instant.astimezone(zone)
     # The expanded sets of the parsed expression (celery-types does not declare them).
     months, days, weekdays, hours, minutes = (
         set(getattr(cron, field)) for field in
         ("month_of_year", "day_of_month", "day_of_week", "hour", "minute"))
     for offset in range(366 * 8 + 1):  # a 29 February rule needs up to eight years
         day: date = local.date() - timedelta(days=offset)
-        if day.month not in months or day.day not in days or \
-                (day.isoweekday() % 7) not in weekdays:
-            continue
-        for hour in sorted(hours, reverse=True):
-            for minute in sorted(minutes, reverse=True):
-                moment = datetime(day.year, day.month, day.day, hour, minute, tzinfo=zone)
-                if moment <= local:
-                    return moment.astimezone(dt_timezone.utc)
+        if day.month in months and day.day in days and (day.isoweekday() % 7) in weekdays:
+            tick = _latest_on(day, sorted(hours, reverse=True), minutes, zone, instant)
+            if tick is not None:
+                return tick
     raise exceptions.InvalidSchedule(f"The cron expression {cron!r} never matches a date.")
+
+
+#: How far (in hours) a daylight saving jump moves the clocks: two at most (Antarctica/Troll),
+#: one nearly everywhere.
+_MAX_JUMP_HOURS = 2
+
+
+def _latest_on(day: date, hours: list[int], minutes: set[int], zone: ZoneInfo,
+               instant: datetime) -> datetime | None:
+    """The latest tick on ``day`` (``hours`` descending) at or before ``instant``, or None.
+
+    Compared as instants, not as wall-clock times, which would take a repeated 02:30 for a
+    time still to come; the hours just below the first one with a tick are looked at too, as
+    a jump can put a later wall-clock time before an earlier one.
+    """
+    best: datetime | None = None
+    first_hour = 0
+    jump = timedelta(hours=_MAX_JUMP_HOURS)
+    for hour in hours:
+        if best is not None and hour < first_hour - _MAX_JUMP_HOURS:
+            break
+        if first_instant(datetime(day.year, day.month, day.day, hour, tzinfo=zone)) - \
+                jump > instant:
+            continue  # every minute of this hour is still to come (one look, not sixty)
+        for minute in minutes:
+            moment = first_instant(datetime(day.year, day.month, day.day, hour, minute,
+                                            tzinfo=zone))
+            if moment <= instant and (best is None or moment > best):
+                first_hour = hour if best is None else first_hour
+                best = moment
+    return best
+
+
+def first_instant(wall: datetime) -> datetime:
+    """The first instant (in UTC) at which the clocks of ``wall``'s zone show ``wall`` or a
+    later time: ``wall`` itself (its first occurrence, if the clocks show it twice), or, for a
+    time they skip, the instant they jump."""
+    earliest = wall.replace(fold=0).astimezone(dt_timezone.utc)
+    if earliest.astimezone(wall.tzinfo).replace(tzinfo=None) == wall.replace(tzinfo=None,
+                                                                            fold=0):
+        return earliest
+    # Skipped: the jump lies between the time read with the offset after it and with the
+    # offset before it. Found by halving, to the minute (zones jump on whole minutes).
+    low, high = wall.replace(fold=1).astimezone(dt_timezone.utc), earliest
+    minute = timedelta(minutes=1)
+    while high - low > minute:
+        middle = low + (high - low) // minute // 2 * minute
+        if middle.astimezone(wall.tzinfo).replace(tzinfo=None) >= wall.replace(tzinfo=None):
+            high = middle
+        else:
+            low = middle
+    return high
 
 
 def interval_slot(every: int, now: datetime) -> datetime:
@@ -376,7 +440,13 @@ def sent_at(request: Any) -> datetime | None:
     """When beat sent the fire ``request`` (a Celery task request), from its header; None
     when it has none (a message from before the header) or the time is not a number. A sender
     whose clock runs ahead is not believed past the present."""
-    stamp = getattr(request, SENT_AT_HEADER, None)  # a message header is a request attribute
+    # A message header is a request attribute.
+    return moment_of(getattr(request, SENT_AT_HEADER, None))
+
+
+def moment_of(stamp: Any) -> datetime | None:
+    """The moment epoch seconds ``stamp`` names, not past the present; None when ``stamp``
+    is not a number."""
     if isinstance(stamp, bool) or not isinstance(stamp, int | float):
         return None
     return min(datetime.fromtimestamp(stamp, tz=dt_timezone.utc), django_timezone.now())

@@ -17,6 +17,13 @@ no callback. Arguments are taken from what the transaction that caused the event
 
 To add an event: a :class:`django.dispatch.Signal` below, a row of :data:`EVENTS`, a call to
 :func:`emit` where it happens, and a line in ``docs/guide/observability.md``.
+
+Jobs (Django tasks run by ``queuety.tasks_backend``, runs of workflows named ``task:...``) have
+events of their own, ``job_completed``, ``job_failed`` and ``job_buried``, derived from their
+run's: :func:`emit` of ``run_completed``, ``step_failed`` (an attempt that will be retried) or
+``run_failed`` for a job's run emits the job's event too (see :data:`JOB_EVENTS`). So they are
+sent wherever the run's are, an operator's bury (which fails the run) included, and a run
+that is no job pays one string comparison.
 """
 
 from __future__ import annotations
@@ -30,6 +37,9 @@ from typing import Any
 from django.db import transaction
 from django.dispatch import Signal
 
+from queuety import instruments
+from queuety.conf import settings
+
 logger = logging.getLogger("queuety")
 
 run_started = Signal()
@@ -40,6 +50,9 @@ run_waiting = Signal()
 step_failed = Signal()
 budget_exceeded = Signal()
 run_throttled = Signal()
+job_completed = Signal()
+job_failed = Signal()
+job_buried = Signal()
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +82,26 @@ EVENTS: dict[str, EventKind] = {
                                  ("run_id", "workflow", "budget", "limit", "used", "step")),
     "run_throttled": EventKind(run_throttled, "run.throttled",
                                ("run_id", "workflow", "step", "reason")),
+    # Jobs: derived from their runs' events (JOB_EVENTS), never emitted directly.
+    "job_completed": EventKind(job_completed, "job.completed",
+                               ("result_id", "run_id", "task")),
+    "job_failed": EventKind(job_failed, "job.failed", (
+        "result_id", "run_id", "task", "attempt", "max_attempts", "error", "retry_in")),
+    "job_buried": EventKind(job_buried, "job.buried",
+                            ("result_id", "run_id", "task", "error")),
 }
+
+#: What a job's workflow name starts with (``queuety.jobs.specs.PREFIX``, which sits above
+#: this module; a unit test keeps the two equal).
+JOB_PREFIX = "task:"
+
+#: Run event -> the job event it implies for a job's run.
+JOB_EVENTS: dict[str, str] = {"run_completed": "job_completed", "step_failed": "job_failed",
+                              "run_failed": "job_buried"}
+
+#: Job event -> how its metric counts it (``queuety_jobs_total{outcome}``).
+JOB_OUTCOMES: dict[str, str] = {"job_completed": "completed", "job_failed": "failed",
+                                "job_buried": "buried"}
 
 #: Webhook event name -> signal name.
 BY_WEBHOOK: dict[str, str] = {kind.webhook: name for name, kind in EVENTS.items()}
@@ -87,18 +119,59 @@ def add_sink(wants: Callable[[str], bool], write: Callable[[str, dict[str, Any]]
     _sinks.append((wants, write))
 
 
-def wanted(name: str) -> bool:
+def wanted(name: str, workflow: str | None = None) -> bool:
     """Whether event ``name`` has a receiver or a sink that wants it (else :func:`emit`
-    would do nothing, and a caller may skip computing its arguments)."""
-    if EVENTS[name].signal.receivers:
+    would do nothing, and a caller may skip computing its arguments). For a run of
+    ``workflow`` that is a job's, the job event it implies counts too (and the job metrics,
+    while ``METRICS`` is on); ``workflow=None`` (not known) counts it for any run."""
+    if EVENTS[name].signal.receivers or any(wants(name) for wants, _ in _sinks):
         return True
-    return any(wants(name) for wants, _ in _sinks)
+    job = _job_event_of(name, workflow)
+    return job is not None and (settings.METRICS or bool(EVENTS[job].signal.receivers)
+                                or any(wants(job) for wants, _ in _sinks))
 
 
-def sinks_want(name: str) -> bool:
-    """Whether a sink (the webhook outbox) wants event ``name``: its rows must then be written
+def sinks_want(name: str, workflow: str | None = None) -> bool:
+    """Whether a sink (the webhook outbox) wants event ``name`` (or, for a run of
+    ``workflow`` that is a job's, the job event it implies): its rows must then be written
     in the event's transaction, so a one-statement fast path takes a transaction instead."""
-    return any(wants(name) for wants, _ in _sinks)
+    job = _job_event_of(name, workflow)
+    return any(wants(name) or (job is not None and wants(job)) for wants, _ in _sinks)
+
+
+def is_job_workflow(workflow: str) -> bool:
+    """Whether runs of ``workflow`` are jobs."""
+    return workflow.startswith(JOB_PREFIX)
+
+
+def _job_event_of(name: str, workflow: str | None) -> str | None:
+    """The job event run event ``name`` may imply for a run of ``workflow`` (None: any)."""
+    if workflow is not None and not is_job_workflow(workflow):
+        return None
+    return JOB_EVENTS.get(name)
+
+
+def job_event(name: str, arguments: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
+    """The job event (name and arguments) that run event ``name`` with ``arguments`` implies,
+    or None: the run is no job's, or the event implies none (an attempt out of retries sends
+    ``step_failed`` with ``will_retry`` false; the job's ``job_buried`` comes with its
+    ``run_failed``)."""
+    workflow = arguments.get("workflow")
+    job = JOB_EVENTS.get(name)
+    if job is None or not isinstance(workflow, str) or not is_job_workflow(workflow):
+        return None
+    run_id = arguments.get("run_id")
+    found: dict[str, Any] = {"result_id": str(run_id), "run_id": run_id,
+                             "task": workflow[len(JOB_PREFIX):]}
+    if name == "step_failed":
+        if not arguments.get("will_retry"):
+            return None
+        found.update(attempt=arguments.get("attempt"),
+                     max_attempts=arguments.get("max_attempts"),
+                     error=arguments.get("error"), retry_in=arguments.get("retry_in"))
+    elif name == "run_failed":
+        found["error"] = arguments.get("error")
+    return job, found
 
 
 def emit(name: str, **arguments: Any) -> None:
@@ -114,6 +187,10 @@ def emit(name: str, **arguments: Any) -> None:
             write(name, arguments)
     if kind.signal.receivers:
         transaction.on_commit(partial(_send, name, arguments), robust=True)
+    job = job_event(name, arguments)
+    if job is not None:
+        emit(job[0], **job[1])
+        _count_job(job[0], job[1]["task"])
 
 
 def emit_to_receivers(name: str, **arguments: Any) -> None:
@@ -122,6 +199,19 @@ def emit_to_receivers(name: str, **arguments: Any) -> None:
     receivers were never sent it (on-commit callbacks do not run when the commit raises)."""
     if EVENTS[name].signal.receivers:
         transaction.on_commit(partial(_send, name, arguments), robust=True)
+    job = job_event(name, arguments)
+    if job is not None:
+        emit_to_receivers(job[0], **job[1])
+        # The lost answer's on-commit callbacks never ran: the job is counted here.
+        _count_job(job[0], job[1]["task"])
+
+
+def _count_job(name: str, task: str) -> None:
+    """Count job event ``name`` of ``task`` in the job metrics once this transaction
+    commits (a rolled-back outcome counts nothing)."""
+    if settings.METRICS:
+        transaction.on_commit(partial(instruments.job_finished, task, JOB_OUTCOMES[name]),
+                              robust=True)
 
 
 def _send(name: str, arguments: dict[str, Any]) -> None:

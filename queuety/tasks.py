@@ -14,12 +14,14 @@ from billiard.exceptions import WorkerLostError
 from celery import Task, shared_task, signals
 from celery.concurrency.thread import TaskPool as ThreadsPool
 from celery.worker.request import Request
-from django.db import close_old_connections
+from django.db import DatabaseError, close_old_connections
+from django.utils import timezone
 
 from queuety import schedules
-from queuety.runtime import attempt, lane, recovery, settle, sweeper, wakeups
-from queuety.runtime.claim import worker_id
+from queuety.runtime import attempt, lane, recovery, settle, sweep_tick, wakeups
+from queuety.runtime.claim import name_worker, worker_id
 from queuety.runtime.workers import MainProcessBeat
+from queuety.store import rows
 from queuety.webhooks import delivery
 
 logger = logging.getLogger("queuety")
@@ -30,6 +32,7 @@ signals.task_prerun.connect(lambda **kwargs: close_old_connections(), weak=False
 signals.task_postrun.connect(lambda **kwargs: close_old_connections(), weak=False)
 
 _beat: MainProcessBeat | None = None
+_tick: sweep_tick.SweepTick | None = None
 
 #: The periodic task whose routine lines (received, succeeded, sent by beat) are dropped: the
 #: sweeper logs a line of its own when it did something, so an idle site logs nothing.
@@ -61,6 +64,22 @@ def _start_beating(sender: Any = None, **kwargs: Any) -> None:
     _beat.start()
 
 
+@signals.worker_ready.connect(weak=False)
+def _start_sweeping(sender: Any = None, **kwargs: Any) -> None:
+    """The worker's main process takes its turns at sweeping (``queuety.runtime.sweep_tick``),
+    so recovery needs no beat process."""
+    global _tick
+    _tick = sweep_tick.SweepTick(_beat.name if _beat is not None else worker_id())
+    _tick.start()
+
+
+@signals.worker_init.connect(weak=False)
+def _name_worker(**kwargs: Any) -> None:
+    """Name the worker before its pool starts: every pool process, replacements forked later
+    included, inherits the name, and its claims carry it (``queuety.runtime.claim``)."""
+    name_worker(timezone.now())
+
+
 @signals.worker_init.connect(weak=False)
 def _start_lane(sender: Any = None, **kwargs: Any) -> None:
     """A worker on Celery's threads pool is an I/O lane worker (``queuety.runtime.lane``)."""
@@ -76,6 +95,8 @@ def _start_lane(sender: Any = None, **kwargs: Any) -> None:
 
 @signals.worker_shutdown.connect(weak=False)
 def _stop_beating(**kwargs: Any) -> None:
+    if _tick is not None:
+        _tick.stop()
     if _beat is not None:
         _beat.stop()
 
@@ -108,21 +129,10 @@ class StepRequest(Request):
             self._recover(hard_timeout=False)
 
     def _recover(self, hard_timeout: bool) -> None:
-        if not self.worker_pid or not self.args:
-            return
-        try:
-            recorded = recovery.recover_attempt(
-                self.args[0],
-                # celery-types say worker_pid is a str; the pools report the int pid.
-                worker_id(self.worker_pid),  # type: ignore[arg-type]
-                hard_timeout=hard_timeout)
-        except Exception:  # noqa: BLE001 - the sweeper recovers the step later anyway
-            logger.exception("Could not record the loss of step run id=%s", self.args[0])
-            return
-        if recorded and not hard_timeout:
-            logger.warning("Pool process %s died while running step run id=%s; the attempt is "
-                           "recorded as WorkerLost and runs again while attempts remain.",
-                           self.worker_pid, self.args[0])
+        if self.worker_pid and self.args:
+            # celery-types say worker_pid is a str; the pools report the int pid.
+            recovery.record_death(self.args[0], self.worker_pid,  # type: ignore[arg-type]
+                                  hard_timeout=hard_timeout)
 
 
 # celery-types' bind=True overloads of shared_task take only the options they list, though
@@ -155,9 +165,10 @@ def execute_step(self: Task[[int], None], step_run_id: int) -> None:
 
 
 @shared_task(name="queuety.sweep", ignore_result=True)
-def sweep() -> dict[str, int]:
-    """Recover lost attempts and re-publish due steps (scheduled by django-celery-beat)."""
-    return sweeper.sweep()
+def sweep() -> dict[str, int] | None:
+    """Sweep, if it is this interval's turn (every worker sweeps by itself: this message, from
+    an optional beat entry, takes the same turns); None when another process swept."""
+    return sweep_tick.sweep_once(f"{worker_id()} (queuety.sweep)")
 
 
 @shared_task(name="queuety.resume_parent", ignore_result=True)
@@ -174,13 +185,40 @@ def deliver_webhook(delivery_id: int) -> None:
     delivery.deliver(delivery_id)
 
 
+#: Pauses (s) before a fire that met a transient database error is tried again (68 s in all:
+#: a PostgreSQL restart or failover), each try for the same tick.
+FIRE_RETRY_DELAYS = (1.0, 2.0, 5.0, 10.0, 20.0, 30.0)
+
+
 @shared_task(name="queuety.fire_schedule", ignore_result=True, bind=True)
 def fire_schedule(self: Task[..., None], /, schedule: str, after: int | None = None,
-                  **row_kwargs: Any) -> None:
+                  fired_for: float | None = None, **row_kwargs: Any) -> None:
     """Fire schedule ``schedule`` (sent by beat; ``row_kwargs`` are the rest of its row's
     kwargs, which ``fire`` reads from the row itself) for the tick it was sent at. A buffered
-    fire comes back every ``SWEEP_INTERVAL`` until the run it waits for has finished."""
-    schedules.fire_and_follow(schedule, after=after, now=schedules.sent_at(self.request))
+    fire comes back every ``SWEEP_INTERVAL`` until the run it waits for has finished.
+
+    A fire that meets a transient database error (PostgreSQL restarting) is sent again after
+    the next of ``FIRE_RETRY_DELAYS``, with ``fired_for`` (epoch seconds) keeping the moment
+    of the first try: its tick's run is started once the database is back, never lost with
+    the message, never started twice (the tick's idempotency key)."""
+    moment = schedules.moment_of(fired_for) or schedules.sent_at(self.request) or \
+        timezone.now()
+    try:
+        schedules.fire_and_follow(schedule, after=after, now=moment)
+    except DatabaseError as error:
+        tries = self.request.retries
+        if not rows.is_transient(error) or tries >= len(FIRE_RETRY_DELAYS):
+            raise
+        logger.warning("Schedule %r could not fire for %s: the database refused it (%s); "
+                       "trying again in %gs (try %d of %d).", schedule, moment.isoformat(),
+                       type(error.__cause__ or error).__name__, FIRE_RETRY_DELAYS[tries],
+                       tries + 1, len(FIRE_RETRY_DELAYS))
+        raise self.retry(kwargs={**row_kwargs, "schedule": schedule, "after": after,
+                                 "fired_for": moment.timestamp()},
+                         countdown=FIRE_RETRY_DELAYS[tries], max_retries=len(FIRE_RETRY_DELAYS),
+                         exc=error) from None
+
+
 @shared_task(name="queuety.wake_group", ignore_result=True)
 def wake_group(group: str, wait: bool = True, retry: int = 0) -> int:
     """Start concurrency group ``group``'s throttled steps into its free slots, those in a

@@ -25,6 +25,22 @@ With pytest-django::
 What runs: every step row of this run and of the runs it starts (child runs, started
 workflows), and runs woken because a run they wait for finished. What does not: the sweeper's
 own phases (a lost worker, ``must_complete_within`` deadlines, purges).
+
+Tasks of Django's tasks framework on ``queuety.tasks_backend.QueuetyBackend`` run the same
+way: :func:`run_task` enqueues a task's job and runs it to its end, returning the framework's
+``TaskResult``; :func:`run_jobs` runs the jobs the code under test enqueued::
+
+    from queuety.testing import no_broker, run_jobs, run_task
+
+    def test_receipt(db):
+        result = run_task(send_receipt, 42)
+        assert result.status == TaskResultStatus.SUCCESSFUL and result.return_value == "sent"
+
+    def test_checkout_sends_a_receipt(db):
+        with no_broker():
+            checkout(order)                 # calls send_receipt.enqueue(order.pk)
+        [receipt] = run_jobs()
+        assert receipt.return_value == "sent"
 """
 
 from __future__ import annotations
@@ -36,7 +52,7 @@ from typing import Any
 from django.db.models import Q
 from django.utils import timezone
 
-from queuety import dispatch, inbox, publish, queries, registry
+from queuety import dispatch, inbox, publish, queries, registry, signals
 from queuety import timeline as timelines
 from queuety.core.builder import WorkflowBuilder
 from queuety.core.status import RunStatus, StepStatus, WorkflowStatus
@@ -248,3 +264,64 @@ def _in_process(woken: list[int] | None = None) -> Iterator[None]:
     sink: list[int] = woken if woken is not None else []
     with publish.redirected(lambda messages: None), publish.wake_ups_redirected(sink.extend):
         yield
+
+
+# -- jobs: Django's tasks on Queuety ----------------------------------------------------------
+
+def run_task(task: Any, *args: Any, **kwargs: Any) -> Any:
+    """Enqueue ``task``'s job with ``args`` and ``kwargs`` (on the task's backend, which must
+    be a ``QueuetyBackend``) and run it in-process to its end, its retries included (their
+    back-offs and a ``run_after`` are not waited for); return its ``TaskResult`` as
+    ``get_result()`` reads it then.
+
+    Raises:
+        TypeError: the task's backend is not Queuety's; nothing is enqueued.
+        InvalidTask, InvalidTaskArguments: as ``task.enqueue()``; nothing is enqueued.
+        WorkflowDidNotSettle: the job still had work after :data:`MAX_STEPS` attempts.
+    """
+    # Imported here: the tasks framework is optional on Django 5.2 (the django-tasks extra), and
+    # a site without it still tests its workflows with this module.
+    from queuety.tasks_backend import QueuetyBackend
+
+    backend = task.get_backend()
+    if not isinstance(backend, QueuetyBackend):
+        raise TypeError(
+            f"run_task() runs Queuety jobs, but task {task.module_path} is on the tasks "
+            f"backend {task.backend!r} ({type(backend).__name__}); point TASKS"
+            f"[{task.backend!r}]['BACKEND'] at 'queuety.tasks_backend.QueuetyBackend' in the "
+            "test settings, or call the task's function directly (task.call()).")
+    with _in_process():
+        enqueued = task.enqueue(*args, **kwargs)
+    drive(int(enqueued.id))
+    return backend.get_result(enqueued.id)
+
+
+def run_jobs(*, max_steps: int = MAX_STEPS) -> list[Any]:
+    """Run in-process, to their end, every job that has work to do (the jobs code under test
+    enqueued), oldest first; return their ``TaskResult`` objects in that order.
+
+    Raises:
+        WorkflowDidNotSettle: a job still had work after ``max_steps`` attempts.
+    """
+    from queuety.jobs import results  # the optional framework, as in run_task()
+
+    pending = list(WorkflowRun.objects.filter(
+        name__startswith=signals.JOB_PREFIX, status=RunStatus.RUNNING,
+        steps__status=StepStatus.PENDING).order_by("pk").values_list(
+        "pk", flat=True).distinct())
+    found = []
+    for run_id in pending:
+        drive(run_id, max_steps=max_steps)
+        state = WorkflowRun.objects.values_list("state", flat=True).get(pk=run_id)
+        found.append(results.read(str(run_id), state["task"]["backend"]))
+    return found
+
+
+@contextmanager
+def no_broker() -> Iterator[None]:
+    """Keep what the enclosed code enqueues or dispatches away from Celery (its jobs and
+    runs wait for :func:`run_jobs` or :func:`drive`): for a test whose transactions commit
+    (pytest-django's ``transactional_db``), where the messages would otherwise be sent."""
+    with _in_process():
+        yield
+

@@ -394,8 +394,9 @@ _HEX = re.compile(r"(?<![0-9a-f])((?=[0-9a-f]*[0-9])(?=[0-9a-f]*[a-f])[0-9a-f]{6
 _AGGREGATE = frozenset({"mode", "succeeded", "failed", "winner", "results"})
 #: An approval link's single-use nonce (a signal's dedupe key).
 _NONCE = re.compile(r"(?<=approval-link:)[A-Za-z0-9_-]{16}")
-#: A worker process, as ``claimed_by`` and messages name it: host:pid.
-_PROCESS = re.compile(re.escape(socket.gethostname()) + r":\d+")
+#: A worker process, as ``claimed_by`` and messages name it: host:pid, or in a worker
+#: host:pid@start/pid (its worker's name, then its pid: ``queuety.runtime.claim``).
+_PROCESS = re.compile(re.escape(socket.gethostname()) + r":\d+(@\d{8}T\d{6}\.\d{6}/\d+)?")
 
 
 class Normaliser:

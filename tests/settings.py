@@ -29,12 +29,16 @@ BUDGET_QUEUE = os.environ["CELERY_TASK_DEFAULT_QUEUE"] + "-budget"
 QUEUETY = {
     "QUEUE_COST_BUDGETS": {BUDGET_QUEUE: 2},
     "SWEEP_INTERVAL": 1,
+    "SWEEP_LEASE": 3.0,
     "STALE_AFTER": 3.0,
     "HEARTBEAT_INTERVAL": 0.5,
     "REDELIVER_AFTER": 3.0,
     "MAX_ETA": 5.0,
     "WORKER_LOST_AFTER": 1.5,
     "WEBHOOK_RETRY_DELAYS": [0.2, 0.5],
+    # The webhook tests deliver to a receiver on 127.0.0.1 (tests/integration/test_webhook_ssrf.py
+    # turns this off to see such endpoints refused).
+    "WEBHOOK_ALLOW_PRIVATE": True,
     "WEBHOOK_TIMEOUT": 2.0,
 }
 # A worker started with QUEUETY_TEST_TIMINGS=shipped runs on the shipped defaults (sweeps every
@@ -53,7 +57,16 @@ if os.environ.get("QUEUETY_TEST_ADMISSION") == "starved":
 # stored handler paths (tests/integration/test_deploy_check.py: a deploy that renamed one).
 if os.environ.get("QUEUETY_TEST_HANDLER_ALIASES"):
     QUEUETY = {**QUEUETY, "HANDLER_ALIASES": json.loads(os.environ["QUEUETY_TEST_HANDLER_ALIASES"])}
+# A worker started with QUEUETY_TEST_WEBHOOK_RETRY_DELAYS='[1, 2]' retries webhook deliveries
+# after those pauses (tests/reliability/test_faults_features.py: a receiver down for a while).
+if os.environ.get("QUEUETY_TEST_WEBHOOK_RETRY_DELAYS"):
+    QUEUETY = {**QUEUETY,
+               "WEBHOOK_RETRY_DELAYS": json.loads(os.environ["QUEUETY_TEST_WEBHOOK_RETRY_DELAYS"])}
 LOGGING["loggers"]["queuety"]["level"] = "INFO"  # noqa: F405
+# A worker started with QUEUETY_TEST_SWEEP_LOG=1 logs each sweep's start and end
+# (tests/reliability/test_sweep_without_beat.py shows from them that sweeps never overlap).
+if os.environ.get("QUEUETY_TEST_SWEEP_LOG"):
+    LOGGING["loggers"]["queuety.sweeps"] = {"level": "DEBUG"}  # noqa: F405
 # The API fuzzer authenticates every request with HTTP Basic: a fast hasher keeps a request at
 # milliseconds instead of a PBKDF2 derivation each (tests only).
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
@@ -68,3 +81,14 @@ if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
 # ... and with QUEUETY_TEST_TRACING=1 it traces runs and steps (tests/observers exports them).
 if os.environ.get("QUEUETY_TEST_TRACING"):
     QUEUETY = {**QUEUETY, "TRACING": True}
+
+# Django's tasks on Queuety (tests/integration/test_tasks_backend.py): "default" as the demo
+# site has it, with a queue no worker consumes; "retrying" with backend-wide job options.
+TASKS = {
+    "default": {"BACKEND": "queuety.tasks_backend.QueuetyBackend",
+                "QUEUES": ["default", "io", "unconsumed"]},
+    # No QUEUES: any queue_name (the lane tests' queues are named per run).
+    "anyqueue": {"BACKEND": "queuety.tasks_backend.QueuetyBackend", "QUEUES": []},
+    "retrying": {"BACKEND": "queuety.tasks_backend.QueuetyBackend",
+                 "OPTIONS": {"retry": {"max_attempts": 3, "initial_delay": 0.1, "jitter": 0}}},
+}

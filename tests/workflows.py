@@ -8,6 +8,8 @@ import os
 import time
 from pathlib import Path
 
+from django.db.models import Q
+
 import queuety
 
 
@@ -102,9 +104,13 @@ def interfere(state):
 
         from django.utils import timezone
 
-        StepRun.objects.filter(run__in=runs, status="processing").update(
-            heartbeat_at=timezone.now() - timedelta(hours=1))
-        sweeper.sweep()
+        # This attempt's heartbeat thread (every 0.5 s in the tests) may beat between the
+        # update and the sweep's look at it: age it again until the sweep has taken it back.
+        for _ in range(20):
+            held = StepRun.objects.filter(run__in=runs, status="processing")
+            if not held.update(heartbeat_at=timezone.now() - timedelta(hours=1)):
+                break
+            sweeper.sweep()
     mark(f"{state['token']}-interfere")
     return {"interfered": action}
 
@@ -194,6 +200,19 @@ def interfere_then_jump(state):
 def deny_all(user, run):
     """A QUEUETY["RUN_ACCESS"] hook that grants nothing."""
     return False
+
+
+def tenant_scope(user, runs):
+    """A QUEUETY["RUN_SCOPE"] hook: a user's tenant is their last name, a run's is the
+    ``tenant`` key of its state (tests/reliability/test_tenants.py)."""
+    # A job (a task of Django's tasks framework) carries its tenant as a keyword argument.
+    return runs.filter(Q(state__tenant=user.last_name) | Q(state__kwargs__tenant=user.last_name))
+
+
+def tenant_access(user, run):
+    """The same rule as :func:`tenant_scope`, one run at a time (QUEUETY["RUN_ACCESS"])."""
+    state = run.state or {}
+    return user.last_name in (state.get("tenant"), (state.get("kwargs") or {}).get("tenant"))
 
 
 def undo(state):

@@ -9,6 +9,8 @@ Tasks, chained three at a time by the driver:
   complete the step row, insert the next one, COMMIT) over a per-process psycopg connection,
   so the next task is published only after the commit (outbox-then-publish).
 - ``notify``: the last task of a latency chain LPUSHes to a key the client BLPOPs on.
+- ``stamp``: LPUSHes the time it started to a key: the tasks benchmark's enqueue-to-start
+  latency (``qbench.tasks_bench``).
 
 Celery defaults otherwise (acks early, prefetch multiplier 4, no result backend): "raw".
 """
@@ -74,6 +76,12 @@ def noop_done(key: str, n: int) -> None:
 def notify(key: str) -> None:
     """Wake the client waiting on ``key``."""
     redis_client().lpush(key, os.getpid())
+
+
+@app.task(name="qbench.stamp")
+def stamp(key: str) -> None:
+    """LPUSH the time this call started to ``key``."""
+    redis_client().lpush(key, repr(time.time()))
 
 
 @app.task(name="qbench.pg_step")

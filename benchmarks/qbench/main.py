@@ -16,16 +16,21 @@ Sections (``--only`` takes a comma-separated subset):
 - ``roundtrips``: SQL statements of a step boundary, in-process;
 - ``io``: 200 and 1,000 concurrent 1 s async steps on one I/O-lane worker, against DBOS async
   workflows and a raw Celery threads-pool worker (``qbench.io_bench``);
-- ``timed``: three-step no-op runs whose steps have ``timeout=30``, on 2 prefork processes.
+- ``timed``: three-step no-op runs whose steps have ``timeout=30``, on 2 prefork processes;
+- ``tasks``: Django's tasks framework: no-op jobs/s, enqueue/s and enqueue-to-start latency of
+  Queuety's backend, raw Celery tasks and django-tasks-db (a subprocess, ``qbench.tasks_bench``).
 
 Optional, outside the rounds: ``--big`` (status on 1,000,000 runs), ``--memory`` (worker RSS
-after 1,000 and 100,000 steps), ``--streaming`` (chunks/s of one streaming step), ``--profile`` (py-spy on a worker, pyinstrument in-process).
+after 1,000 and 100,000 steps), ``--streaming`` (chunks/s of one streaming step), ``--profile`` (py-spy on a worker, pyinstrument in-process; with ``tasks`` among the sections, also
+``qbench.tasks_profile``: py-spy on a worker running no-op jobs; ``--only tasks --profile``
+runs that one alone).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 import time
@@ -36,7 +41,7 @@ from pathlib import Path
 from qbench import env, util
 
 SECTIONS = ("ceiling", "throughput", "dbos", "latency", "dispatch", "scaling", "roundtrips",
-            "io", "timed")
+            "io", "timed", "tasks")
 
 #: The two Queuety worker configurations measured side by side.
 QUEUETY_VARIANTS = {
@@ -80,7 +85,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="also: chunks/s one streaming step stores (--streaming-chunks)")
     parser.add_argument("--streaming-chunks", type=int, default=20_000)
     parser.add_argument("--profile", action="store_true",
-                        help="also: py-spy on a worker pool process and pyinstrument in-process")
+                        help="also: py-spy on a worker pool process and pyinstrument in-process "
+                        "(with --only tasks: on a worker running no-op jobs)")
     args = parser.parse_args(argv)
     args.sections = [s for s in args.only.split(",") if s]
     unknown = set(args.sections) - set(SECTIONS)
@@ -187,13 +193,7 @@ def one_round(number: int, args, workers: dict[str, util.Worker]) -> dict:
         attempt(results, "roundtrips", queuety_bench.roundtrips, 100)
 
     if "io" in sections:
-        from qbench import io_bench
-
-        for n in (200, 1000):
-            tests = [("queuety", io_bench.queuety_io), ("dbos", io_bench.dbos_io),
-                     ("celery_threads", io_bench.celery_io)]
-            for name, call in (reversed(tests) if flip else tests):
-                attempt(results, f"io{n}_{name}", call, n)
+        _io_round(results, flip)
 
     if "timed" in sections:
         from qbench import io_bench
@@ -205,7 +205,47 @@ def one_round(number: int, args, workers: dict[str, util.Worker]) -> dict:
                                                                  "noop"))]
         for name, call in (reversed(tests) if flip else tests):
             attempt(results, f"timed_{name}", call)
+
+    if "tasks" in sections:
+        _tasks_round(results, args, flip)
     return results
+
+
+def _io_round(results: dict, flip: bool) -> None:
+    """The ``io`` section: 200, then 1,000 concurrent 1 s steps per engine."""
+    from qbench import io_bench
+
+    for n in (200, 1000):
+        tests = [("queuety", io_bench.queuety_io), ("dbos", io_bench.dbos_io),
+                 ("celery_threads", io_bench.celery_io)]
+        for name, call in (reversed(tests) if flip else tests):
+            attempt(results, f"io{n}_{name}", call, n)
+
+
+def _tasks_round(results: dict, args, flip: bool) -> None:
+    """The ``tasks`` section: its own process, which starts its own workers."""
+    command = [sys.executable, "-m", "qbench.tasks_bench", "--n", str(args.n),
+               "--enqueue", str(args.dispatch_count), "--lat", str(args.lat)]
+    if flip:
+        command.append("--flip")
+    attempt(results, "tasks", util.run_json, command, environ=env.django_env(),
+            log=env.RESULTS_DIR / "logs" / "tasks.log", timeout=900)
+
+
+def _profiles(record: dict, args, out_dir: Path) -> None:
+    """``--profile``: the workflow hot path, and a no-op job's when ``tasks`` is a section
+    (``--only tasks --profile`` runs that one alone)."""
+    if args.sections != ["tasks"]:
+        from qbench import profile
+
+        log("--profile: py-spy on a worker pool process, pyinstrument in-process")
+        attempt(record["extra"], "profile", profile.run, out_dir, args.n)
+    if "tasks" in args.sections:
+        log("--profile: py-spy on Queuety's worker running no-op jobs, in-process statements")
+        attempt(record["extra"], "tasks_profile", util.run_json,
+                [sys.executable, "-m", "qbench.tasks_profile", "--n", str(args.n),
+                 "--out", str(out_dir)], environ=env.django_env(),
+                log=env.RESULTS_DIR / "logs" / "tasks.log", timeout=900)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -253,6 +293,7 @@ def main(argv: list[str] | None = None) -> int:
             for number in range(1, args.rounds + 1):
                 log(f"round {number}/{args.rounds}")
                 record["rounds"].append(one_round(number, args, workers))
+                record["goals"] = report.goals(record["rounds"])
                 _save(out_dir, record)
         for worker in workers.values():
             worker.stop()
@@ -273,14 +314,13 @@ def main(argv: list[str] | None = None) -> int:
             log(f"--streaming: {args.streaming_chunks:,} chunks from one streaming step")
             attempt(record["extra"], "streaming", streaming.run, args.streaming_chunks)
         if args.profile:
-            from qbench import profile
-
-            log("--profile: py-spy on a worker pool process, pyinstrument in-process")
-            attempt(record["extra"], "profile", profile.run, out_dir, args.n)
+            _profiles(record, args, out_dir)
     finally:
         for worker in workers.values():
             worker.stop()
         util.stop_all()
+        record["machine"]["load average at end (1, 5, 15 min)"] = ", ".join(
+            f"{v:.2f}" for v in os.getloadavg())
         _save(out_dir, record)
     summary = report.render(record)
     (out_dir / "summary.md").write_text(summary)

@@ -65,14 +65,22 @@ def render(record: dict) -> str:
     lines: list[str] = []
     add = lines.append
     add(f"## Results ({len(rounds)} rounds; median (min..max) over rounds)\n")
-    if rounds:
-        _throughput(rounds, args, add)
-        _latency(rounds, args, add)
-        _dispatch(rounds, args, add)
-        _scaling(rounds, args, add)
-        _cost(rounds, add)
-        _ratios(rounds, add)
-        _io(rounds, add)
+    # Only the tables of the sections that ran (``--only``); a record without the list ran all.
+    ran = set(args.get("sections") or ()) or None
+
+    tables: list[tuple[set[str] | None, Callable[[], None]]] = [
+        ({"throughput", "ceiling", "dbos"}, lambda: _throughput(rounds, args, add)),
+        ({"latency", "dbos"}, lambda: _latency(rounds, args, add)),
+        ({"dispatch"}, lambda: _dispatch(rounds, args, add)),
+        ({"scaling"}, lambda: _scaling(rounds, args, add)),
+        ({"throughput", "roundtrips"}, lambda: _cost(rounds, add)),
+        ({"throughput", "latency", "dbos", "ceiling", "roundtrips"}, lambda: _ratios(rounds, add)),
+        (None, lambda: _io(rounds, add)),  # these two look for their own results
+        (None, lambda: _tasks(rounds, args, add)),
+    ]
+    for sections, draw in tables if rounds else ():
+        if ran is None or sections is None or ran & sections:
+            draw()
     extra = record.get("extra", {})
     if "big" in extra:
         _big(extra["big"], add)
@@ -82,6 +90,8 @@ def render(record: dict) -> str:
         _streaming(extra["streaming"], add)
     if "profile" in extra:
         _profile(extra["profile"], add)
+    if "tasks_profile" in extra:
+        _tasks_profile(extra["tasks_profile"], add)
     _machine(record.get("machine", {}), add)
     return "\n".join(lines) + "\n"
 
@@ -351,6 +361,82 @@ def _io(rounds, add) -> None:
     add("")
 
 
+TASK_ENGINES = (("queuety", "Queuety's tasks backend (`@task`, Queuety's worker)"),
+                ("celery", "Raw Celery tasks (`delay()`, no result backend)"),
+                ("db", "django-tasks-db (`db_worker` x 2, 10 ms poll)"))
+
+
+def _difference_series(rounds: list[Round], top: str, bottom: str) -> list[float | None]:
+    out = []
+    for r in rounds:
+        a, b = _get(r, top), _get(r, bottom)
+        out.append(a - b if a is not None and b is not None else None)
+    return out
+
+
+#: The tasks backend's goals (issue 29): (name, goal text, per-round values, test, digits).
+def _task_goal_rows(rounds: list[Round]) -> list[tuple[str, str, list, Callable | None, int]]:
+    return [
+        ("jobs/s ÷ raw Celery no-op tasks/s", "≥ 0.8", _ratio_series(
+            rounds, "tasks.queuety_jobs.jobs_per_s", "tasks.celery_jobs.jobs_per_s"),
+         lambda v: v >= 0.8, 2),
+        ("jobs/s ÷ django-tasks-db jobs/s", "≥ 3", _ratio_series(
+            rounds, "tasks.queuety_jobs.jobs_per_s", "tasks.db_jobs.jobs_per_s"),
+         lambda v: v >= 3, 2),
+        ("p50 enqueue-to-start − Celery's p50 (ms)", "≤ 2 ms", _difference_series(
+            rounds, "tasks.queuety_latency.p50_ms", "tasks.celery_latency.p50_ms"),
+         lambda v: v <= 2, 1),
+        ("p50 enqueue-to-start ÷ django-tasks-db's p50", "(info)", _ratio_series(
+            rounds, "tasks.queuety_latency.p50_ms", "tasks.db_latency.p50_ms"), None, 2),
+        ("enqueue/s ÷ Celery `delay()`/s", "(info)", _ratio_series(
+            rounds, "tasks.queuety_enqueue.per_s", "tasks.celery_enqueue.per_s"), None, 2),
+        ("enqueue/s ÷ django-tasks-db `enqueue()`/s", "(info)", _ratio_series(
+            rounds, "tasks.queuety_enqueue.per_s", "tasks.db_enqueue.per_s"), None, 2),
+    ]
+
+
+def goals(rounds: list[Round]) -> dict[str, list[dict[str, Any]]]:
+    """The goals measured so far, for results.json: each with its per-round values, their
+    median, min and max, and whether the median meets it."""
+    found: dict[str, list[dict[str, Any]]] = {}
+    if any("tasks" in r for r in rounds):
+        entries = []
+        for name, goal, values, test, _ in _task_goal_rows(rounds):
+            s = spread([v for v in values if v is not None])
+            entries.append({"ratio": name, "goal": goal, "per_round": values,
+                            **({k: s[k] for k in ("median", "min", "max")} if s["n"] else {}),
+                            "met": None if test is None or not s["n"] else test(s["median"])})
+        found["tasks"] = entries
+    return found
+
+
+def _tasks(rounds, args, add) -> None:
+    """The ``tasks`` section (issue 29), when it ran."""
+    if not any("tasks" in r for r in rounds):
+        return
+    add(f"### Tasks backend: Django's tasks framework, no-op tasks, 2 worker processes each "
+        f"({args.get('n')} tasks; {args.get('dispatch_count')} enqueues; {args.get('lat')} "
+        "latency samples)\n")
+    add("| engine | jobs/s | enqueue/s, one process | enqueue-to-start p50 ms | p95 ms "
+        "| of which the enqueue call, p50 ms |")
+    add("|---|---:|---:|---:|---:|---:|")
+    for key, label in TASK_ENGINES:
+        add(f"| {label} | {_cell(_series(rounds, f'tasks.{key}_jobs.jobs_per_s'))} "
+            f"| {_cell(_series(rounds, f'tasks.{key}_enqueue.per_s'))} "
+            f"| {_cell(_series(rounds, f'tasks.{key}_latency.p50_ms'), 1)} "
+            f"| {_cell(_series(rounds, f'tasks.{key}_latency.p95_ms'), 1)} "
+            f"| {_cell(_series(rounds, f'tasks.{key}_latency.enqueue_call_p50_ms'), 2)} |")
+    add("")
+    add("| Queuety's backend: ratio | goal | result |")
+    add("|---|---|---|")
+    for name, goal, values, test, digits in _task_goal_rows(rounds):
+        cell = _cell(values, digits)
+        if test is not None and cell != "-":
+            cell += f" {_goal(values, test)}"
+        add(f"| {name} | {goal} | {cell} |")
+    add("")
+
+
 def _big(big: dict, add) -> None:
     add("### Status on a large database\n")
     if "error" in big:
@@ -414,6 +500,31 @@ def _profile(prof: dict, add) -> None:
         add("")
     if prof.get("notes"):
         add(prof["notes"] + "\n")
+
+
+def _tasks_profile(prof: dict, add) -> None:
+    add("### Profile of a no-op job (Queuety's tasks backend)\n")
+    if "error" in prof:
+        add(f"failed: {prof['error']}\n")
+        return
+    spy = prof["pyspy"]
+    add(f"py-spy on both pool processes of Queuety's worker running no-op jobs "
+        f"({spy['jobs_per_s_while_sampled']:.0f} jobs/s while sampled; "
+        f"{spy['busy_ms_per_job']:.1f} ms busy per job; the pool processes were idle, waiting "
+        f"for the next message, {spy['idle_percent']:.0f} % of the time). Share of the busy "
+        "samples, inclusive:\n")
+    add("| component | share |")
+    add("|---|---:|")
+    for label, share in spy["rows"]:
+        if share >= 0.5:
+            add(f"| {label.replace('  ', '&nbsp;&nbsp;')} | {share:.1f} % |")
+    add("")
+    add("What the worker's PostgreSQL sessions waited on while active (pg_stat_activity, "
+        "every 5 ms): " + "; ".join(f"{k} {v:.0f} %" for k, v in spy["pg_waits_percent"].items())
+        + ".\n")
+    add("In-process, publishing captured: " + "; ".join(
+        f"`{phase}` {' '.join(p['statements'])} ({len(p['statements'])} statements), "
+        f"{p['wall_ms_p50']:.2f} ms" for phase, p in prof["in_process"].items()) + ".\n")
 
 
 def _machine(facts: dict, add) -> None:

@@ -108,8 +108,10 @@ def machine() -> dict[str, str]:
             "'max_connections', 'wal_sync_method')").fetchone()[0]
         facts["postgresql_settings"] = settings
     facts["redis server"] = redis.Redis.from_url(env.REDIS_URL).info("server")["redis_version"]
+    # The run's own load is not in it yet: this is the machine before the run (shared cores).
+    facts["load average at start (1, 5, 15 min)"] = ", ".join(f"{v:.2f}" for v in os.getloadavg())
     for package in ("celery", "kombu", "billiard", "redis", "Django", "psycopg", "dbos",
-                    "SQLAlchemy", "django-celery-beat"):
+                    "SQLAlchemy", "django-celery-beat", "django-tasks", "django-tasks-db"):
         try:
             facts[f"{package} (Python package)"] = importlib.metadata.version(package)
         except importlib.metadata.PackageNotFoundError:

@@ -6,9 +6,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from django.contrib import messages
 from django.http import (
     HttpRequest,
 )
+from django.utils.translation import ngettext
 
 from queuety import exceptions, inbox, operations, replyforms
 from queuety.admin.display import actor
@@ -129,3 +131,32 @@ def valid_actions(run: WorkflowRun, spec: WorkflowSpec) -> list[str]:
         found += {"approval": ["approve"], "decision": ["approve", "reject"],
                   "input": ["input"]}.get(step.wait.human or "", [])
     return found
+
+
+def bulk_outcome(request: HttpRequest, ids: list[int], operation: Callable[..., Any],
+                 done_one: str, done_many: str, noun: tuple[str, str]) -> list[tuple[str, int]]:
+    """Apply ``operation`` to each run of ``ids`` for the request's user; return the messages
+    to show, ``(text, level)``: the runs it was applied to (``done_one``/``done_many``, with
+    ``%(ids)s``) and, with at most five reasons, those it refused (``noun``: the singular and
+    plural of what the runs are called on this page)."""
+    done, refused = [], []
+    for pk in ids:
+        try:
+            operation(pk, actor=actor(request))
+        except exceptions.QueuetyError as error:
+            refused.append(str(error))
+        else:
+            done.append(pk)
+    shown: list[tuple[str, int]] = []
+    if done:
+        shown.append((ngettext(done_one, done_many, len(done))
+                      % {"ids": ", ".join(map(str, done))}, messages.SUCCESS))
+    if refused:
+        more = len(refused) - 5
+        one, many = noun
+        shown.append((ngettext(f"%(count)d {one} was left as it was: %(reasons)s",
+                               f"%(count)d {many} were left as they were: %(reasons)s",
+                               len(refused)) % {"count": len(refused),
+                                                "reasons": " ".join(refused[:5])}
+                      + (f" ({more} more not shown.)" if more > 0 else ""), messages.WARNING))
+    return shown

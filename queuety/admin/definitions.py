@@ -18,7 +18,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.timezone import localtime
 
 from queuety import definition_diff
-from queuety.admin.display import pretty_json, status_badge
+from queuety.admin.display import pretty_json, reachable, status_badge
 from queuety.admin.quarantine import QuarantinePages
 from queuety.core.diff import DefinitionDiff
 from queuety.models import (
@@ -37,7 +37,8 @@ class DefinitionChangeList(ChangeList):
         self.result_list = list(self.result_list)
         counts: dict[int, dict[str, int]] = {}
         for definition_pk, status, n in (
-                WorkflowRun.objects.filter(definition_id__in=[d.pk for d in self.result_list])
+                reachable(request, WorkflowRun.objects.filter(
+                    definition_id__in=[d.pk for d in self.result_list]))
                 .values_list("definition_id", "status").annotate(n=Count("pk"))
                 .order_by()):
             counts.setdefault(definition_pk, {})[status] = n
@@ -107,6 +108,15 @@ class WorkflowDefinitionAdmin(QuarantinePages, _ModelAdmin):
             'latest version…</a> <span class="help">The dry run is shown first.</span>',
             url, query)
 
+    def get_object(self, request: HttpRequest, object_id: str,
+                   from_field: str | None = None) -> WorkflowDefinition | None:
+        definition = super().get_object(request, object_id, from_field)
+        if definition is not None:
+            # The page's counts are of the runs this user may reach (RUN_SCOPE); the display
+            # methods have no request, so the definition carries them.
+            setattr(definition, "reachable_runs", reachable(request))  # noqa: B010
+        return definition
+
     def get_queryset(self, request: HttpRequest) -> QuerySet[WorkflowDefinition]:
         # Part of the page's own query: whether a newer definition of the same workflow
         # exists, so the newest one (which new runs get) is never called drained.
@@ -135,7 +145,7 @@ class WorkflowDefinitionAdmin(QuarantinePages, _ModelAdmin):
     def runs(self, definition: WorkflowDefinition) -> str:
         counts = getattr(definition, "run_counts", None)
         if counts is None:  # the detail page: one definition, one grouped query
-            counts = dict(WorkflowRun.objects.filter(definition_id=definition.pk)
+            counts = dict(_runs_of(definition).filter(definition_id=definition.pk)
                           .values_list("status").annotate(n=Count("pk")).order_by()
                           .values_list("status", "n"))
         if not counts:
@@ -169,7 +179,7 @@ class WorkflowDefinitionAdmin(QuarantinePages, _ModelAdmin):
 
     @admin.display(description="definitions of this workflow")
     def drain(self, definition: WorkflowDefinition) -> str:
-        entries = definition_diff.drain(definition.name)
+        entries = definition_diff.drain(definition.name, _runs_of(definition))
         rows = format_html_join("", "<tr>{}</tr>", ((self._drain_cells(entry, definition.pk),)
                                                     for entry in entries))
         return format_html(
@@ -195,6 +205,12 @@ class WorkflowDefinitionAdmin(QuarantinePages, _ModelAdmin):
     def document(self, definition: WorkflowDefinition) -> str:
         return format_html('<pre style="white-space:pre-wrap;margin:0">{}</pre>',
                            pretty_json(definition.definition, masked=False)[0])
+
+
+def _runs_of(definition: WorkflowDefinition) -> QuerySet[WorkflowRun]:
+    """The runs the page's user may reach (set by ``get_object``), for its counts."""
+    runs: QuerySet[WorkflowRun] = getattr(definition, "reachable_runs", WorkflowRun.objects.all())
+    return runs
 
 
 #: What "drained" means, in the title of each mark.

@@ -5,15 +5,19 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from django.db.models import QuerySet
 from django.http import (
+    Http404,
     HttpRequest,
 )
 from django.utils.html import format_html
 
+from queuety import scope
 from queuety.core.progress import DONE_KEYS
 from queuety.masking import mask
 from queuety.models import (
     RunStatus,
+    WorkflowRun,
 )
 
 # -- settings and shared helpers ---------------------------------------------------------------
@@ -37,6 +41,21 @@ HUMAN_WAITS = {"approval": "an approval", "decision": "a decision", "input": "in
 
 #: Most runs one bulk action (export, pause, ...) handles; more is refused with a message.
 BULK_LIMIT = 1000
+
+
+def reachable(request: HttpRequest, runs: QuerySet[WorkflowRun] | None = None
+              ) -> QuerySet[WorkflowRun]:
+    """``runs`` (default: every run) narrowed to the user's ``QUEUETY["RUN_SCOPE"]``, in SQL:
+    every page that lists, counts or reaches runs goes through it."""
+    return scope.scoped_runs(request.user, WorkflowRun.objects.all() if runs is None else runs)
+
+
+def reachable_or_404(request: HttpRequest, run_id: int) -> None:
+    """Raise Http404 for a run outside the user's scope, as for one that does not exist (a
+    403 would confirm that the id is someone's run)."""
+    if not reachable(request, WorkflowRun.objects.filter(pk=run_id)).exists():
+        raise Http404(f"Workflow run {run_id} does not exist.")
+
 
 #: Characters of the pretty-printed state shown before "Show the whole state".
 STATE_PREVIEW_CHARS = 8000

@@ -22,9 +22,11 @@ from django.template.response import TemplateResponse
 from django.urls import URLPattern, path
 
 from queuety import exceptions, run_migration
-from queuety.admin.display import actor
+from queuety.admin.display import actor, reachable
 from queuety.conf import settings
+from queuety.core.moves import MOVABLE
 from queuety.models import WorkflowDefinition, WorkflowRun
+from queuety.scope import is_scoped
 
 if TYPE_CHECKING:  # for annotations only
     from django.contrib.admin import AdminSite
@@ -109,6 +111,8 @@ class MigrationPages:
         if not self.has_operate_permission(request):
             raise PermissionDenied
         workflow, source, runs = _scope(request)
+        if is_scoped():
+            runs = _reachable_ids(request, workflow, runs)
         form = MigrateForm(request.POST if request.method == "POST" else {"to": "latest"})
         moving = request.method == "POST" and "move" in request.POST
         report = None
@@ -160,6 +164,16 @@ def _scope(request: HttpRequest) -> tuple[str, str | None, list[int] | None]:
     except ValueError:
         raise Http404(f"runs={listed!r} is not a list of run ids.") from None
     return workflow, source, runs
+
+
+def _reachable_ids(request: HttpRequest, workflow: str, runs: list[int] | None) -> list[int]:
+    """The runs a user with a ``RUN_SCOPE`` may move: the listed ones it reaches, else the
+    movable runs of ``workflow`` it reaches (never another tenant's, not even in the dry
+    run's report)."""
+    picked = reachable(request, WorkflowRun.objects.filter(name=workflow))
+    picked = picked.filter(pk__in=runs) if runs is not None else picked.filter(
+        status__in=MOVABLE)
+    return list(picked.order_by("pk").values_list("pk", flat=True))
 
 
 def _definitions(workflow: str) -> list[dict[str, Any]]:

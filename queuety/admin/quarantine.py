@@ -28,7 +28,7 @@ from django.utils.text import capfirst
 from django.utils.translation import gettext
 
 from queuety import exceptions, quarantine
-from queuety.admin.display import actor
+from queuety.admin.display import actor, reachable
 from queuety.core.status import UNFINISHED
 from queuety.models import WorkflowDefinition, WorkflowRun
 
@@ -132,9 +132,9 @@ class QuarantinePages(_Admin):
                  definitions: list[WorkflowDefinition], post_to: str,
                  changelist_action: str = "") -> TemplateResponse:
         counts: dict[int, dict[str, int]] = {}
-        for pk, status, n in (WorkflowRun.objects
-                              .filter(definition_id__in=[d.pk for d in definitions],
-                                      status__in=UNFINISHED)
+        for pk, status, n in (reachable(request, WorkflowRun.objects.filter(
+                                  definition_id__in=[d.pk for d in definitions],
+                                  status__in=UNFINISHED))
                               .values_list("definition_id", "status")
                               .annotate(n=Count("pk")).order_by()):
             counts.setdefault(pk, {})[status] = n
@@ -175,7 +175,8 @@ class QuarantinePages(_Admin):
         operation = quarantine.pause_definition if action == "pause" else \
             quarantine.resume_definition
         try:
-            result = operation(definition.pk, actor=actor(request))
+            result = operation(definition.pk, actor=actor(request),
+                               scope=lambda runs: reachable(request, runs))
         except exceptions.QueuetyError as error:
             self.message_user(request, str(error), messages.ERROR)
             return

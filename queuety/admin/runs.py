@@ -27,17 +27,22 @@ from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.utils.text import capfirst
-from django.utils.translation import gettext, ngettext
+from django.utils.translation import gettext
 
 from queuety import exceptions, export, operations, queries, replyforms
 from queuety.admin import artifacts, display
-from queuety.admin.actions import RUN_ACTIONS, LockedRun, StaleForm, valid_actions
+from queuety.admin.actions import (
+    RUN_ACTIONS,
+    LockedRun,
+    StaleForm,
+    bulk_outcome,
+    valid_actions,
+)
 from queuety.admin.display import (
     EVENT_DATA_CHARS,
     HUMAN_WAITS,
     STATE_PREVIEW_CHARS,
     TIMELINE_PAGE_SIZE,
-    actor,
     pretty_json,
     status_badge,
 )
@@ -131,7 +136,9 @@ class WorkflowRunAdmin(StartRunPages, MigrationPages, _ModelAdmin):
     # -- the changelist
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[WorkflowRun]:
-        return super().get_queryset(request).only(*LIST_COLUMNS)
+        # The user's RUN_SCOPE in SQL: the changelist, its counts, its filters and the bulk
+        # actions (which act on this queryset) never see another tenant's runs.
+        return display.reachable(request, super().get_queryset(request)).only(*LIST_COLUMNS)
 
     def get_search_results(self, request: HttpRequest, queryset: QuerySet[WorkflowRun],
                            search_term: str) -> tuple[QuerySet[WorkflowRun], bool]:
@@ -257,26 +264,9 @@ class WorkflowRunAdmin(StartRunPages, MigrationPages, _ModelAdmin):
         ids = self._selected_ids(request, queryset)
         if ids is None:
             return
-        done, refused = [], []
-        for pk in ids:
-            try:
-                operation(pk, actor=actor(request))
-            except exceptions.QueuetyError as error:
-                refused.append(str(error))
-            else:
-                done.append(pk)
-        if done:
-            listed = ", ".join(map(str, done))
-            self.message_user(request, ngettext(done_one, done_many, len(done))
-                              % {"ids": listed}, messages.SUCCESS)
-        if refused:
-            shown = " ".join(refused[:5])
-            more = len(refused) - 5
-            self.message_user(
-                request, ngettext("%(count)d run was left as it was: %(reasons)s",
-                                  "%(count)d runs were left as they were: %(reasons)s",
-                                  len(refused)) % {"count": len(refused), "reasons": shown}
-                + (f" ({more} more not shown.)" if more > 0 else ""), messages.WARNING)
+        for text, level in bulk_outcome(request, ids, operation, done_one, done_many,
+                                        ("run", "runs")):
+            self.message_user(request, text, level)
 
     @admin.action(description="Retry selected failed runs", permissions=["operate"])
     def retry_selected(self, request: HttpRequest, queryset: QuerySet[WorkflowRun]) -> None:
@@ -349,8 +339,8 @@ class WorkflowRunAdmin(StartRunPages, MigrationPages, _ModelAdmin):
         pk = int(object_id) if str(object_id).isdigit() else None
         # The run row is read before the status and the rest: the revision the forms carry is
         # then never newer than what the page shows, so a stale page is always refused.
-        run = WorkflowRun.objects.select_related("definition").filter(pk=pk).first() \
-            if pk is not None else None
+        run = display.reachable(request, WorkflowRun.objects.select_related("definition")
+                             .filter(pk=pk)).first() if pk is not None else None
         if run is None:
             self.message_user(request, f"Workflow run {object_id} does not exist; it may "
                                        "have been purged.", messages.WARNING)
@@ -382,7 +372,7 @@ class WorkflowRunAdmin(StartRunPages, MigrationPages, _ModelAdmin):
         signals = list(Signal.objects.filter(run_id=run.pk).order_by("-pk")[:100])
         context = self._context(
             request,
-            related=self._related_runs(run),
+            related=self._related_runs(request, run),
             **self._breadcrumbs(f"#{run.pk}"),
             title=f"{run.name} #{run.pk}",
             subtitle=None,
@@ -431,7 +421,7 @@ class WorkflowRunAdmin(StartRunPages, MigrationPages, _ModelAdmin):
         )
         return TemplateResponse(request, "admin/queuety/workflowrun/run.html", context)
 
-    def _related_runs(self, run: WorkflowRun) -> list[dict[str, Any]]:
+    def _related_runs(self, request: HttpRequest, run: WorkflowRun) -> list[dict[str, Any]]:
         """Runs linked to this one: its parent or starter, its children, the runs it
         started, and the runs it waits for (100 of each at most)."""
         awaited = WorkflowDependency.objects.filter(run_id=run.pk).values("depends_on")
@@ -447,7 +437,8 @@ class WorkflowRunAdmin(StartRunPages, MigrationPages, _ModelAdmin):
         return [{"relation": relation, "run": other, "badge": status_badge(other.status),
                  "url": self._url("change", other.pk)}
                 for relation, query in links
-                for other in query.only("pk", "name", "status", "group").order_by("pk")[:100]]
+                for other in display.reachable(request, query).only(
+                    "pk", "name", "status", "group").order_by("pk")[:100]]
 
     @staticmethod
     def _budget_bars(spec: WorkflowSpec, status: WorkflowStatus) -> list[dict[str, Any]]:
@@ -488,15 +479,20 @@ class WorkflowRunAdmin(StartRunPages, MigrationPages, _ModelAdmin):
         """``GET <id>/export/``: the run's JSON export as a download."""
         if not self.has_view_permission(request):
             raise PermissionDenied
+        display.reachable_or_404(request, object_id)
         return self._export_response(object_id)
 
     def artifact_view(self, request: HttpRequest, object_id: int, key: str) -> HttpResponse:
         """``GET <id>/artifacts/<key>/``: one artifact's content as a download."""
+        if self.has_view_permission(request):
+            display.reachable_or_404(request, object_id)
         return artifacts.download(request, object_id, key, self.has_view_permission(request))
 
     def chunks_view(self, request: HttpRequest, object_id: int,
                     step_run_id: int) -> HttpResponse:
         """``GET <id>/chunks/<step run id>/``: the chunks a streaming step row stored, as JSON."""
+        if self.has_view_permission(request):
+            display.reachable_or_404(request, object_id)
         return artifacts.chunks(request, object_id, step_run_id,
                                 self.has_view_permission(request))
 
@@ -522,6 +518,9 @@ class WorkflowRunAdmin(StartRunPages, MigrationPages, _ModelAdmin):
         back = self._back(request, object_id)
         posted = request.POST.get("revision", "")
         try:
+            if not display.reachable(request, WorkflowRun.objects.filter(pk=object_id)
+                                     ).exists():
+                raise exceptions.RunNotFound(object_id)  # outside the scope: as if purged
             with transaction.atomic():
                 # Lock the run and compare revisions before acting: the operation locks the
                 # same rows again in this transaction, so nothing can slip in between. The
@@ -556,7 +555,7 @@ class WorkflowRunAdmin(StartRunPages, MigrationPages, _ModelAdmin):
         """``GET approvals/``: every run waiting on a person, oldest first."""
         if not self.has_view_permission(request):
             raise PermissionDenied
-        runs = (WorkflowRun.objects.filter(waiting_on(HUMAN_WAITS))
+        runs = (display.reachable(request, WorkflowRun.objects.filter(waiting_on(HUMAN_WAITS)))
                 .order_by("updated_at", "pk")
                 .only("id", "definition_id", "name", "status", "current_step", "total_steps",
                       "revision", "updated_at", "state"))

@@ -17,7 +17,7 @@ from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path
 
-from queuety import exceptions, registry
+from queuety import exceptions, registry, scope
 
 if TYPE_CHECKING:  # for annotations only
     from django.contrib.admin import AdminSite
@@ -92,6 +92,15 @@ class StartRunPages:
             request, title="Start a run", entries=entries,
             **self._breadcrumbs("Start a run")))
 
+    def _started(self, request: HttpRequest, name: str, run_id: int, reused: bool,
+                 key: str | None) -> HttpResponse:
+        if reused:
+            messages.warning(request, f"Idempotency key {key!r} had already started run "
+                                      f"#{run_id}; nothing new was started.")
+        else:
+            messages.success(request, f"Started run #{run_id} of workflow {name!r}.")
+        return HttpResponseRedirect(self._url("change", run_id))
+
     def start_view(self, request: HttpRequest, name: str) -> HttpResponse:
         """``GET``/``POST start/<name>/``: the form; a valid POST dispatches and goes to the
         new run's page, an invalid one shows the form again with the error and writes
@@ -111,16 +120,15 @@ class StartRunPages:
             except (exceptions.InvalidPayload, exceptions.BudgetExceeded) as error:
                 form.add_error("payload", str(error))
             except exceptions.IdempotencyConflict as error:
-                form.add_error("idempotency_key", str(error))
+                form.add_error("idempotency_key", scope.hidden_key(
+                    request.user, error.key, error.run_id) or str(error))
             else:
-                if reused:
-                    messages.warning(request, f"Idempotency key "
-                                              f"{form.cleaned_data['idempotency_key']!r} had "
-                                              f"already started run #{run_id}; nothing new "
-                                              "was started.")
-                else:
-                    messages.success(request, f"Started run #{run_id} of workflow {name!r}.")
-                return HttpResponseRedirect(self._url("change", run_id))
+                hidden = scope.hidden_key(request.user, form.cleaned_data["idempotency_key"],
+                                          run_id) if reused else None
+                if hidden is None:
+                    return self._started(request, name, run_id, reused,
+                                         form.cleaned_data["idempotency_key"])
+                form.add_error("idempotency_key", hidden)  # another tenant's run: as above
         return TemplateResponse(
             request, TEMPLATE, self._context(
                 request, title=f"Start a run of {name}", entry=entry.to_dict(), form=form,

@@ -16,6 +16,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils.html import format_html
 
+from queuety import scope
 from queuety.admin.display import pretty_json
 from queuety.models import WebhookDelivery, WebhookEndpoint
 from queuety.signals import BY_WEBHOOK
@@ -104,6 +105,12 @@ class WebhookDeliveryAdmin(_DeliveryAdmin):
     @admin.display(description="payload")
     def payload_json(self, row: WebhookDelivery) -> Any:
         return format_html("<pre>{}</pre>", pretty_json(row.payload)[0])
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[WebhookDelivery]:
+        # A delivery carries its run's data: only those of runs in the user's RUN_SCOPE
+        # (and those of no run), in the log, its search, its pages and the redeliver action.
+        return scope.through_runs(request.user, super().get_queryset(request), "run_id",
+                                  unowned=True)
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False

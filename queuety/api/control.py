@@ -13,7 +13,7 @@ from rest_framework.pagination import CursorPagination
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from queuety import exceptions, operations, quarantine, queries, registry
+from queuety import exceptions, operations, quarantine, queries, registry, scope
 from queuety.api import exceptions as api_errors
 from queuety.api import serializers
 from queuety.api.views import (
@@ -89,7 +89,10 @@ class RunListView(RunAPIView):
             raise api_errors.QueuetyAPIError(str(error), "invalid_filter",
                                              status.HTTP_400_BAD_REQUEST) from None
         paginator = RunCursorPagination()
-        page = paginator.paginate_queryset(runs, request, view=self)
+        # The scope in SQL, so a page is full and its cursor never passes another tenant's
+        # runs; RUN_ACCESS then filters the page (which may hold fewer than its size).
+        page = paginator.paginate_queryset(scope.scoped_runs(request.user, runs), request,
+                                           view=self)
         assert page is not None  # always paginated
         allowed = [run for run in page
                    if all(p.has_object_permission(request, self, run)
@@ -125,11 +128,22 @@ class RunListView(RunAPIView):
             raise api_errors.QueuetyAPIError(str(error), "budget_exceeded",
                                              status.HTTP_400_BAD_REQUEST, budget=error.budget,
                                              limit=error.limit, used=error.used) from None
+        except exceptions.IdempotencyConflict as error:
+            self._check_key_owner(request, key, error.run_id)
+            raise
         if reused:
+            self._check_key_owner(request, key, run_id)
             self.get_run(run_id)  # the original run is answered only to who may see it
         run = queries.workflow_status(run_id).to_dict()
         return Response({"created": not reused, "run": run},
                         status=status.HTTP_200_OK if reused else status.HTTP_201_CREATED)
+
+    @staticmethod
+    def _check_key_owner(request: Request, key: str | None, run_id: int) -> None:
+        hidden = scope.hidden_key(request.user, key, run_id)
+        if hidden is not None:
+            raise api_errors.QueuetyAPIError(hidden, "idempotency_key_taken",
+                                             status.HTTP_409_CONFLICT)
 
 
 @extend_schema(parameters=[RUN_ID, IDEMPOTENCY_KEY], request=None,
@@ -189,7 +203,8 @@ class DefinitionActionView(RunAPIView):
     of one definition; ``resume/``: resume its paused runs. 200 with the counts, also when
     some runs failed (listed in ``failed``); 404 ``definition_not_found`` when ``<hash>``
     names no definition of workflow ``<name>``. Safe to repeat: a second pause pauses
-    nothing more. With ``QUEUETY["RUN_ACCESS"]``, only the runs it lets the user act on."""
+    nothing more. Only the runs inside the user's ``QUEUETY["RUN_SCOPE"]`` are read and
+    counted; with ``QUEUETY["RUN_ACCESS"]``, only those it lets the user act on are changed."""
 
     action = ""
     required_permissions = {"POST": "queuety.change_workflowrun"}
@@ -203,7 +218,9 @@ class DefinitionActionView(RunAPIView):
             quarantine.resume_definition
         result = operation(definition_id, actor=_actor(request),
                            include=None if settings.RUN_ACCESS is None
-                           else lambda run: self._may_act_on(request, run))
+                           else lambda run: self._may_act_on(request, run),
+                           scope=None if not scope.is_scoped()
+                           else lambda runs: scope.scoped_runs(request.user, runs))
         return Response(result.to_dict())
 
     def _may_act_on(self, request: Request, run: WorkflowRun) -> bool:

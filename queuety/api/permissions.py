@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from django.utils.module_loading import import_string
 from rest_framework import permissions
 from rest_framework.request import Request
 from rest_framework.views import APIView
 
-from queuety.conf import settings
+from queuety import scope
 from queuety.models import WorkflowRun
 
 
@@ -18,8 +17,10 @@ class RunPermission(permissions.BasePermission):
     ``queuety.signal_workflowrun``; starting a run (``POST runs/``) needs
     ``queuety.add_workflowrun``, and cancel, pause, resume and retry
     ``queuety.change_workflowrun`` (as in the admin). A view names its own in
-    ``required_permissions`` (``{method: permission}``). ``QUEUETY["RUN_ACCESS"]`` may name a function
-    ``(user, run) -> bool`` that scopes runs further (by owner, by team, ...).
+    ``required_permissions`` (``{method: permission}``). ``QUEUETY["RUN_SCOPE"]`` narrows the
+    runs a user reaches at all (``queuety.scope``: outside it, a run is a 404, applied before
+    this class is asked); ``QUEUETY["RUN_ACCESS"]`` may name a function ``(user, run) ->
+    bool`` that decides each run inside it (a 403).
     """
 
     message = "You do not have permission to act on workflow runs."
@@ -34,7 +35,4 @@ class RunPermission(permissions.BasePermission):
         return user.has_perm(needed)
 
     def has_object_permission(self, request: Request, view: APIView, run: WorkflowRun) -> bool:
-        check = settings.RUN_ACCESS
-        if check is None:
-            return True
-        return bool(import_string(check)(request.user, run))
+        return scope.may_access(request.user, run)

@@ -2,7 +2,7 @@
 
 from django.urls import path, re_path
 
-from queuety.api import artifacts, control, views
+from queuety.api import artifacts, control, jobs, views
 
 app_name = "queuety"
 
@@ -35,6 +35,10 @@ urlpatterns = [
     path("waits/", views.WaitsView.as_view(), name="waits"),
     path("approvals/<str:token>/", views.ApprovalPageView.as_view(), name="approval-page"),
     path("schema/", views.SchemaView.as_view(), name="schema"),
+    path("jobs/", jobs.JobListView.as_view(), name="job-list"),
+    path("jobs/<int:pk>/", jobs.JobDetailView.as_view(), name="job-detail"),
+    path("jobs/<int:pk>/retry/", jobs.JobRetryView.as_view(), name="job-retry"),
+    path("jobs/<int:pk>/cancel/", jobs.JobCancelView.as_view(), name="job-cancel"),
     # Last: paths no endpoint matches (``runs/-1/``, ``runs/abc/``) get a JSON 404 too.
     re_path(r"^(?P<path>.*)$", views.not_found),
 ]

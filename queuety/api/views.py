@@ -25,7 +25,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from queuety import approvals, exceptions, inbox, queries, replyforms
+from queuety import approvals, exceptions, inbox, queries, replyforms, scope
 from queuety.api import exceptions as api_errors
 from queuety.api import serializers
 from queuety.conf import settings
@@ -75,9 +75,10 @@ class RunAPIView(APIView):
         return response
 
     def get_run(self, pk: int) -> WorkflowRun:
-        # An id past the column's range would be a database error, not a missing run.
-        run = None if not 0 < pk <= MAX_RUN_ID else (
-            WorkflowRun.objects.filter(pk=pk).only("pk", "name", "status").first())
+        """Run ``pk`` as this request's user may reach it. A run outside their
+        ``RUN_SCOPE`` is answered as one that does not exist (404: a 403 would confirm the
+        id); ``RUN_ACCESS`` then decides the run (403)."""
+        run = scope.find_run(self.request.user, pk, "pk", "name", "status")
         if run is None:
             raise exceptions.RunNotFound(pk)
         self.check_object_permissions(self.request, run)
@@ -293,8 +294,8 @@ class WaitsView(RunAPIView):
 
     def get(self, request: Request) -> Response:
         found = []
-        runs = (WorkflowRun.objects.filter(status=RunStatus.WAITING_FOR_SIGNAL)
-                .order_by("updated_at")[:1000])
+        runs = (scope.scoped_runs(request.user, WorkflowRun.objects.filter(
+            status=RunStatus.WAITING_FOR_SIGNAL)).order_by("updated_at")[:1000])
         for run in runs:
             spec = load_spec(run.definition_id)
             step = spec.steps[run.current_step]

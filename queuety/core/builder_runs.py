@@ -105,8 +105,8 @@ class RunSteps:
     def wait_for_workflows(self, workflows: list[int] | str, mode: str = "all",
                            result_key: str | None = None, name: str | None = None,
                            quorum: int | None = None) -> Self:
-        """Park the run until other runs finish: ``all`` completed, ``any`` one, or a
-        ``quorum`` of ``n``.
+        """Park the run until other runs finish: ``all`` completed, ``any`` one, a
+        ``quorum`` of ``n``, or ``settled``: every one finished, whatever its outcome.
 
         Args:
             workflows: a list of run ids, or the state key holding an id or a list of ids
@@ -117,6 +117,8 @@ class RunSteps:
 
         A run that fails, is cancelled or cannot be found makes ``all`` impossible, and the
         wait fails this run at once (likewise ``any``/``quorum`` once too few can complete).
+        ``settled`` never fails: it goes on when the last one finished, merging nothing (with
+        ``result_key``, the completed runs' states go under it).
         """
         if isinstance(workflows, str):
             source: dict[str, Any] = {"state_key": workflows}

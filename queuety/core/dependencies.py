@@ -2,7 +2,8 @@
 
 Pure Python. ``start_workflows`` turns a list in the state into child payloads;
 ``wait_for_workflows`` parks a run until other runs finish, by mode: ``all`` of them completed,
-``any`` one, or a ``quorum`` of n. Finished means ``completed``, ``failed`` or ``cancelled``; a
+``any`` one, a ``quorum`` of n, or ``settled``: every one finished, either way (it never
+fails; batches of jobs wait so). Finished means ``completed``, ``failed`` or ``cancelled``; a
 run that cannot be found (purged, or never existed) counts as failed, so a wait on it can never
 hang.
 """
@@ -17,6 +18,8 @@ from queuety.core import fanout
 from queuety.core.status import RunStatus
 
 ALL, ANY, QUORUM = "all", "any", "quorum"
+#: Every awaited run finished, whatever its outcome: never impossible.
+SETTLED = "settled"
 COMPLETED, FAILED, CANCELLED = RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED
 #: Join modes of fan-outs that mean the same as these wait modes.
 _AS_FANOUT = {ALL: fanout.ALL, ANY: fanout.FIRST_SUCCESS, QUORUM: fanout.QUORUM}
@@ -111,9 +114,10 @@ class WaitWorkflowsSpec:
             if value is not None and (not isinstance(value, str) or not value.strip()):
                 raise exceptions.WorkflowDefinitionError(
                     f"A workflow wait's {name} must be a non-blank string (got {value!r}).")
-        if self.mode not in (ALL, ANY, QUORUM):
+        if self.mode not in (ALL, ANY, QUORUM, SETTLED):
             raise exceptions.WorkflowDefinitionError(
-                f"Workflow waits support mode 'all', 'any' or 'quorum' (got {self.mode!r}).")
+                "Workflow waits support mode 'all', 'any', 'quorum' or 'settled' (got "
+                f"{self.mode!r}).")
         if self.mode == QUORUM and (not _is_id(self.quorum)):
             raise exceptions.WorkflowDefinitionError(
                 f"Workflow quorum waits need quorum=n with n >= 1 (got {self.quorum!r}).")
@@ -182,6 +186,8 @@ def evaluate(spec: WaitWorkflowsSpec, ids: list[int],
     matched = [i for i in ids if i in runs and runs[i][0] == COMPLETED]
     failed = [i for i in ids if i not in runs or runs[i][0] in (FAILED, CANCELLED)]
     remaining = [i for i in ids if i not in matched and i not in failed]
+    if spec.mode == SETTLED:
+        return _settled(spec, matched, failed, remaining, runs)
     verdict = fanout.progress(_AS_FANOUT[spec.mode], spec.quorum, len(ids), len(matched),
                               len(failed))
     if verdict != fanout.SATISFIED:
@@ -197,6 +203,17 @@ def evaluate(spec: WaitWorkflowsSpec, ids: list[int],
     else:
         output = {spec.result_key: {str(i): state for i, state in states}}
     return WaitResult(verdict, matched, failed, remaining, output)
+
+
+def _settled(spec: WaitWorkflowsSpec, matched: list[int], failed: list[int],
+             remaining: list[int], runs: dict[int, tuple[str, dict[str, Any]]]) -> WaitResult:
+    """A ``settled`` wait: satisfied once nothing remains. The outcomes differ, so no state is
+    merged: with a ``result_key`` the completed runs' states go under it, as for ``all``."""
+    if remaining:
+        return WaitResult(fanout.PENDING, matched, failed, remaining)
+    output = {} if spec.result_key is None else {
+        spec.result_key: {str(i): runs[i][1] for i in matched}}
+    return WaitResult(fanout.SATISFIED, matched, failed, remaining, output)
 
 
 def awaited_ids(wait: WaitWorkflowsSpec, step: str, state: dict[str, Any],

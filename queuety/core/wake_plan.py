@@ -68,6 +68,11 @@ class LinePass:
     still waits)."""
     retry: int = 0
     """How many retries of a busy group led here."""
+    waits_for: str | None = None
+    """The group whose pass asked for this one: its lock is waited for with the queue's, as
+    a gate does (the queue's, then the group's), not only tried. Between the two passes
+    another waker (the sweeper's) may hold it for a moment, and the group's steps in this
+    line would wait for a retry a broker hop away, or for the sweeper's next pass."""
 
 
 Pass = GroupPass | LinePass
@@ -176,8 +181,10 @@ def release_passes(limits: Limits) -> tuple[Pass, ...]:
     passes: list[Pass] = []
     done: frozenset[str] = frozenset()
     if limits.queue is not None and limits.queue_cost is not None:
+        # The group's lock waited for with the queue's (in the gates' order), not only tried:
+        # a waker holding it a moment must not leave the step to a retry or the sweeper.
         passes.append(LinePass(limits.queue, floors_of=() if limits.group is None
-                               else (limits.group,)))
+                               else (limits.group,), waits_for=limits.group))
         done = frozenset({limits.queue})
     if limits.group is not None:
         passes.append(GroupPass(limits.group, limits, done=done))
@@ -228,7 +235,9 @@ def _lines_next(asked: GroupPass, lines: frozenset[str], better: Waiting | None
     caller, with the group's floor (``better``, else looked up)."""
     floors = {} if better is None else {asked.group: (better.priority, better.id)}
     floors_of = () if better is not None else (asked.group,)
-    return tuple(LinePass(queue, floors, floors_of, asked.retry)
+    # A retry of a busy group only tries its lock, in its lines too.
+    waits_for = None if asked.busy_retry else asked.group
+    return tuple(LinePass(queue, floors, floors_of, asked.retry, waits_for)
                  for queue in sorted(lines - asked.done))
 
 

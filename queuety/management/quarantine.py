@@ -8,7 +8,8 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from queuety import exceptions, quarantine
+from queuety import exceptions, quarantine, scope
+from queuety.conf import settings
 from queuety.management.starting import Error
 
 #: Each action's verb in the past tense, as the report says it.
@@ -53,8 +54,9 @@ def definition_action(action: str, options: dict[str, Any],
         return False
     operation = quarantine.pause_definition if action == "pause" else \
         quarantine.resume_definition
+    user = options.get("acting_user")
     try:
-        result = operation(ref, actor="manage.py")
+        result = operation(ref, actor="manage.py", **_for_user(user))
     except exceptions.QueuetyError as error:
         raise Error(str(error)) from None
     if options.get("format") == "json":
@@ -68,6 +70,17 @@ def definition_action(action: str, options: dict[str, Any],
                     f"{result.definition_hash[:12]} could not be {_DONE[action]} (listed "
                     "above); the others were.")
     return True
+
+
+def _for_user(user: Any) -> dict[str, Any]:
+    """With ``--as-user``: the bulk action reads only that user's runs (``RUN_SCOPE``) and
+    changes only those ``RUN_ACCESS`` allows."""
+    if user is None:
+        return {}
+    narrowed: dict[str, Any] = {"scope": lambda runs: scope.scoped_runs(user, runs)}
+    if settings.RUN_ACCESS is not None:  # else every run would be read only to be kept
+        narrowed["include"] = lambda run: scope.may_access(user, run)
+    return narrowed
 
 
 def report(result: quarantine.BulkResult) -> list[str]:

@@ -4,11 +4,15 @@ Each is covered by a composite index that leads with ``run_id`` (the unique
 ``queuety_step_run_seq_branch`` and ``queuety_event_run``), and every step inserts a step row
 and an event, so each redundant index cost an index insertion per write. The indexes are
 dropped by name: letting Django alter the foreign keys would also drop and re-validate the
-foreign key constraints, a full scan of both tables under lock.
+foreign key constraints, a full scan of both tables under lock. ``DROP INDEX CONCURRENTLY`` on
+PostgreSQL (so ``atomic = False``): a plain drop waits for every query of the table, and every
+query that comes after it waits behind it.
 """
 
 import django.db.models.deletion
 from django.db import migrations, models
+
+from queuety.store.indexes import DropIndexOnline
 
 INDEXES = [
     ("queuety_event_run_id_70de9ab7", "queuety_event"),
@@ -18,6 +22,8 @@ INDEXES = [
 
 class Migration(migrations.Migration):
 
+    atomic = False
+
     dependencies = [
         ("queuety", "0002_dependencies"),
     ]
@@ -25,9 +31,7 @@ class Migration(migrations.Migration):
     operations = [
         migrations.SeparateDatabaseAndState(
             database_operations=[
-                migrations.RunSQL(f'DROP INDEX IF EXISTS "{name}"',
-                                  reverse_sql=f'CREATE INDEX IF NOT EXISTS "{name}" '
-                                              f'ON "{table}" ("run_id")')
+                DropIndexOnline(name=name, table=table, columns=["run_id"])
                 for name, table in INDEXES
             ],
             state_operations=[

@@ -1,8 +1,11 @@
 """Resource control: concurrency groups, rate limits, cost budgets, priorities and worker
 admission (docs/guide/resources.md). The indexes on the step-run table are built concurrently
-in 0010_resource_indexes.py."""
+in 0010_resource_indexes.py. The two columns with a check are added online (AddFieldOnline: no
+scan of the step table under its lock); 0014_validate_online validates the checks."""
 
 from django.db import migrations, models
+
+from queuety.store.indexes import AddFieldOnline
 
 
 class Migration(migrations.Migration):
@@ -28,7 +31,7 @@ class Migration(migrations.Migration):
                 ('wake_at', models.DateTimeField(blank=True, null=True)),
             ],
         ),
-        migrations.AddField(
+        AddFieldOnline(
             model_name='steprun',
             name='admitted_attempt',
             field=models.PositiveIntegerField(db_default=0, default=0),
@@ -38,7 +41,7 @@ class Migration(migrations.Migration):
             name='concurrency_group',
             field=models.CharField(blank=True, db_default='', default='', help_text='The group key this attempt counts in.', max_length=255),
         ),
-        migrations.AddField(
+        AddFieldOnline(
             model_name='steprun',
             name='cost_units',
             field=models.PositiveIntegerField(db_default=0, default=0),

@@ -193,6 +193,11 @@ def _execute_task_step(held: Claim, spec: WorkflowSpec, *, window: InlineWindow 
                 step.name, held, step.handler, dict(held.state), context)
             outcome = engine.advance(spec, held.run_id, held.state, held.step_index, output)
             _check_budget(spec, held, outcome)
+        except exceptions.StepHeld as held_back:  # not a failure: handed back, due later
+            span.set(status="held")
+            if gates.hold(held, spec, held_back.seconds, "held", held_back.reason):
+                logger.info("Step %r of run id=%s is held for %.1f s: %s.", step.name,
+                            held.run_id, held_back.seconds, held_back.reason)
         except Exception as error:  # noqa: BLE001 - every step failure is recorded
             span.fail(error, "failed")
             record_failure(held, spec, error, _ms_since(started),

@@ -4,6 +4,12 @@ A claim is one conditional UPDATE (pending -> processing, attempt + 1). A messag
 cannot claim is dropped, so duplicate messages are harmless. Every later write of the attempt
 is guarded by ``(status = processing, attempt, claimed_by)``: an attempt the sweeper took for
 lost, or whose run was cancelled or rewound, writes nothing.
+
+In a worker, ``claimed_by`` names the worker as well as the process: ``<worker>/<pid>``, where
+``<worker>`` is the main process's name in the worker registry (``host:pid@start``). So the
+sweeper finds every attempt of a lost worker by what its rows carry, whichever pool process
+(forked before or after the worker's last beat) claimed it. Outside a worker (a shell, a test
+running steps in-process) it is ``host:pid``.
 """
 
 from __future__ import annotations
@@ -41,7 +47,7 @@ class Claim:
     kind: str = "step"
     """``step``, or ``compensation`` / ``hook`` for cleanup rows."""
     claimed_by: str = ""
-    """``host:pid`` of the process holding the attempt: with ``attempt``, the row's guard."""
+    """The process holding the attempt (:func:`worker_id`): with ``attempt``, the row's guard."""
     branch: int = 0
     """The row's position in a fan-out (0 for other steps)."""
     timeout: float | None = None
@@ -50,9 +56,65 @@ class Claim:
     """The run's W3C trace context ('' when it was dispatched without tracing)."""
 
 
+#: Longest host name kept in a worker's name, so that ``claimed_by`` (``host:pid@start/pid``)
+#: fits its 255 characters whatever the machine is called.
+MAX_HOST = 200
+
+#: This process's worker's registry name; set in the worker's main process before its pool
+#: starts, so every pool process (replacements forked later too) inherits it. '' elsewhere.
+_worker = ""
+#: When that worker was named (its start, as its registry row records it).
+_worker_started: datetime | None = None
+
+
+def name_worker(started_at: datetime) -> str:
+    """Name this process's worker ``host:pid@start`` (``started_at``, to the microsecond) and
+    return the name; from now on :func:`worker_id` names processes as this worker's.
+
+    Call it in the worker's main process before its pool starts (``worker_init``): the pool
+    processes inherit the name. The start time is part of it: a worker restarted with the same
+    host and pid (a container's PID 1) is a new worker, and the old one is found lost.
+    """
+    global _worker, _worker_started
+    host = socket.gethostname()[:MAX_HOST]
+    _worker = f"{host}:{os.getpid()}@{started_at:%Y%m%dT%H%M%S.%f}"
+    _worker_started = started_at
+    return _worker
+
+
+def worker_name() -> str:
+    """This process's worker's registry name ('' outside a worker)."""
+    return _worker
+
+
+def worker_started() -> datetime | None:
+    """When this process's worker was named (None outside a worker)."""
+    return _worker_started
+
+
 def worker_id(pid: int | None = None) -> str:
-    """Return ``host:pid`` naming the process that claims a step (``pid``: another process)."""
-    return f"{socket.gethostname()}:{os.getpid() if pid is None else pid}"
+    """Return the ``claimed_by`` of this process, or of this worker's process ``pid``:
+    ``<worker name>/<pid>`` in a worker, ``host:pid`` elsewhere."""
+    pid = os.getpid() if pid is None else pid
+    if _worker:
+        return f"{_worker}/{pid}"
+    return f"{socket.gethostname()}:{pid}"
+
+
+def worker_of(claimed_by: str) -> str:
+    """The registry name of the worker whose process ``claimed_by`` names ('' for a
+    ``host:pid``, claimed outside a worker or by a worker older than the name)."""
+    worker, slash, pid = claimed_by.rpartition("/")
+    return worker if slash and "@" in worker and pid.isdigit() else ""
+
+
+def pid_of(claimed_by: str) -> int | None:
+    """The process id a ``claimed_by`` names, in either form (``<worker>/<pid>`` or
+    ``host:pid``); None when it names none."""
+    worker, slash, pid = claimed_by.rpartition("/")
+    if not slash:
+        pid = claimed_by.rpartition(":")[2]
+    return int(pid) if pid.isdigit() else None
 
 
 def claim(step_run_id: int, now: datetime | None = None) -> Claim | None:
@@ -61,7 +123,10 @@ def claim(step_run_id: int, now: datetime | None = None) -> Claim | None:
     stamp = connection.ops.adapt_datetimefield_value(now)
     me = worker_id()
     if connection.vendor == "postgresql":
-        row = rows.execute_hot(sql.CLAIM_POSTGRES, [stamp, stamp, me, step_run_id, stamp])
+        # Inside a transaction the relaxed commit would cover its owner's writes too.
+        alone = connection.get_autocommit() and not connection.in_atomic_block
+        statement = sql.CLAIM_POSTGRES_ALONE if alone else sql.CLAIM_POSTGRES
+        row = rows.execute_hot(statement, [stamp, stamp, me, step_run_id, stamp])
         if row is None:
             return None
         (run_id, step_index, seq, attempt, definition_pk, state, revision,

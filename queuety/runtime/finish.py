@@ -78,7 +78,11 @@ def fail_run(spec: WorkflowSpec | None, run_id: int, error: dict[str, Any], now:
 def _emit_failed(spec: WorkflowSpec | None, run_id: int, error: dict[str, Any]) -> None:
     """Send ``run_failed`` (and ``budget_exceeded`` for a budget breach) for run ``run_id``."""
     breach = "budget" in error
-    if not (signals.wanted("run_failed") or (breach and signals.wanted("budget_exceeded"))):
+    # Without the definition the name is unknown: a job's run may then be wanted for its
+    # job_buried, and the row names it.
+    named = None if spec is None else spec.name
+    if not (signals.wanted("run_failed", named) or
+            (breach and signals.wanted("budget_exceeded"))):
         return
     # A definition that no longer loads leaves only the row to name the workflow.
     workflow = spec.name if spec is not None else WorkflowRun.objects.values_list(

@@ -221,18 +221,26 @@ def _deferred(held: Claim, spec: WorkflowSpec) -> bool:
 
 def _defer(held: Claim, spec: WorkflowSpec, problem: str) -> None:
     """Hand the attempt back unstarted for later: this worker lacks the memory to run it."""
-    now = timezone.now()
     wait = admission.defer_seconds()
-    record = {"group": None, "reason": resources.MEMORY, "detail": problem,
-              "worker": held.claimed_by, "since": now.isoformat()}
+    if hold(held, spec, wait, resources.MEMORY, problem):
+        logger.warning("Step %r of run id=%s deferred for %.1f s: %s.",
+                       spec.steps[held.step_index].name, held.run_id, wait, problem)
+
+
+def hold(held: Claim, spec: WorkflowSpec, seconds: float, reason: str, detail: str) -> bool:
+    """Hand the claimed attempt ``held`` back unstarted, due again in ``seconds``: its attempt
+    is not counted and its row holds no worker; its ``throttled_by`` says ``reason`` and
+    ``detail``. False when the row is no longer this claim's."""
+    now = timezone.now()
+    record = {"group": None, "reason": reason, "detail": detail, "worker": held.claimed_by,
+              "since": now.isoformat()}
     with transaction.atomic():
         if not groups.defer(held.step_run_id, held.attempt, held.claimed_by,
-                            now + timedelta(seconds=wait), record):
-            return
+                            now + timedelta(seconds=seconds), record):
+            return False
         publish.publish_on_commit([publish.step_message(spec, held.step_run_id,
-                                                        held.step_index, held.timeout, wait)])
-    logger.warning("Step %r of run id=%s deferred for %.1f s: %s.",
-                   spec.steps[held.step_index].name, held.run_id, wait, problem)
+                                                        held.step_index, held.timeout, seconds)])
+    return True
 
 
 def limits_from_record(group: str, record: dict[str, Any] | None) -> resources.Limits:

@@ -98,8 +98,8 @@ class _Database:
         ).order_by("pk").values_list("pk", "name", "payload"))
 
     def awaited(self, ids: list[int]) -> dict[int, tuple[str, dict[str, Any]]]:
-        """The awaited runs, read FOR SHARE on PostgreSQL, so no finish slips between the
-        check and the parking (see ``queuety.store.sql.AWAITED_FOR_SHARE``)."""
+        """The awaited runs, marked awaited and read FOR SHARE on PostgreSQL, so no finish
+        slips between the check and the parking (see ``queuety.store.sql.AWAITED_FOR_SHARE``)."""
         return _found(ids, lock=True)
 
     def start_runs(self, index: int, payloads: list[dict[str, Any]], group: str) -> list[int]:
@@ -120,7 +120,7 @@ def workflow_wait(spec: WorkflowSpec, run_id: int, index: int, state: dict[str, 
                   groups: dict[str, list[int]], lock: bool = True
                   ) -> tuple[list[int], dependencies.WaitResult]:
     """Evaluate the workflow wait at ``index`` against the awaited runs as they are now (with
-    ``lock`` on PostgreSQL, read FOR SHARE, as a landing reads them).
+    ``lock`` on PostgreSQL, marked awaited and read FOR SHARE, as a landing reads them).
 
     Raises:
         InvalidStepOutput: the state key that should name the runs does not.

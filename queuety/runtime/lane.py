@@ -13,7 +13,9 @@ transition), but the body runs differently:
   counts them, and when more than ``LANE_MAX_ABANDONED`` are still running the worker replaces
   itself (a warm shutdown, then Celery re-executes the worker, which ends those threads);
 * the attempt's database connection goes back to Django's pool for the time of the body, so
-  a hundred steps awaiting the network hold no connection;
+  a hundred steps awaiting the network hold no connection; a lane worker that could open
+  more connections than ``LANE_MAX_CONNECTIONS`` (its threads without the pool, the pool's
+  size with it) refuses to start (:func:`connection_refusal`);
 * a body that blocks the event loop (``time.sleep`` in ``async def``) stalls every other
   async step of the process: a monitor thread notices, and reports it with the step's name.
 
@@ -75,17 +77,79 @@ def refusal(vendor: str, broker_url: str) -> str | None:
             "worker with --pool prefork (the default) instead.")
 
 
-def pool_advice(databases: dict[str, Any], concurrency: int) -> str | None:
-    """A warning when the lane's threads would each hold a database connection of their own:
-    Django's connection pool (``OPTIONS["pool"]``, Django 5.1+, psycopg-pool) is not set."""
+#: psycopg_pool's own default size, for a pool set as ``True`` or without ``max_size``.
+POOL_DEFAULT_SIZE = 4
+#: Connections a worker's main process opens besides its pool's threads: the registry's
+#: beat, the sweeper's tick and the record of a lost attempt (with Django's pool they share
+#: it too).
+MAIN_PROCESS_CONNECTIONS = 3
+_POOL_EXAMPLE = ("DATABASES['default']['OPTIONS']['pool'] = {'min_size': 2, 'max_size': 20} "
+                 "(and CONN_MAX_AGE = 0; pip install 'psycopg[pool]')")
+
+
+def pool_size(databases: dict[str, Any]) -> int | None:
+    """The most connections Django's pool (``OPTIONS["pool"]``, Django 5.1+) of the default
+    database opens in one process: its ``max_size``, else its ``min_size`` (psycopg_pool's
+    rule); None without the pool."""
     options = (databases.get("default") or {}).get("OPTIONS") or {}
-    if options.get("pool"):
+    pool = options.get("pool")
+    if not pool:
         return None
-    return (f"The I/O lane runs {concurrency} threads, and without Django's connection pool "
-            "each thread that claims or finishes a step opens a PostgreSQL connection of its "
-            "own. Set DATABASES['default']['OPTIONS']['pool'] = {'min_size': 2, 'max_size': 20} "
-            "(and CONN_MAX_AGE = 0; pip install 'psycopg[pool]') so the lane holds at most "
-            "max_size connections.")
+    sizes = pool if isinstance(pool, dict) else {}
+    return int(sizes.get("max_size") or sizes.get("min_size") or POOL_DEFAULT_SIZE)
+
+
+def connection_refusal(databases: dict[str, Any], concurrency: int,
+                       max_connections: int) -> str | None:
+    """Why a lane worker of ``concurrency`` threads could open more PostgreSQL connections
+    than ``QUEUETY['LANE_MAX_CONNECTIONS']`` (``max_connections``), or None when it cannot.
+
+    Without Django's pool each thread that claims or finishes a step opens a connection of
+    its own, so the threads are the bound; with it, the pool's size is, whatever the threads.
+    """
+    size = pool_size(databases)
+    most = concurrency + MAIN_PROCESS_CONNECTIONS
+    if size is None and most > max_connections:
+        fewer = max(max_connections - MAIN_PROCESS_CONNECTIONS, 1)
+        return (f"This I/O lane worker (--pool threads) runs {concurrency} threads, and without "
+                "Django's connection pool each thread that claims or finishes a step opens a "
+                f"PostgreSQL connection of its own: with the main process's "
+                f"{MAIN_PROCESS_CONNECTIONS}, up to {most} connections, more than "
+                f"QUEUETY['LANE_MAX_CONNECTIONS'] ({max_connections}), enough to use up the "
+                "server's max_connections and have the site's web processes refused. Set "
+                f"{_POOL_EXAMPLE}, so that the threads share at most max_size connections, or "
+                f"start the worker with --concurrency {fewer} or fewer.")
+    if size is not None and size > max_connections:
+        return (f"Django's connection pool lets this I/O lane worker open {size} PostgreSQL "
+                f"connections (DATABASES['default']['OPTIONS']['pool'] max_size), more than "
+                f"QUEUETY['LANE_MAX_CONNECTIONS'] ({max_connections}). Lower the pool's "
+                f"max_size to {max_connections} or fewer (the lane's threads then wait their "
+                "turn for a connection), or raise QUEUETY['LANE_MAX_CONNECTIONS'] if the "
+                "server's max_connections has room for that many per lane worker.")
+    return None
+
+
+def server_advice(databases: dict[str, Any], max_connections: int, server_max: int,
+                  reserved: int) -> str | None:
+    """Why one lane worker alone could take every connection the PostgreSQL server has for
+    ordinary sessions (``server_max`` less the ``reserved`` ones: for superusers, and on
+    PostgreSQL 16+ ``reserved_connections``), or None.
+
+    A lane worker holds at most its pool's size, or without the pool
+    ``QUEUETY['LANE_MAX_CONNECTIONS']`` (more threads than that refuse to start).
+    """
+    size = pool_size(databases)
+    bound = max_connections if size is None else size
+    room = server_max - reserved
+    if bound < room:
+        return None
+    source = (f"QUEUETY['LANE_MAX_CONNECTIONS'] ({max_connections}), as it runs without "
+              "Django's connection pool" if size is None
+              else f"its connection pool's max_size ({size})")
+    return (f"One I/O lane worker may open {bound} PostgreSQL connections ({source}), and the "
+            f"server takes {room} (max_connections {server_max} less "
+            f"{reserved} reserved): a single lane worker can use them all, and "
+            "the site's web processes are then refused.")
 
 
 @dataclass(frozen=True, slots=True)
@@ -370,25 +434,28 @@ def start(concurrency: int) -> Lane:
     """Make this process a lane worker (called once, when the worker starts).
 
     Raises:
-        ImproperlyConfigured: no PostgreSQL, or no real broker (the message says which).
+        ImproperlyConfigured: no PostgreSQL, no real broker, or more connections than
+            ``QUEUETY['LANE_MAX_CONNECTIONS']`` (the message says which, and how to fix it).
     """
     global _lane
     from celery import current_app
     from django.conf import settings as django_settings
     from django.core.exceptions import ImproperlyConfigured
 
-    refused = refusal(connection.vendor, str(current_app.conf.broker_url or ""))
+    refused = (refusal(connection.vendor, str(current_app.conf.broker_url or ""))
+               or connection_refusal(django_settings.DATABASES, concurrency,
+                                     settings.LANE_MAX_CONNECTIONS))
     if refused:
         raise ImproperlyConfigured(refused)
-    advice = pool_advice(django_settings.DATABASES, concurrency)
-    if advice:
-        logger.warning("%s", advice)
     if _lane is None:
         _lane = Lane(max_abandoned=settings.LANE_MAX_ABANDONED,
                      blocked_after=settings.LANE_BLOCKED_AFTER)
         _lane.start()
-    logger.info("Queuety I/O lane: %d steps in flight at most in worker pid %s.",
-                concurrency, os.getpid())
+    size = pool_size(django_settings.DATABASES)
+    logger.info("Queuety I/O lane: %d steps in flight at most in worker pid %s, on %s.",
+                concurrency, os.getpid(),
+                f"at most {size} pooled connections" if size is not None
+                else f"a connection per thread ({concurrency})")
     return _lane
 
 

@@ -250,16 +250,19 @@ def _complete_postgres(held: Claim, spec: WorkflowSpec, outcome: engine.Advance,
         "events": json.dumps(events),
         "cost_units": cost_units,
     }
-    # A webhook endpoint subscribed to run.completed needs its delivery row in the transition's
-    # transaction: the run's last step then takes one (BEGIN and COMMIT) around the statement.
-    durable = following is None and signals.sinks_want("run_completed")
+    # A webhook endpoint subscribed to run.completed (or job.completed, for a job's run) needs
+    # its delivery row in the transition's transaction: the run's last step then takes one
+    # (BEGIN and COMMIT) around the statement.
+    durable = following is None and signals.sinks_want("run_completed", spec.name)
     with transaction.atomic() if durable else nullcontext():
-        owns, advanced, next_id = rows.execute_hot(sql.COMPLETE_POSTGRES, params)
+        owns, advanced, next_id, awaited = rows.execute_hot(sql.COMPLETE_POSTGRES, params)
         if advanced and following is None:
-            # The run completed. Its waiters are read by a statement of their own: a waiter
-            # that held this run's row FOR SHARE committed its dependency rows before the CTE
-            # could update the row, but the CTE's snapshot, taken before that, cannot see them.
-            notify_finished(held.run_id)
+            # The run completed. Its waiters, if a wait named it or it has a parent, are read
+            # by a statement of their own: a waiter that marked this run's row committed its
+            # dependency rows before the CTE could update the row, but the CTE's snapshot,
+            # taken before that, cannot see them (the row's awaited flag it does see).
+            if awaited:
+                notify_finished(held.run_id)
             signals.emit("run_completed", run_id=held.run_id, workflow=spec.name,
                          version=spec.version)
     if next_id is None or next_index is None:
@@ -320,7 +323,8 @@ def record_failure(held: Claim, spec: WorkflowSpec, error: BaseException,
             return
         if publish_artifacts:
             artifacts.publish(held)
-        event.data = {"error": record, "max_attempts": policy.max_attempts, **discarded}
+        event.data = {"error": record, "max_attempts": policy.max_attempts,
+                      "worker": held.claimed_by, **discarded}
         _emit_step_failed(held, spec, name, record, policy.max_attempts, None)
         if is_cleanup:  # a failed compensation is recorded and skipped; the next one runs
             event.kind = f"{held.kind}_failed"
@@ -356,7 +360,8 @@ def _schedule_retry(held: Claim, spec: WorkflowSpec, event: Event, record: dict[
         return False
     event.kind = f"{held.kind}_retried"
     event.data = {"error": record, "retry_in": round(delay, 6),
-                  "retry_at": due.isoformat(), "max_attempts": max_attempts, **discarded}
+                  "retry_at": due.isoformat(), "max_attempts": max_attempts,
+                  "worker": held.claimed_by, **discarded}
     event.save()
     _emit_step_failed(held, spec, event.step_name, record, max_attempts, round(delay, 6))
     if on_broker:

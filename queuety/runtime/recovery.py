@@ -1,19 +1,88 @@
 """A dead worker's attempt: recorded by the worker's main process at once, or by the sweeper.
 
 Every record is guarded by the dead process's ``claimed_by``, so recovery never touches an
-attempt another process owns.
+attempt another process owns, and a record tried twice writes once.
 """
 
 from __future__ import annotations
 
+import logging
+import threading
+import time
+
+from django.db import InterfaceError, OperationalError, connection
 from django.db.models import Q
 
 from queuety import exceptions
+from queuety.conf import settings
 from queuety.models import StepRun, StepStatus
 from queuety.runtime import wakeups
-from queuety.runtime.claim import claim_of
+from queuety.runtime.claim import claim_of, worker_id
 from queuety.runtime.outcome import record_failure
 from queuety.store.definitions import load_spec
+
+logger = logging.getLogger("queuety")
+
+#: Seconds between two tries of a death's record that could not reach the database.
+RETRY_EVERY = 1.0
+
+
+def record_death(step_run_id: int, pid: int, *, hard_timeout: bool) -> None:
+    """Record, in a worker's main process, that its pool process ``pid`` died while running
+    step row ``step_run_id`` (``hard_timeout``: killed at the hard time limit).
+
+    A record that cannot reach the database (PostgreSQL restarting) is tried again every
+    :data:`RETRY_EVERY` seconds, on a new connection, in a thread of its own, so the consumer
+    thread never waits: the loss is recorded within a second or two of the database answering.
+    After ``STALE_AFTER`` it stops: by then the sweeper's stale-heartbeat path records the
+    attempt at its first sweep once the database answers.
+    """
+    claimed_by = worker_id(pid)
+    if _tried(step_run_id, claimed_by, pid, hard_timeout):
+        return
+    logger.warning("Could not record yet that pool process %s died while running step run "
+                   "id=%s: the database did not answer. Trying again every %gs.", pid,
+                   step_run_id, RETRY_EVERY)
+    threading.Thread(target=_record_later, name=f"queuety-record-{step_run_id}",
+                     args=(step_run_id, claimed_by, pid, hard_timeout,
+                           time.monotonic() + settings.STALE_AFTER), daemon=True).start()
+
+
+def _tried(step_run_id: int, claimed_by: str, pid: int, hard_timeout: bool) -> bool:
+    """Try the record once; False when the database did not answer (worth another try)."""
+    try:
+        _record(step_run_id, claimed_by, pid, hard_timeout)
+    except (OperationalError, InterfaceError):
+        # This thread's connection is broken: every later record on it would fail too.
+        connection.close()
+        return False
+    except Exception:  # noqa: BLE001 - the sweeper recovers the step later anyway
+        logger.exception("Could not record the loss of step run id=%s", step_run_id)
+    return True
+
+
+def _record_later(step_run_id: int, claimed_by: str, pid: int, hard_timeout: bool,
+                  give_up_at: float) -> None:
+    try:
+        while True:
+            time.sleep(RETRY_EVERY)
+            if _tried(step_run_id, claimed_by, pid, hard_timeout):
+                return
+            if time.monotonic() >= give_up_at:
+                logger.error("Could not record that pool process %s died while running step "
+                             "run id=%s: the database did not answer for %gs. The sweeper "
+                             "records it once the database answers.", pid, step_run_id,
+                             settings.STALE_AFTER)
+                return
+    finally:
+        connection.close()
+
+
+def _record(step_run_id: int, claimed_by: str, pid: int, hard_timeout: bool) -> None:
+    if recover_attempt(step_run_id, claimed_by, hard_timeout=hard_timeout) and not hard_timeout:
+        logger.warning("Pool process %s died while running step run id=%s; the attempt is "
+                       "recorded as WorkerLost and runs again while attempts remain.", pid,
+                       step_run_id)
 
 
 def recover_attempt(step_run_id: int, claimed_by: str, *, hard_timeout: bool) -> bool:

@@ -1,8 +1,10 @@
 """The sweeper: the backstops that make lost work impossible to lose for good.
 
-Run every ``SWEEP_INTERVAL`` seconds (``queuety.sweep``, scheduled by django-celery-beat). Each
-phase is safe to run concurrently with workers and with itself: every change is guarded by the
-row's status and attempt, or taken under the run's row lock.
+Run every ``SWEEP_INTERVAL`` seconds by one worker at a time (``queuety.runtime.sweep_tick``:
+every worker's main process offers, the sweeper's lease picks one; a ``queuety.sweep`` message
+from beat goes through the same lease). Each phase is safe to run concurrently with workers
+and with itself: every change is guarded by the row's status and attempt, or taken under the
+run's row lock.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import logging
 from collections.abc import Callable
 from datetime import datetime, timedelta
 
-from django.db import DatabaseError, transaction
+from django.db import DatabaseError, OperationalError, transaction
 from django.db.models import F, Q, Value
 from django.db.models.functions import Greatest
 from django.utils import timezone
@@ -20,9 +22,9 @@ from queuety import exceptions, instruments, publish
 from queuety.conf import settings
 from queuety.core import flow
 from queuety.core.status import FINISHED
-from queuety.models import Event, RunStatus, StepRun, StepStatus, WorkflowRun
+from queuety.models import Event, RunStatus, StepRun, StepStatus, Worker, WorkflowRun
 from queuety.runtime import wakeups
-from queuety.runtime.claim import claim_of
+from queuety.runtime.claim import claim_of, worker_of
 from queuety.runtime.expiry import expire_due
 from queuety.runtime.finish import fail_run, fail_unloadable
 from queuety.runtime.outcome import record_failure
@@ -37,12 +39,19 @@ logger = logging.getLogger("queuety")
 #: Seconds past the hard time limit before the sweeper declares a timed-out attempt dead,
 #: leaving the pool time to kill the process.
 KILL_MARGIN = 0.5
+#: Seconds a phase waits for a run's row that another transaction holds before it leaves the
+#: run to the next sweep.
+LOCK_WAIT = 2.0
 
 
-def sweep(now: datetime | None = None) -> dict[str, int]:
+def sweep(now: datetime | None = None,
+          still_held: Callable[[], bool] | None = None) -> dict[str, int]:
     """Recover lost attempts and re-publish due steps whose message may be lost; also wake
     runs whose wake-up was lost, settle waits whose timeout passed, fail runs past their
     deadline and purge old finished runs.
+
+    ``still_held`` is asked before each phase (it renews the sweeper's lease): False stops
+    the sweep there, the phases left to the worker that took the lease over.
 
     Returns counts of what each phase did (-1 for a phase that failed; the others still run).
     """
@@ -54,6 +63,8 @@ def sweep(now: datetime | None = None) -> dict[str, int]:
         ("parents", wake_parents), ("expired", expire_due), ("overdue", fail_overdue),
         ("purged", purge_finished), ("webhooks", webhooks.recover))
     for name, phase in phases:
+        if still_held is not None and not _held(still_held, name):
+            break
         try:
             report[name] = phase(now)
         except Exception:  # noqa: BLE001 - the other phases still run
@@ -65,47 +76,93 @@ def sweep(now: datetime | None = None) -> dict[str, int]:
     return report
 
 
+def _held(still_held: Callable[[], bool], phase: str) -> bool:
+    """Whether the sweep may go on to ``phase`` (its lease renewed); a renewal that fails
+    counts as the lease lost."""
+    try:
+        held = still_held()
+    except Exception:  # noqa: BLE001 - the database away: the lease cannot be renewed
+        logger.exception("The sweep could not renew the sweeper's lease before its phase %r; "
+                         "it stops there.", phase)
+        return False
+    if not held:
+        logger.warning("The sweep stops before its phase %r: its worker is stopping, or it "
+                       "lost the sweeper's lease (a phase outlasted QUEUETY['SWEEP_LEASE']?); "
+                       "the next sweep runs the rest.", phase)
+    return held
+
+
 def recover_lost_workers(now: datetime) -> int:
     """Take back what workers that stopped beating held; return how many were lost.
 
     A worker whose main process has not beaten for ``WORKER_LOST_AFTER`` (by the database's
-    clock, which every beat is stamped with) is gone with its pool processes: their attempts
-    whose heartbeats are as old are recorded as ``WorkerLost`` (and retried while attempts
-    remain). Which messages it had reserved is not known, so every pending row whose message
-    it may have held (sent while it lived, or a back-off's or a delay's, due later) is published
-    again, once for all the workers lost in one sweep and at most 1,000 a sweep, with the time
-    it still has to wait. A second message for a row is harmless: the claim drops it, and an
-    early one is held again for its due time.
+    clock, which every beat is stamped with) is lost, and leaves the registry. Which messages
+    it had reserved is not known, so every pending row whose message it may have held (sent
+    while it lived, or a back-off's or a delay's, due later) is published again, once for all
+    the workers lost in one sweep and at most 1,000 a sweep, with the time it still has to
+    wait. A second message for a row is harmless: the claim drops it, and an early one is held
+    again for its due time.
+
+    The attempts of workers no longer in the registry are recorded as ``WorkerLost`` (and
+    retried while attempts remain) once their own heartbeats are ``WORKER_LOST_AFTER`` old:
+    found by the worker's name their ``claimed_by`` carries, whichever pool process claimed
+    them, and not before a pool process that outlived its main process stops beating.
     """
     lost_after = timedelta(seconds=settings.WORKER_LOST_AFTER)
     with transaction.atomic():
         workers = rows.lock_lost_workers(lost_after, limit=20)
-        if not workers:
-            return 0
-        # A worker may have lived up to one beat past its last one.
-        alive_until = max(w.beat_at for w in workers) + timedelta(
-            seconds=settings.HEARTBEAT_INTERVAL)
-        pending = rows.lock_pending_sent_before(alive_until)
-        if pending:
-            # As when first sent: a held message counts as out from its due time.
-            StepRun.objects.filter(pk__in=[pk for pk, *_ in pending]).update(
-                published_at=Greatest(Value(now), F("available_at")))
-            publish.publish_on_commit([
-                _message(pk, definition_pk, index, kind, timeout, _countdown(due, now))
-                for pk, definition_pk, timeout, due, index, kind in pending])
-        processes = [name for w in workers for name in w.processes]
+        published = _publish_held(workers, now) if workers else 0
+        # Attempts claimed as host:pid by workers of earlier versions: named by their beat.
+        listed = [name for w in workers for name in w.processes if not worker_of(name)]
         held = list(StepRun.objects.filter(
-            status=StepStatus.PROCESSING, claimed_by__in=processes,
-            heartbeat_at__lt=now - lost_after).select_related("run"))
+            status=StepStatus.PROCESSING, claimed_by__in=listed,
+            heartbeat_at__lt=now - lost_after).select_related("run")) if listed else []
         # Forgotten only once their messages are out: beyond 1,000, the next sweep goes on.
-        if len(pending) < 1000:
+        if workers and published < 1000:
             rows.forget_workers([w.pk for w in workers])
-    logger.warning("Workers %s stopped beating; %d attempt(s) they held are recorded as lost "
-                   "and %d message(s) they may have held are published again.",
-                   ", ".join(w.name for w in workers), len(held), len(pending))
+        held += _attempts_of_gone_workers(now - lost_after)
+    if workers:
+        logger.warning("Workers %s stopped beating; %d message(s) they may have held are "
+                       "published again and %d attempt(s) of workers that stopped beating are "
+                       "recorded as lost (each once its own heartbeat is %gs old).",
+                       ", ".join(w.name for w in workers), published, len(held),
+                       settings.WORKER_LOST_AFTER)
+    elif held:
+        logger.warning("%d attempt(s) of workers that stopped beating (%s) are recorded as "
+                       "lost: their heartbeats are %gs old.", len(held),
+                       ", ".join(sorted({worker_of(row.claimed_by) for row in held})),
+                       settings.WORKER_LOST_AFTER)
     for row in held:
         _recover_row(row, timed_out=False)
     return len(workers)
+
+
+def _publish_held(workers: list[Worker], now: datetime) -> int:
+    """Publish again the messages lost ``workers`` may have reserved; return how many."""
+    # A worker may have lived up to one beat past its last one.
+    alive_until = max(w.beat_at for w in workers) + timedelta(
+        seconds=settings.HEARTBEAT_INTERVAL)
+    pending = rows.lock_pending_sent_before(alive_until)
+    if pending:
+        # As when first sent: a held message counts as out from its due time.
+        StepRun.objects.filter(pk__in=[pk for pk, *_ in pending]).update(
+            published_at=Greatest(Value(now), F("available_at")))
+        publish.publish_on_commit([
+            _message(pk, definition_pk, index, kind, timeout, _countdown(due, now))
+            for pk, definition_pk, timeout, due, index, kind in pending])
+    return len(pending)
+
+
+def _attempts_of_gone_workers(stale_before: datetime) -> list[StepRun]:
+    """The processing rows, with their runs, claimed by a worker no longer in the registry
+    (lost, or gone without leaving it) that have not beaten since ``stale_before``."""
+    # The partial index on processing rows' heartbeats: rows that beat on are never read.
+    stale = list(StepRun.objects.filter(
+        status=StepStatus.PROCESSING, heartbeat_at__lt=stale_before, claimed_by__contains="@",
+    ).select_related("run").order_by("heartbeat_at")[:500])
+    names = {worker_of(row.claimed_by) for row in stale} - {""}
+    alive = rows.registered_workers(names) if names else set()
+    return [row for row in stale if worker_of(row.claimed_by) not in alive | {""}]
 
 
 def _countdown(due: datetime, now: datetime) -> float | None:
@@ -214,23 +271,33 @@ def fail_overdue(now: datetime | None = None) -> int:
                                           RunStatus.WAITING_FOR_WORKFLOWS, RunStatus.PAUSED),
     ).values_list("pk", flat=True)[:200])
     for run_id in overdue:
-        with transaction.atomic():
-            run = rows.lock_run(run_id, steps_first=True)
-            if run.status in FINISHED or run.deadline_at is None or run.deadline_at > now:
-                continue
-            spec = load_spec(run.definition_id)
-            error = flow.failure_record(exceptions.DeadlineExceeded(
-                f"Run {run.pk} of workflow {run.name!r} missed its deadline of "
-                f"{run.deadline_at.isoformat()} (must complete within "
-                f"{spec.deadline_seconds or 0:g}s)."),
-                step=spec.steps[run.current_step].name
-                if run.current_step < len(spec.steps) else None,
-                step_index=run.current_step, attempt=None, max_attempts=None)
-            rows.stop_live_steps(run.pk, now)
-            fail_run(spec, run.pk, error, now, cause="deadline", announce=Event(
-                run_id=run.pk, kind="workflow_deadline_exceeded",
-                data={"error": error, "previous_status": run.status}))
+        try:
+            _fail_if_overdue(run_id, now)
+        except OperationalError:  # its row held elsewhere past LOCK_WAIT: the next sweep
+            logger.warning("Run id=%s is past its deadline but its row stayed locked by "
+                           "another transaction for %gs; the next sweep fails it.", run_id,
+                           LOCK_WAIT)
     return len(overdue)
+
+
+def _fail_if_overdue(run_id: int, now: datetime) -> None:
+    with transaction.atomic():
+        rows.bound_lock_waits(LOCK_WAIT)
+        run = rows.lock_run(run_id, steps_first=True)
+        if run.status in FINISHED or run.deadline_at is None or run.deadline_at > now:
+            return
+        spec = load_spec(run.definition_id)
+        error = flow.failure_record(exceptions.DeadlineExceeded(
+            f"Run {run.pk} of workflow {run.name!r} missed its deadline of "
+            f"{run.deadline_at.isoformat()} (must complete within "
+            f"{spec.deadline_seconds or 0:g}s)."),
+            step=spec.steps[run.current_step].name
+            if run.current_step < len(spec.steps) else None,
+            step_index=run.current_step, attempt=None, max_attempts=None)
+        rows.stop_live_steps(run.pk, now)
+        fail_run(spec, run.pk, error, now, cause="deadline", announce=Event(
+            run_id=run.pk, kind="workflow_deadline_exceeded",
+            data={"error": error, "previous_status": run.status}))
 
 
 def purge_finished(now: datetime | None = None, batch: int = 500) -> int:

@@ -11,7 +11,8 @@ when it is for that process's queue.
 
 A wake-up is a list of passes (``core.wake_plan.GroupPass``, ``LinePass``), each in a
 transaction of its own under one lock: the group's, or the queue's (which then only tries its
-groups'). Each pass reads what it decides from (:func:`_look_at_group`,
+groups', except the group whose pass asked for it: that lock it waits for with the queue's,
+as a gate does). Each pass reads what it decides from (:func:`_look_at_group`,
 :func:`_look_at_line`), ``core.wake_plan.plan_wake`` decides, and :func:`_write` writes the
 plan; the passes the plan asks for next (a group's lines, then what they left to its steps in
 no line) run right after it.
@@ -39,7 +40,8 @@ from queuety.store.definitions import load_spec
 #: Woken rows: ``(id, definition id, step index, timeout)``.
 Woken = list[tuple[int, int, int, float | None]]
 
-_retries_sent: dict[str, float] = {}
+#: When this process last asked for each ``(group, retry attempt)``'s retry.
+_retries_sent: dict[tuple[str, int], float] = {}
 _retries_lock = threading.Lock()
 
 
@@ -179,16 +181,17 @@ def _look_at_line(asked: LinePass, now: datetime) -> wake_plan.LineSnapshot:
     """What a queue's line decides from, read under the queue's lock: its best steps, the
     limits and loads of their groups whose locks are free, which are busy, what each holds of
     the queue's budget and when each was served."""
-    floors = {**asked.floors, **_floors(asked.floors_of)}
     found = settings.QUEUE_COST_BUDGETS.get(asked.queue)
     budget = None if found is None else int(found)
-    _lock(None, asked.queue, busy_retry=False)
+    _lock(asked.waits_for, asked.queue, busy_retry=False)
+    floors = {**asked.floors, **_floors(asked.floors_of)}
     line = groups.waiting_for_queue(asked.queue, *wake_plan.line_window(budget))
     if not line.rows:
         return wake_plan.LineSnapshot(asked, budget)
     named = sorted(name for name in line.records if name)
     # Only the group locks that are free: a busy one may be held by a long transaction
     # (one landing several runs' steps), and this queue's admissions must not wait for it.
+    # The one waited for above is held already (advisory locks are re-entrant).
     locked = groups.try_lock_groups(named)
     limits = {name: replace(limits_from_record(name, line.records[name]), queue=None,
                             queue_cost=None) for name in named if name in locked}
@@ -238,17 +241,21 @@ def _write(plan: wake_plan.WakePlan, now: datetime) -> Woken:
 
 def _retry_later(retry: wake_plan.Retry) -> None:
     """Ask a worker to look at the busy groups again in ``retry.delay`` s, without waiting for
-    their locks (``queuety.wake_group`` with ``wait=False``), at most once per group and
-    process in that time, so a group held by a long transaction sends no storm of retries."""
+    their locks (``queuety.wake_group`` with ``wait=False``), at most once per group, retry
+    attempt and process in that time, so a group held by a long transaction sends no storm of
+    retries. Counted per attempt: a retry that finds the group busy again sends the next one
+    even when the retry before it left this process less than the new delay ago (keyed by the
+    group alone, that one was dropped, and the step waited for the sweeper's next pass)."""
     moment = time.monotonic()
     with _retries_lock:
         due = [name for name in retry.groups
-               if moment - _retries_sent.get(name, -retry.delay) >= retry.delay]
+               if moment - _retries_sent.get((name, retry.attempt), -retry.delay)
+               >= retry.delay]
         for name in due:
-            _retries_sent[name] = moment
+            _retries_sent[(name, retry.attempt)] = moment
         if len(_retries_sent) > 10_000:  # forget groups not seen for a while
-            for name in [n for n, at in _retries_sent.items() if moment - at > 60]:
-                del _retries_sent[name]
+            for key in [key for key, at in _retries_sent.items() if moment - at > 60]:
+                del _retries_sent[key]
     for name in due:
         publish.wake_group_on_commit(name, retry.delay, wait=False, retry=retry.attempt)
 

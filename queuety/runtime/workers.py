@@ -20,7 +20,7 @@ from django.db import connection
 from django.utils import timezone
 
 from queuety.conf import settings
-from queuety.runtime.claim import worker_id
+from queuety.runtime.claim import name_worker, worker_id, worker_name, worker_started
 from queuety.store import rows
 
 logger = logging.getLogger("queuety")
@@ -38,10 +38,10 @@ class MainProcessBeat:
         self._processes = processes
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self.started_at = timezone.now()
-        # The start time is part of the name: a worker restarted with the same host and pid
-        # (a container's PID 1) is a new worker, and the old one is found lost.
-        self.name = f"{worker_id()}@{self.started_at:%Y%m%dT%H%M%S.%f}"
+        # Named before the pool forked (worker_init), as its pool processes' claims carry it;
+        # the registry's start time is the one in the name.
+        self.started_at = worker_started() or timezone.now()
+        self.name = worker_name() or name_worker(self.started_at)
 
     def start(self) -> None:
         """Beat now and then every ``HEARTBEAT_INTERVAL``, in the thread, until :meth:`stop`
@@ -69,6 +69,8 @@ class MainProcessBeat:
 
     def _beat(self) -> None:
         try:
+            # The list is for sweepers of earlier versions, which match claimed_by against
+            # it; this one finds a worker's attempts by the name their claimed_by carries.
             pids = self._processes() or [os.getpid()]
             rows.record_worker(self.name, [worker_id(pid) for pid in pids], self.started_at)
         except Exception:  # noqa: BLE001 - beat again next time, on a new connection

@@ -1,6 +1,7 @@
 """Transaction-scoped advisory locks: what serialises the admissions of one concurrency group
-or queue (``queuety.store.groups``) and the writes of one artifact key (``queuety.runtime.
-artifacts``) across every process and machine.
+or queue (``queuety.store.groups``), the writes of one artifact key (``queuety.runtime.
+artifacts``) and the claims of the sweeper's lease (``queuety.store.sweeps``) across every
+process and machine.
 
 Each lock is ``pg_advisory_xact_lock(namespace, hashtext(name))``, released when the
 transaction ends, or when the savepoint it was taken in is rolled back. On SQLite (the demo's
@@ -17,7 +18,8 @@ a busy lock means for it: a landing publishes its step for the gate to decide at
 claimed step's gate and a waker raise. :func:`acquire` refuses :data:`WAIT` from a transaction
 that holds a resource lock, so a caller that forgets the rule fails at once instead of
 deadlocking later. A queue's waker, which holds its queue's lock, only tries its groups'
-(:func:`try_hold`).
+(:func:`try_hold`), except the one group whose wake-up asked for it, whose lock it takes with
+the queue's in its first acquire, waiting, as a gate does.
 
 What a transaction holds is remembered with its on-commit callbacks: a marker callback, which
 Django drops when the transaction ends or the savepoint it was registered in is rolled back,
@@ -34,8 +36,9 @@ from django.db import connection, transaction
 from queuety import exceptions
 from queuety.store import sql
 
-#: First keys of the advisory locks (second key: the name's hash).
-GROUP, QUEUE, ARTIFACT = sql.GROUP_LOCK_KEY, sql.QUEUE_LOCK_KEY, 7_404
+#: First keys of the advisory locks (second key: the name's hash). ``SWEEP``: the claim of
+#: the sweeper's lease (``queuety.store.sweeps``), which only ever tries it.
+GROUP, QUEUE, ARTIFACT, SWEEP = sql.GROUP_LOCK_KEY, sql.QUEUE_LOCK_KEY, 7_404, 7_420
 
 
 class Mode(enum.Enum):

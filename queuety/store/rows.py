@@ -261,6 +261,20 @@ def lock_run(run_id: Any, *, steps_first: bool = False,
         raise exceptions.RunNotFound(run_id) from None
 
 
+def bound_lock_waits(seconds: float) -> None:
+    """Make this transaction's lock waits fail after ``seconds`` (PostgreSQL's
+    ``SET LOCAL lock_timeout``, which ends with the transaction: safe behind PgBouncer).
+
+    For the sweeper: a row another transaction holds for long (a site's own code) must cost
+    one run's phase, never the whole sweep, whose lease would then pass from worker to worker
+    each blocked on the same row.
+    """
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT set_config('lock_timeout', %s, true)",
+                           [f"{int(seconds * 1000)}ms"])
+
+
 def lock_free_runs(ids: Iterable[int], statuses: Iterable[str]) -> list[tuple[int, str]]:
     """Lock, for this transaction, those of runs ``ids`` whose status is one of ``statuses``,
     skipping the rows another transaction holds; return ``(id, status)`` of each, by id.
@@ -320,10 +334,11 @@ def waiters_of(run_id: int) -> list[int]:
 
 
 def awaited_runs(ids: list[int], *, lock: bool) -> list[tuple[int, str, dict[str, Any]]]:
-    """``(id, status, state)`` of the runs ``ids``; with ``lock`` on PostgreSQL read FOR SHARE
-    (see :data:`queuety.store.sql.AWAITED_FOR_SHARE`)."""
+    """``(id, status, state)`` of the runs ``ids``; with ``lock`` on PostgreSQL marked awaited
+    and read FOR SHARE (see :data:`queuety.store.sql.AWAITED_FOR_SHARE`)."""
     if lock and connection.vendor == "postgresql":
         with connection.cursor() as cursor:
+            cursor.execute(sql.MARK_AWAITED, [ids])
             cursor.execute(sql.AWAITED_FOR_SHARE, [ids])
             return [(pk, status, json_value(data)) for pk, status, data in cursor.fetchall()]
     return list(WorkflowRun.objects.filter(pk__in=ids).values_list("pk", "status", "state"))
@@ -424,6 +439,11 @@ def forget_worker(name: str) -> None:
 def forget_workers(ids: list[int]) -> None:
     """Remove the lost workers ``ids`` from the registry (what they held was taken back)."""
     Worker.objects.filter(pk__in=ids).delete()
+
+
+def registered_workers(names: set[str]) -> set[str]:
+    """Those of the worker ``names`` that are in the registry (alive, or not yet found lost)."""
+    return set(Worker.objects.filter(name__in=names).values_list("name", flat=True))
 
 
 def lock_lost_workers(lost_after: timedelta, limit: int) -> list[Worker]:

@@ -36,7 +36,7 @@ WITH run AS (
                                  attempt, max_attempts, timeout, available_at, published_at,
                                  claimed_by, handler, created_at)
     SELECT run.id, 'step', 0, 0, 0, %(step_name)s, 'pending', 0, %(max_attempts)s,
-           %(timeout)s::float8, %(now)s, %(now)s, '', '', %(now)s
+           %(timeout)s::float8, %(available_at)s, %(published_at)s::timestamptz, '', '', %(now)s
       FROM run
     RETURNING id
 ), started AS (
@@ -48,9 +48,23 @@ SELECT (SELECT id FROM run), (SELECT id FROM step)
 
 # -- runs waiting for runs --------------------------------------------------------------------
 
-#: The runs a workflow wait names, read FOR SHARE: one finishing concurrently either committed
-#: before (and is seen finished) or waits for this transaction and then finds its dependency
-#: rows, so no finish slips between the check and the parking.
+#: Marks the runs a workflow wait names ``awaited`` (those not marked yet: a mark is taken once,
+#: so waits on one run never queue on its row after the first, and a wait re-evaluated at each
+#: wake-up writes nothing), locked in id order. A run no wait ever named finishes without
+#: reading its waiters: its finishing statement returns the mark (see COMPLETE_POSTGRES).
+MARK_AWAITED = """
+WITH unmarked AS (
+    SELECT id FROM queuety_workflowrun WHERE id = ANY(%s) AND NOT awaited
+     ORDER BY id FOR NO KEY UPDATE
+)
+UPDATE queuety_workflowrun AS r SET awaited = true FROM unmarked WHERE r.id = unmarked.id
+"""
+
+#: The runs a workflow wait names, read FOR SHARE after MARK_AWAITED: one finishing
+#: concurrently either committed before (and is seen finished) or waits for this transaction,
+#: and then its finishing statement returns the mark and its waiters' read, a statement of its
+#: own, finds the dependency rows this transaction committed. So no finish slips between the
+#: check and the parking.
 AWAITED_FOR_SHARE = """
 SELECT id, status, state FROM queuety_workflowrun WHERE id = ANY(%s) ORDER BY id FOR SHARE
 """
@@ -101,15 +115,23 @@ _CLAIM_SET = ("status = 'processing', attempt = attempt + 1, claimed_at = %s, he
 
 #: Claims a due pending step row of a running run (or a cleanup row) and reads back what the
 #: attempt needs, in one statement: a message for a row it cannot claim changes nothing.
-CLAIM_POSTGRES = f"""
+_CLAIM_POSTGRES = f"""
 UPDATE queuety_steprun AS s SET {_CLAIM_SET}
-  FROM queuety_workflowrun AS r
+  FROM queuety_workflowrun AS r{{relaxed}}
  WHERE s.id = %s AND s.status = 'pending' AND s.available_at <= %s
    AND r.id = s.run_id AND (r.status = 'running' OR s.kind <> 'step')
 RETURNING s.run_id, s.step_index, s.seq, s.attempt, r.definition_id, r.state, r.revision,
           r.transitions, r.cost_units, r.started_workflows, s.kind, s.branch, s.timeout,
           r.trace_context
 """
+CLAIM_POSTGRES = _CLAIM_POSTGRES.format(relaxed="")
+
+#: The claim on its own (autocommit): its commit does not wait for the WAL flush. Losing it
+#: takes a PostgreSQL (or host) crash within a fraction of a second, and runs the message
+#: again, that attempt uncounted (docs/reliability.md); the attempt's outcome, committed after
+#: it and waiting for its flush, makes the claim durable too (the WAL is flushed in order).
+CLAIM_POSTGRES_ALONE = _CLAIM_POSTGRES.format(
+    relaxed=", (SELECT set_config('synchronous_commit', 'off', true)) AS c")
 
 #: SQLite cannot return columns of a joined table, so it reads the run in a second query.
 CLAIM_SQLITE = f"""
@@ -149,7 +171,7 @@ WITH owned AS (
            cost_units = cost_units + %(cost_units)s
      WHERE id = %(run_id)s AND revision = %(revision)s AND status = 'running'
        AND current_step = %(step_index)s AND migration IS NULL AND EXISTS (SELECT 1 FROM owned)
-    RETURNING id
+    RETURNING id, parent_id IS NOT NULL OR awaited AS awaited
 ), step AS (
     UPDATE queuety_steprun SET status = 'completed', finished_at = %(now)s,
            output = %(output)s::jsonb
@@ -176,7 +198,8 @@ WITH owned AS (
            duration_ms double precision, data jsonb)
      WHERE EXISTS (SELECT 1 FROM run)
 )
-SELECT EXISTS (SELECT 1 FROM owned), EXISTS (SELECT 1 FROM run), (SELECT id FROM following)
+SELECT EXISTS (SELECT 1 FROM owned), EXISTS (SELECT 1 FROM run), (SELECT id FROM following),
+       COALESCE((SELECT awaited FROM run), false)
 """
 
 

@@ -2,20 +2,21 @@
 
 A delivery is claimed by a conditional UPDATE (pending and due -> sending, attempts + 1), so a
 duplicate message sends nothing twice at once. The POST happens outside any transaction, with
-``WEBHOOK_TIMEOUT``; a 2xx answer delivers it, anything else (another status, a refused
-connection, a timeout) schedules the next attempt after the next of ``WEBHOOK_RETRY_DELAYS``,
-and past the last one fails it. :func:`recover` is the sweeper's backstop: deliveries whose
-message was lost, whose long back-off is over, or whose worker died mid-send.
+``WEBHOOK_TIMEOUT``, to an address checked after DNS resolution (``guard``: an endpoint on a
+loopback, private or link-local address fails at once, with the reason, unless
+``WEBHOOK_ALLOW_PRIVATE``); a 2xx answer delivers it, anything else (another status, a
+refused connection, a timeout) schedules the next attempt after the next of
+``WEBHOOK_RETRY_DELAYS``, and past the last one fails it. :func:`recover` is the sweeper's
+backstop: deliveries whose message was lost, whose long back-off is over, or whose worker
+died mid-send.
 """
 
 from __future__ import annotations
 
+import http.client
 import json
 import logging
-import urllib.error
-import urllib.request
 from datetime import datetime, timedelta
-from typing import Any
 from urllib.parse import urlsplit
 
 from django.db.models import F, Q
@@ -24,25 +25,13 @@ from django.utils import timezone
 from queuety import publish
 from queuety.conf import settings
 from queuety.models import WebhookDelivery
-from queuety.webhooks import signing
+from queuety.webhooks import guard, signing
 
 logger = logging.getLogger("queuety")
 
 #: Characters of an error kept on the row.
 ERROR_CHARS = 500
 
-
-
-class _NoRedirects(urllib.request.HTTPRedirectHandler):
-    """Refuse redirects: urllib would turn a redirected POST into a GET without the body (and
-    send the signature to another address), and the GET's 2xx would count as delivered."""
-
-    def redirect_request(self, req: urllib.request.Request, fp: Any, code: int, msg: str,
-                         headers: Any, newurl: str) -> None:
-        return None  # the 3xx then raises HTTPError: a failed attempt, retried
-
-
-_OPENER = urllib.request.build_opener(_NoRedirects)
 
 def deliver(delivery_id: int) -> str | None:
     """Send delivery ``delivery_id`` if it is due and nobody else is sending it; return its
@@ -58,24 +47,29 @@ def deliver(delivery_id: int) -> str | None:
     if not endpoint.active:
         return _finish(row, WebhookDelivery.FAILED, None, "The endpoint is not active.", now)
     body = json.dumps(row.payload, separators=(",", ":"), sort_keys=True).encode()
-    request = urllib.request.Request(endpoint.url, data=body, method="POST", headers={
+    headers = {
         "Content-Type": "application/json",
         "User-Agent": "queuety-django webhooks",
         "Queuety-Event": row.event,
         "Queuety-Delivery": str(row.event_id),
         signing.HEADER: signing.sign(body, endpoint.secret),
-    })
+    }
     code: int | None = None
     error = ""
     try:
-        with _OPENER.open(request, timeout=settings.WEBHOOK_TIMEOUT) as response:
-            code = response.status
-    except urllib.error.HTTPError as refused:
-        code = refused.code
-        error = f"HTTP {refused.code}"
-    except (urllib.error.URLError, OSError, ValueError) as failure:
-        reason = getattr(failure, "reason", failure)
-        error = f"{type(failure).__name__}: {reason}"
+        # Redirects are not followed: a 3xx is a failed attempt (a redirected POST would
+        # carry the signature elsewhere, and the address it names was never checked).
+        code = guard.post(endpoint.url, body, headers, timeout=settings.WEBHOOK_TIMEOUT,
+                          allow_private=settings.WEBHOOK_ALLOW_PRIVATE)
+    except guard.RefusedAddress as refused:
+        # Not retried: the address will not become allowed by waiting.
+        logger.warning("Webhook delivery id=%s (%s to %s) refused: %s", row.pk, row.event,
+                       _address(endpoint.url), refused)
+        return _finish(row, WebhookDelivery.FAILED, None, _refused(refused), now)
+    except (OSError, http.client.HTTPException, ValueError) as failure:
+        error = f"{type(failure).__name__}: {failure}"
+    else:
+        error = "" if 200 <= code < 300 else f"HTTP {code}"
     if code is not None and 200 <= code < 300:
         return _finish(row, WebhookDelivery.DELIVERED, code, "", timezone.now())
     return _retry_or_fail(row, code, error)
@@ -106,6 +100,12 @@ def _finish(row: WebhookDelivery, status: str, code: int | None, error: str,
         status=status, last_status_code=code, last_error=error[:ERROR_CHARS],
         delivered_at=now if status == WebhookDelivery.DELIVERED else None)
     return status
+
+
+def _refused(refused: guard.RefusedAddress) -> str:
+    return (f"Refused (SSRF guard): {refused} Webhooks are sent to public addresses only; "
+            "point the endpoint at one, or set QUEUETY['WEBHOOK_ALLOW_PRIVATE'] = True and "
+            "redeliver.")
 
 
 def _address(url: str) -> str:

@@ -13,6 +13,7 @@ import time
 import uuid
 from typing import Any
 
+from django.db import connection, connections, transaction
 from django.utils import timezone
 
 from queuety import publish, signals
@@ -44,6 +45,41 @@ def subscribers() -> dict[str, list[int]]:
     return _cache[1]
 
 
+#: The cached endpoints that are still there and active, locked until the commit: the cache
+#: may name one another process deleted, whose delivery row would fail its foreign key at the
+#: commit (Django's are deferred) and take the event's transaction, a step's outcome, with it.
+_LOCK_ACTIVE = """
+SELECT id FROM queuety_webhookendpoint WHERE id = ANY(%s) AND active ORDER BY id FOR KEY SHARE
+"""
+
+
+def _still_active(endpoints: list[int]) -> list[int]:
+    """Those of ``endpoints`` still present and active, held against deletion until this
+    transaction ends (on PostgreSQL; SQLite's single writer cannot race the delete)."""
+    if connection.vendor != "postgresql":
+        return list(WebhookEndpoint.objects.filter(pk__in=endpoints, active=True)
+                    .values_list("pk", flat=True))
+    with connection.cursor() as cursor:
+        cursor.execute(_LOCK_ACTIVE, [list(endpoints)])
+        return [row[0] for row in cursor.fetchall()]
+
+
+def hold_for_delete(sender: Any, instance: WebhookEndpoint, using: str, **kwargs: Any) -> None:
+    """Before an endpoint is deleted (``pre_delete``, inside the delete's transaction): lock it
+    against the events being written, then delete its deliveries, including those of events
+    that committed after Django collected the ones to cascade; an event written after the lock
+    finds the endpoint gone and writes it none, so the delete commits."""
+    connection_ = connections[using]
+    with connection_.cursor() as cursor:
+        if connection_.vendor == "postgresql":
+            cursor.execute(_LOCK_FOR_DELETE, [instance.pk])
+        cursor.execute(_DELETE_DELIVERIES, [instance.pk])
+
+
+_LOCK_FOR_DELETE = "SELECT id FROM queuety_webhookendpoint WHERE id = %s FOR UPDATE"
+_DELETE_DELIVERIES = "DELETE FROM queuety_webhookdelivery WHERE endpoint_id = %s"
+
+
 def wants(name: str) -> bool:
     """Whether an active endpoint receives signal ``name``'s webhook event."""
     return bool(subscribers().get(signals.EVENTS[name].webhook))
@@ -54,6 +90,14 @@ def write(name: str, arguments: dict[str, Any]) -> None:
     and have them sent once it commits."""
     event = signals.EVENTS[name].webhook
     endpoints = subscribers().get(event, [])
+    if not endpoints:
+        return
+    # The lock must last until the deliveries commit: outside a transaction, make one.
+    with transaction.atomic(savepoint=False):
+        _write(event, _still_active(endpoints), arguments)
+
+
+def _write(event: str, endpoints: list[int], arguments: dict[str, Any]) -> None:
     if not endpoints:
         return
     now = timezone.now()

@@ -1,7 +1,8 @@
 """Integration fixtures: the PostgreSQL test database and a REAL Celery worker subprocess.
 
 The worker is started once per session with the test database's name, the prefork pool and an
-embedded beat (so the sweeper runs every second). Tests do not run inside transactions: the
+embedded beat (for schedules). Every worker, this one and any a test starts, takes its turn at
+sweeping (queuety.runtime.sweep_tick): one sweep a second in all, however many run. Tests do not run inside transactions: the
 worker must see what they write, and each test works on its own runs.
 """
 
@@ -40,6 +41,18 @@ def pytest_configure(config):
         config.pluginmanager.import_plugin("tests.characterise")
 
 
+@pytest.fixture
+def name():
+    """A fresh schedule name; the schedule (its PeriodicTask row) is removed after the test."""
+    from django_celery_beat.models import PeriodicTask
+
+    from queuety import schedules
+
+    chosen = f"sched-{uuid.uuid4().hex[:8]}"
+    yield chosen
+    PeriodicTask.objects.filter(name=schedules.TASK_PREFIX + chosen).delete()
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _database(db_session):
     """Every integration test has the session's database (``db_session``, tests/conftest.py)."""
@@ -59,6 +72,8 @@ class Worker:
         self.concurrency = concurrency
         self.proc: subprocess.Popen | None = None
         self.starts = 0
+        #: The tree the worker runs: another commit's (tests/reliability/test_upgrades.py).
+        self.cwd = ROOT
         url = urlsplit(os.environ["DATABASE_URL"])
         self.env = {
             **os.environ,
@@ -102,7 +117,7 @@ class Worker:
         if self.beat:
             command += ["-B", "--schedule", str(self.schedule_path)]
         with open(self.log_path, "w") as log:
-            self.proc = subprocess.Popen(command, cwd=ROOT, env=self.env, stdout=log,
+            self.proc = subprocess.Popen(command, cwd=self.cwd, env=self.env, stdout=log,
                                          stderr=subprocess.STDOUT, start_new_session=True)
 
     def _wait_ready(self, timeout: float = 60) -> None:
@@ -213,6 +228,19 @@ def wait_for(run_id: int, statuses=("completed", "failed", "cancelled"), timeout
 
 
 # -- a site deployed from a folder of its own (the deploy tests) -------------------------------
+
+@pytest.fixture
+def admin_client():
+    """A browser signed in as a fresh superuser (pytest-django's own needs its per-test
+    database transaction, which the session's worker could not see)."""
+    from django.contrib.auth.models import User
+    from django.test import Client
+
+    user = User.objects.create_superuser(f"w{uuid.uuid4().hex[:10]}", password="pw")
+    browser = Client()
+    browser.force_login(user)
+    return browser
+
 
 @pytest.fixture(scope="module")
 def code_dir(tmp_path_factory):

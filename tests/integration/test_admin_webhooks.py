@@ -7,8 +7,6 @@ import time
 import uuid
 
 import pytest
-from django.contrib.auth.models import User
-from django.test import Client
 from django.utils import timezone
 
 from queuety.models import WebhookDelivery, WebhookEndpoint
@@ -16,14 +14,6 @@ from queuety.models import WebhookDelivery, WebhookEndpoint
 ENDPOINTS = "/admin/queuety/webhookendpoint/"
 DELIVERIES = "/admin/queuety/webhookdelivery/"
 SECRET = "admin-secret-" + uuid.uuid4().hex
-
-
-@pytest.fixture
-def admin_client():
-    user = User.objects.create_superuser(f"w{uuid.uuid4().hex[:10]}", password="pw")
-    client = Client()
-    client.force_login(user)
-    return client
 
 
 def test_an_endpoint__is_created_with_its_secret_which_is_never_shown_again(admin_client):

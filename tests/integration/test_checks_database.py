@@ -1,4 +1,5 @@
-"""The sweeper's database check (queuety.W003 / W004 / W006) against the session's database.
+"""The database checks against the session's database: the sweeper's (queuety.W003 / W004 /
+W006) and the I/O lane's connections against the server's max_connections (W007).
 
 Each case changes the schedule inside a transaction that is rolled back, so the session
 worker's beat never sees the sweeper's task missing or disabled.
@@ -65,3 +66,19 @@ def test_sweeper_schedule__skipped_before_the_tables_exist_and_without_a_databas
 def test_check_command__asked_for_the_database_runs_it_and_reports_nothing():
     # What embedding.md runs after migrate; without --database the check is not run at all.
     call_command("check", "--database", "default", "--fail-level", "WARNING")
+
+
+def test_lane_connections__a_bound_the_server_has_room_for_passes():
+    assert checks.check_lane_connections(databases=["default"]) == []
+
+
+def test_lane_connections__one_lane_worker_that_could_take_every_connection_is_warned_about():
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW max_connections")
+        server_max = int(cursor.fetchone()[0])
+    with override_settings(QUEUETY={**TEST_QUEUETY, "LANE_MAX_CONNECTIONS": server_max}):
+        found = checks.check_lane_connections(databases=["default"])
+        assert checks.check_lane_connections(databases=None) == []  # a database check
+    assert ids(found) == ["queuety.W007"]
+    assert f"One I/O lane worker may open {server_max} PostgreSQL connections" in found[0].msg
+    assert "Silence queuety.W007 on a site that runs no lane worker" in found[0].hint

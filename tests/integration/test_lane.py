@@ -3,7 +3,9 @@
 Many async steps in flight in one process (overlap measured from recorded start and end
 times), an async body cancelled at its deadline, a sync body recorded as timed out at its
 deadline while its thread runs on, a body that blocks the event loop reported by name, a
-SIGKILLed lane worker's in-flight steps all recovered, connections bounded by the pool.
+SIGKILLed lane worker's in-flight steps all recovered, connections bounded by the pool (200
+threads, 200 runs, POOL_SIZE sessions), and a worker of 200 threads without the pool refused
+at its start.
 """
 
 from __future__ import annotations
@@ -12,13 +14,14 @@ import signal
 import threading
 import time
 import uuid
+from contextlib import contextmanager
 
 import pytest
 from django.db import connection
 
 import queuety
 from queuety.models import Artifact, Event, StepRun
-from tests import lane_steps
+from tests import job_tasks, lane_steps
 from tests.integration.conftest import Worker, wait_for
 from tests.workflows import marks
 
@@ -80,33 +83,57 @@ def connections_of(app_name):
         return cursor.fetchone()[0]
 
 
-def test_many_async_steps_are_in_flight_at_once_on_few_connections(lane):
-    tokens = [uuid.uuid4().hex[:12] for _ in range(50)]
-    flow = queuety.workflow("lane_overlap").then(lane_steps.await_network, queue=lane.queue)
+@contextmanager
+def sessions_sampled(app_name):
+    """Yield a list that fills, every 0.1 s until the block ends, with how many PostgreSQL
+    sessions ``app_name`` holds."""
     held = []
     stop = threading.Event()
 
     def sample():
         try:
             while not stop.is_set():
-                held.append(connections_of(lane.app_name))
+                held.append(connections_of(app_name))
                 time.sleep(0.1)
         finally:
             connection.close()  # this thread's own session, or the test database stays busy
 
     sampler = threading.Thread(target=sample, daemon=True)
-    runs = [flow.dispatch({"token": token, "body": 2}) for token in tokens]
     sampler.start()
     try:
-        statuses = [wait_for(run_id, timeout=60, worker=lane) for run_id in runs]
+        yield held
     finally:
         stop.set()
         sampler.join()
+
+
+def test_many_async_steps_are_in_flight_at_once_on_few_connections(lane):
+    tokens = [uuid.uuid4().hex[:12] for _ in range(50)]
+    flow = queuety.workflow("lane_overlap").then(lane_steps.await_network, queue=lane.queue)
+    runs = [flow.dispatch({"token": token, "body": 2}) for token in tokens]
+    with sessions_sampled(lane.app_name) as held:
+        statuses = [wait_for(run_id, timeout=60, worker=lane) for run_id in runs]
     assert [s.status for s in statuses] == ["completed"] * len(runs)
     intervals = [(times(t, "start")[0], times(t, "end")[0]) for t in tokens]
     # 50 bodies of 2 s each on 60 threads: nearly all overlap (a prefork pool of 4: 4).
     assert max_overlap(intervals) >= 40, intervals
     assert max(held) <= POOL_SIZE, held
+
+
+def test_async_tasks_on_the_lanes_queue__run_concurrently_on_its_event_loop(lane):
+    tokens = [uuid.uuid4().hex[:12] for _ in range(30)]
+    on_lane = job_tasks.awaits_network.using(backend="anyqueue", queue_name=lane.queue)
+    results = [on_lane.enqueue(token, 2) for token in tokens]
+    for result in results:
+        wait_for(int(result.id), timeout=60, worker=lane)
+        result.refresh()
+    assert [(r.status, r.return_value) for r in results] == [("SUCCESSFUL", 2)] * len(tokens)
+    intervals = [(times(t, "start")[0], times(t, "end")[0]) for t in tokens]
+    # 30 jobs of 2 s each on 60 threads: nearly all at once (a prefork pool of 4: 4).
+    assert max_overlap(intervals) >= 20, intervals
+    # The lane worker ran them all: its main process's pid is in each worker id (host:pid@...).
+    assert {r.worker_ids[0].split("@")[0].rpartition(":")[2] for r in results} == {
+        str(lane.proc.pid)}
 
 
 def test_an_async_body_is_cancelled_at_its_deadline(lane):
@@ -273,3 +300,48 @@ def test_too_many_abandoned_threads_make_the_lane_worker_replace_itself(
     finally:
         lane.stop()
         wait_gone(lane.app_name)
+
+
+def test_a_lane_worker_of_200_threads_without_the_pool_refuses_to_start(db_session, tmp_path):
+    # Without Django's pool each of its threads would hold a PostgreSQL session of its own:
+    # 200 against a server's max_connections of 100 is "too many clients" for it and for the
+    # site's web processes. It refuses before it consumes anything.
+    app_name = f"lane-nopool-{uuid.uuid4().hex[:8]}"
+    refused = Worker(tmp_path, queue=f"io-nopool-{uuid.uuid4().hex[:6]}", pool="threads",
+                     beat=False, concurrency=200)
+    refused.env["QUEUETY_DB_APPLICATION_NAME"] = app_name
+    refused.launch()
+    try:
+        refused.proc.wait(timeout=60)
+    finally:
+        refused.stop()
+    log = refused.log()
+    assert refused.proc.returncode != 0, log[-3000:]
+    assert ("queuety: This I/O lane worker (--pool threads) runs 200 threads, and without "
+            "Django's connection pool") in log
+    assert "more than QUEUETY['LANE_MAX_CONNECTIONS'] (20)" in log
+    assert "DATABASES['default']['OPTIONS']['pool'] = {'min_size': 2, 'max_size': 20}" in log
+    assert "--concurrency 17 or fewer" in log
+    assert connections_of(app_name) == 0
+
+
+def test_200_threads_on_the_pool_finish_200_runs_on_at_most_its_max_size_sessions(
+        db_session, worker, tmp_path):
+    wide = LaneWorker(tmp_path, queue=f"io-wide-{uuid.uuid4().hex[:6]}", concurrency=200,
+                      app_name=f"lane-wide-{uuid.uuid4().hex[:8]}")
+    wide.start()
+    tokens = [uuid.uuid4().hex[:12] for _ in range(200)]
+    flow = queuety.workflow("lane_wide").then(lane_steps.await_network, queue=wide.queue)
+    try:
+        with sessions_sampled(wide.app_name) as held:
+            runs = [flow.dispatch({"token": token, "body": 1}) for token in tokens]
+            statuses = [wait_for(run_id, timeout=120, worker=wide) for run_id in runs]
+    finally:
+        wide.stop()
+        wait_gone(wide.app_name)
+    assert [s.status for s in statuses] == ["completed"] * len(runs)
+    intervals = [(times(t, "start")[0], times(t, "end")[0]) for t in tokens]
+    # Far more bodies in flight than connections (measured 99 to 150 here; a prefork pool of
+    # 4: 4): the threads shared the pool's few.
+    assert max_overlap(intervals) >= 50, max_overlap(intervals)
+    assert held and max(held) <= POOL_SIZE, held

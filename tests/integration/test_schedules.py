@@ -26,14 +26,6 @@ pytestmark = pytest.mark.worker
 UTC = timezone.utc
 
 
-@pytest.fixture
-def name():
-    """A fresh schedule name; the schedule is removed after the test."""
-    chosen = f"sched-{uuid.uuid4().hex[:8]}"
-    yield chosen
-    PeriodicTask.objects.filter(name=schedules.TASK_PREFIX + chosen).delete()
-
-
 def runs_of(name: str) -> list[WorkflowRun]:
     return list(WorkflowRun.objects.filter(
         idempotency_key__startswith=schedules.key_prefix(name)).order_by("pk"))

@@ -1,4 +1,4 @@
-"""Waits that time out, on PostgreSQL with a real worker whose embedded beat sweeps each second.
+"""Waits that time out, on PostgreSQL with a real worker that sweeps each second.
 
 The timeout is fired by the sweeper from the database; a reply and the timeout settle a wait
 exactly once, and a reply after the timeout is refused (409 ``wait_expired`` over the API).

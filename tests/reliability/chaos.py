@@ -19,9 +19,11 @@ from pathlib import Path
 
 from celery import Celery
 from django.db import connection
+from django.utils import timezone
 from kombu import Connection
 
 from queuety import publish
+from queuety.models import StepRun
 from tests.integration.conftest import Worker
 
 
@@ -29,6 +31,15 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` still exists."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 class RedisServer:
@@ -196,6 +207,59 @@ def publishing_to(broker_url: str, queue: str):
         app.close()
 
 
+#: Step statuses of rows a fault can hit: due or running.
+LIVE = ("pending", "processing")
+
+
+def live_rows(run_ids) -> tuple[dict, dict]:
+    """Step rows of ``run_ids`` running now, and rows due but not yet claimed (queued
+    messages): ``{pk: (status, attempt)}`` each."""
+    rows = StepRun.objects.filter(run_id__in=run_ids, status__in=LIVE,
+                                  available_at__lte=timezone.now())
+    running, queued = {}, {}
+    for pk, status, attempt in rows.values_list("pk", "status", "attempt"):
+        (running if status == "processing" else queued)[pk] = (status, attempt)
+    return running, queued
+
+
+def moved_on(name: str, running: dict, queued: dict, timeout: float, poll=lambda: None,
+             tails=lambda: "", since: float | None = None) -> dict[str, float]:
+    """Wait until every row of ``running`` and of ``queued`` (``live_rows`` at a fault) has
+    moved on, its status or attempt changed; return the seconds each kind took (0.0: there
+    were none), from ``since`` (a ``time.monotonic()``; default: now). ``poll`` runs each
+    round (a supervisor); ``tails`` explains a timeout."""
+    injected = time.monotonic() if since is None else since
+    left = {"running": dict(running), "queued": dict(queued)}
+    took: dict[str, float] = {}
+    while any(left.values()):
+        ids = [pk for rows in left.values() for pk in rows]
+        now = {pk: (status, attempt) for pk, status, attempt in StepRun.objects.filter(
+            pk__in=ids).values_list("pk", "status", "attempt")}
+        for kind, rows in left.items():
+            left[kind] = {pk: was for pk, was in rows.items() if now.get(pk) == was}
+            if not left[kind] and kind not in took:
+                took[kind] = round(time.monotonic() - injected, 2)
+        if time.monotonic() - injected > timeout:
+            raise AssertionError(f"After fault {name!r}, step rows {left} had not moved "
+                                 f"on within {timeout}s.{tails()}")
+        poll()
+        time.sleep(0.1)
+    return {"running_recovered_s": took.get("running", 0.0),
+            "queued_recovered_s": took.get("queued", 0.0)}
+
+def first_event(run_id: int, kind: str, timeout: float = 120):
+    """The first event ``kind`` of run ``run_id``, waited for up to ``timeout`` seconds."""
+    from queuety.models import Event
+
+    deadline = time.monotonic() + timeout
+    while True:
+        event = Event.objects.filter(run_id=run_id, kind=kind).order_by("pk").first()
+        if event is not None:
+            return event
+        assert time.monotonic() < deadline, f"no {kind} event for run {run_id} in {timeout} s"
+        time.sleep(0.05)
+
+
 def pg_outage(seconds: float) -> int:
     """Make PostgreSQL vanish for the workers, as a restart does, for ``seconds``.
 
@@ -205,6 +269,14 @@ def pg_outage(seconds: float) -> int:
     not be restarted (others' tests run on it). This process keeps its own session to observe.
     Returns the number of sessions terminated.
     """
+    with postgres_down() as terminated:
+        time.sleep(seconds)
+    return terminated
+
+
+@contextmanager
+def postgres_down():
+    """``pg_outage`` for as long as the block lasts; yields the sessions terminated."""
     import psycopg
     from psycopg import sql
 
@@ -216,12 +288,10 @@ def pg_outage(seconds: float) -> int:
         admin.execute(sql.SQL("ALTER DATABASE {} ALLOW_CONNECTIONS false")
                       .format(sql.Identifier(name)))
         try:
-            terminated = admin.execute(
+            yield admin.execute(
                 "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
                 "WHERE datname = %s AND pid <> %s",
                 [name, connection.connection.info.backend_pid]).fetchone()[0]
-            time.sleep(seconds)
         finally:
             admin.execute(sql.SQL("ALTER DATABASE {} ALLOW_CONNECTIONS true")
                           .format(sql.Identifier(name)))
-    return terminated

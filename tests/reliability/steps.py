@@ -8,6 +8,7 @@ run is that of exactly one real execution, however many executions the faults ca
 
 from __future__ import annotations
 
+import asyncio
 import os
 import random
 import time
@@ -103,3 +104,21 @@ def hang(state):
     write_ledger(state["token"], "hang")
     time.sleep(60)
     return {"hung": True}
+
+
+async def lane_fetch(state):
+    """An async step of the I/O lane: records its execution, then awaits the "network"."""
+    execution = write_ledger(state["token"], "fetch")
+    await asyncio.sleep(random.uniform(*state.get("await", (0.2, 0.6))))
+    return {"exec_fetch": execution}
+
+
+def lane_parse(state):
+    """A sync step of the I/O lane (run in a thread of the lane, under its timeout)."""
+    return {"exec_parse": _work(state, "parse")}
+
+
+def refuse(state):
+    """Fails its run for good (the webhook test's runs: each sends ``run.failed``)."""
+    write_ledger(state["token"], "refuse")
+    raise queuety.PermanentError(f"refused for {state['token']}")

@@ -17,7 +17,7 @@ import queuety
 from queuety.models import Event
 from tests.integration.conftest import wait_for
 from tests.reliability import steps
-from tests.reliability.chaos import PoolWorker, delete_queue, publishing_to
+from tests.reliability.chaos import PoolWorker, alive, delete_queue, publishing_to
 
 BROKER = os.environ["CELERY_BROKER_URL"]
 
@@ -55,14 +55,6 @@ def time_limited(quiet_session_worker, tmp_path_factory):
         yield handle
     handle.stop()
     delete_queue(BROKER, queue)
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def test_leaking_step__its_process_is_replaced_after_the_task(memory_limited, token,

@@ -6,25 +6,29 @@ terminates its own session, inside the statement that applies the transition, a 
 of times. Each failed try must roll back whole (nothing half-applied: one completion, one next
 step, the right transition count), and the worker must try the transition again in place, with
 the handler's output in hand, so the handler runs once. An error that outlasts the retries
-leaves the step recoverable: the sweeper takes it back and it runs again.
+leaves the step recoverable: the sweeper takes it back and it runs again. A schedule's fire
+that meets PostgreSQL down is tried again once it is back, for its own tick.
 """
 
 from __future__ import annotations
 
 import time
 from contextlib import contextmanager
+from datetime import datetime, timedelta
+from datetime import timezone as dt_timezone
 
 import pytest
 from django.db import OperationalError, connection
 
 import queuety
-from queuety import publish
+from queuety import publish, schedules
 from queuety.models import Event, StepRun, WorkflowRun
 from queuety.runtime import attempt, outcome
 from queuety.store import rows
 from queuety.store import sql as statements
 from tests import workflows
 from tests.integration.conftest import wait_for
+from tests.reliability.chaos import postgres_down
 
 TRIGGER = """
 CREATE OR REPLACE FUNCTION rel_inject_fault() RETURNS trigger AS $$
@@ -186,7 +190,7 @@ def test_a_try_whose_commit_landed_but_whose_answer_was_lost__is_not_applied_twi
         def execute(self, sql, params=None):
             result = self.cursor.execute(sql, params)
             if sql is statements.COMPLETE_POSTGRES and not lost:
-                owned, advanced, next_id = self.cursor.fetchone()
+                owned, advanced, next_id, _awaited = self.cursor.fetchone()
                 lost.append((owned, advanced, StepRun.objects.values_list(
                     "status", "claimed_by").get(pk=next_id)))
                 raise OperationalError("server closed the connection unexpectedly")
@@ -275,3 +279,37 @@ def test_which_database_errors_fail_the_step_at_once():
         "undefined column": True, "unique violation": True, "bad data": True,
         "statement timeout": False, "lock timeout": False, "read-only standby": False,
         "connection dropped": False}
+
+
+def test_a_schedule_fire_that_meets_a_database_outage__starts_its_ticks_run_once_back(
+        worker, token):
+    # The fire reaches the worker while PostgreSQL refuses every connection: it is tried
+    # again when the database is back, for the tick beat sent it for (it used to be lost).
+    from project.celery import app
+
+    name = f"outage-{token}"
+    prefix = schedules.key_prefix(name)
+    queuety.schedule(name, workflow="reg_letters", every=60, payload={"token": token},
+                     enabled=False)
+    try:
+        sent = datetime.now(dt_timezone.utc) - timedelta(seconds=5)
+        with postgres_down():
+            fire = app.send_task(schedules.FIRE_TASK, kwargs={"schedule": name},
+                                 queue=worker.queue,
+                                 headers={schedules.SENT_AT_HEADER: sent.timestamp()})
+            deadline = time.monotonic() + 20
+            while f"queuety.fire_schedule[{fire.id}] received" not in worker.log():
+                assert time.monotonic() < deadline, worker.log()[-3000:]
+                time.sleep(0.1)
+            time.sleep(1.5)  # it meets the outage, and so does its first try again
+        deadline = time.monotonic() + 30
+        while not WorkflowRun.objects.filter(idempotency_key__startswith=prefix).exists():
+            assert time.monotonic() < deadline, worker.log()[-3000:]
+            time.sleep(0.2)
+        time.sleep(1.0)  # a second start, had there been one, would show by now
+        keys = list(WorkflowRun.objects.filter(idempotency_key__startswith=prefix)
+                    .values_list("idempotency_key", flat=True))
+        assert keys == [prefix + schedules.interval_slot(60, sent).isoformat()]
+        assert f"Schedule {name!r} could not fire for " in worker.log()
+    finally:
+        schedules.remove(name)

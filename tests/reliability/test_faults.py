@@ -16,23 +16,23 @@ import time
 import uuid
 from collections import Counter
 
-from django.utils import timezone
-
 from queuety import inbox
 from queuety.models import Event, StepRun, WorkflowRun
 from tests.integration.conftest import start_together, stop_together
 from tests.reliability import steps
 from tests.reliability.chaos import (
+    LIVE,
     PoolWorker,
     RedisServer,
     delete_queue,
+    live_rows,
+    moved_on,
     pg_outage,
     publishing_to,
     purge_queue,
 )
 
 RABBITMQ = "amqp://guest:guest@127.0.0.1:5672//"
-LIVE = ("pending", "processing")
 
 
 class Scenario:
@@ -93,15 +93,6 @@ class Scenario:
                 inbox.send_signal(run_id, "go", {"run": run_id}, sent_by="chaos test")
                 self.signalled.add(run_id)
 
-    def live_rows(self) -> tuple[dict, dict]:
-        """Step rows running now, and rows due but not yet claimed (queued messages)."""
-        rows = StepRun.objects.filter(run_id__in=self.run_ids, status__in=LIVE,
-                                      available_at__lte=timezone.now())
-        running, queued = {}, {}
-        for pk, status, attempt in rows.values_list("pk", "status", "attempt"):
-            (running if status == "processing" else queued)[pk] = (status, attempt)
-        return running, queued
-
     def wait_for_work_in_flight(self, timeout: float = 20) -> None:
         deadline = time.monotonic() + timeout
         while not StepRun.objects.filter(run_id__in=self.run_ids,
@@ -121,29 +112,14 @@ class Scenario:
         """
         self.wait_for_work_in_flight()
         self.current_fault = name
-        running, queued = self.live_rows()
+        running, queued = live_rows(self.run_ids)
         self.last_fault = started = time.monotonic()
         detail = action()
         injected = time.monotonic()
-        left = {"running": dict(running), "queued": dict(queued)}
-        took = {}
-        while any(left.values()):
-            ids = [pk for rows in left.values() for pk in rows]
-            now = {pk: (status, attempt) for pk, status, attempt in StepRun.objects.filter(
-                pk__in=ids).values_list("pk", "status", "attempt")}
-            for kind, rows in left.items():
-                left[kind] = {pk: was for pk, was in rows.items() if now.get(pk) == was}
-                if not left[kind] and kind not in took:
-                    took[kind] = round(time.monotonic() - injected, 2)
-            if time.monotonic() - injected > timeout:
-                raise AssertionError(f"After fault {name!r}, step rows {left} had not moved "
-                                     f"on within {timeout}s.{self.log_tails()}")
-            self.supervise()
-            time.sleep(0.1)
+        took = moved_on(name, running, queued, timeout, poll=self.supervise,
+                        tails=self.log_tails)
         self.faults.append({"fault": name, "detail": detail, "running": len(running),
-                            "queued": len(queued),
-                            "running_recovered_s": took.get("running", 0.0),
-                            "queued_recovered_s": took.get("queued", 0.0),
+                            "queued": len(queued), **took,
                             "fault_s": round(injected - started, 2)})
 
     def finished(self) -> Counter:

@@ -10,12 +10,17 @@ after 60 s) and hold recovery to what those defaults promise:
 - a whole worker killed during a timed step: recorded as a lost worker (retried), not as a
   timeout, by the sweeper soon after the step's hard limit;
 - a whole worker killed while it holds a retry's back-off or a delay: the step runs about
-  ``WORKER_LOST_AFTER`` plus a sweep late, not ``REDELIVER_AFTER`` (60 s) late.
+  ``WORKER_LOST_AFTER`` plus a sweep late, not ``REDELIVER_AFTER`` (60 s) late;
+- a whole worker killed while its pool processes (forked after its last beat) run 4 steps:
+  each is recorded by the worker registry within ``WORKER_LOST_AFTER`` plus a sweep;
+- a pool process killed while PostgreSQL is away: recorded by the worker's main process
+  within seconds of the database answering again.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 import uuid
@@ -25,11 +30,11 @@ from django.test import override_settings
 
 import queuety
 from queuety.conf import DEFAULTS
-from queuety.models import Event, StepRun, Worker
+from queuety.models import StepRun, Worker
 from queuety.sweeper_beat import ensure_sweeper_schedule
 from tests import workflows
 from tests.integration.conftest import start_together, stop_together, wait_for
-from tests.reliability.chaos import PoolWorker
+from tests.reliability.chaos import PoolWorker, first_event, postgres_down
 
 SWEEP = DEFAULTS["SWEEP_INTERVAL"]
 LOST_AFTER = DEFAULTS["WORKER_LOST_AFTER"]
@@ -41,9 +46,9 @@ class ShippedWorker(PoolWorker):
 
     node_prefix = "shipped"
 
-    def __init__(self, log_dir, queue, *, beat, name):
+    def __init__(self, log_dir, queue, *, beat, name, concurrency=2, options=()):
         super().__init__(log_dir, os.environ["CELERY_BROKER_URL"], queue, beat=beat,
-                         concurrency=2, name=name)
+                         concurrency=concurrency, name=name, options=options)
         self.env["QUEUETY_TEST_TIMINGS"] = "shipped"
 
 
@@ -80,14 +85,20 @@ def pools(shipped_sweep, tmp_path):
     stop_together(started)  # warm: each leaves the registry
 
 
-def _first(run_id, kind, timeout=120):
-    deadline = time.monotonic() + timeout
-    while True:
-        event = Event.objects.filter(run_id=run_id, kind=kind).order_by("pk").first()
-        if event is not None:
-            return event
-        assert time.monotonic() < deadline, f"no {kind} event for run {run_id} in {timeout} s"
-        time.sleep(0.05)
+@pytest.fixture
+def short_lived(shipped_sweep, tmp_path):
+    """As ``pools``, but the victim has 4 pool processes, each replaced after one task
+    (``--max-tasks-per-child 1``): the pool processes running a step were forked after the
+    victim's main process last beat, as happens after kills and ``max_tasks_per_child``."""
+    Worker.objects.all().delete()
+    steps_queue = f"shipped-{uuid.uuid4().hex[:8]}"
+    sweeper = ShippedWorker(tmp_path, f"{steps_queue}-sweeper", beat=True, name="sweeper")
+    victim = ShippedWorker(tmp_path, steps_queue, beat=False, name="victim", concurrency=4,
+                           options=("--max-tasks-per-child", "1"))
+    start_together(sweeper, victim)
+    started = [sweeper, victim]
+    yield steps_queue, sweeper, victim, started
+    stop_together(started)
 
 
 def _hanging(queue, token, **options):
@@ -108,7 +119,7 @@ def test_a_killed_pool_process_is_recorded_at_once(pools, figures):
 
     os.kill(pid, signal.SIGKILL)
     killed = time.time()
-    lost = _first(run_id, "step_retried")
+    lost = first_event(run_id, "step_retried")
     status = wait_for(run_id, timeout=60, worker=victim)
 
     recorded_after = lost.created_at.timestamp() - killed
@@ -130,7 +141,7 @@ def test_a_timed_step_whose_worker_dies_is_retried_as_a_lost_worker(pools, figur
     victim.crash()
     killed = time.time()
     restart_victim()
-    lost = _first(run_id, "step_retried")
+    lost = first_event(run_id, "step_retried")
     status = wait_for(run_id, timeout=60)
 
     recorded_after = lost.created_at.timestamp() - killed
@@ -155,12 +166,12 @@ def test_a_message_held_by_a_killed_worker_runs_within_the_bound(pools, figures,
                   .then(workflows.flaky, retry=retry)
                   .dispatch({"token": token, "raise": "builtins.ConnectionError",
                              "fail_times": 1}))
-        scheduled = _first(run_id, "step_retried")
+        scheduled = first_event(run_id, "step_retried")
     else:
         run_id = (queuety.workflow("shipped_delay").on_queue(queue)
                   .then(workflows.step_a).delay(seconds=3).then(workflows.step_c)
                   .dispatch({"token": token}))
-        scheduled = _first(run_id, "step_completed")
+        scheduled = first_event(run_id, "step_completed")
     time.sleep(0.5)  # the victim has reserved the message, which waits there for its due time
     row = StepRun.objects.filter(run_id=run_id, status="pending").get()
     due = row.available_at.timestamp()
@@ -177,3 +188,82 @@ def test_a_message_held_by_a_killed_worker_runs_within_the_bound(pools, figures,
     # Found lost after WORKER_LOST_AFTER, its messages re-published at the next sweep; before,
     # the sweeper re-published them only REDELIVER_AFTER (60 s) after they were due.
     assert late <= LOST_AFTER + 2 * SWEEP + 3, late
+
+
+def _hanging_runs(queue, count):
+    """Dispatch ``count`` runs whose only step hangs; return their ids once every step runs,
+    in pool processes forked after the quick steps run just before them (see ``short_lived``)."""
+    quick = [queuety.workflow("shipped_quick").on_queue(queue).then(workflows.step_a)
+             .dispatch({}) for _ in range(2 * count)]
+    for run_id in quick:
+        wait_for(run_id, timeout=60)
+    tokens = [uuid.uuid4().hex[:12] for _ in range(count)]
+    run_ids = [queuety.workflow("shipped_hang_alone").on_queue(queue)
+               .then(workflows.hang_first_time).then(workflows.step_c)
+               .dispatch({"token": token}) for token in tokens]
+    deadline = time.monotonic() + 30
+    while not all(workflows.marks(f"{token}-hang") for token in tokens):
+        assert time.monotonic() < deadline, "the hanging steps never all started"
+        time.sleep(0.05)
+    return run_ids
+
+
+def test_a_killed_worker_whose_pool_processes_are_newer_than_its_beat_is_found(
+        short_lived, figures):
+    queue, sweeper, victim, started = short_lived
+    run_ids = _hanging_runs(queue, 4)
+    held = StepRun.objects.filter(run_id__in=run_ids, status="processing").count()
+
+    victim.crash()
+    killed = time.time()
+    again = ShippedWorker(victim.log_dir, queue, beat=False, name="victim2")
+    again.start()
+    started.append(again)
+    lost = [first_event(run_id, "step_retried", timeout=150) for run_id in run_ids]
+    statuses = [wait_for(run_id, timeout=60) for run_id in run_ids]
+
+    recorded_after = [event.created_at.timestamp() - killed for event in lost]
+    # Celery's lines only: the queuety logger's own handler prints each line a second time.
+    # Every worker's main process sweeps in its turn, so the restarted one may be the one.
+    logged = sum(int(count) for worker in (sweeper, again) for count in re.findall(
+        r"^\[[^]]*WARNING/[^]]*\] .*?(\d+) attempt\(s\)[^\n]*recorded as lost",
+        worker.log(), re.MULTILINE))
+    figures.record("Shipped timings: worker SIGKILLed while 4 new pool processes run steps",
+                   recorded_after_s=[round(after, 2) for after in sorted(recorded_after)],
+                   logged_by_registry=logged, held=held)
+    assert held == 4
+    assert all(e.data["error"]["type"] == "queuety.exceptions.WorkerLost" for e in lost)
+    assert all(status.status == "completed" for status in statuses)
+    # By the registry, within WORKER_LOST_AFTER of the last beat of the worker (its main
+    # process's or its steps' heartbeats), plus a sweep; before, the stale-heartbeat path took
+    # the ones missed (STALE_AFTER, 60 s).
+    assert max(recorded_after) <= LOST_AFTER + 2 * SWEEP + 3, recorded_after
+    assert logged == held, sweeper.log()[-3000:] + again.log()[-3000:]
+
+
+def test_a_pool_process_killed_while_postgres_is_away_is_recorded_once_it_answers(
+        pools, figures):
+    queue, victim, _ = pools
+    token = uuid.uuid4().hex[:12]
+    run_id, pid = _hanging(queue, token)
+
+    # Killed a second into a 10 s outage: the main process's record fails on the database.
+    with postgres_down():
+        time.sleep(1.0)
+        os.kill(pid, signal.SIGKILL)
+        time.sleep(9.0)
+    answered = time.time()
+    lost = first_event(run_id, "step_retried", timeout=150)
+    status = wait_for(run_id, timeout=60, worker=victim)
+
+    recorded_after = lost.created_at.timestamp() - answered
+    figures.record("Shipped timings: pool process SIGKILLed during a 10 s PostgreSQL outage",
+                   recorded_after_database_answered_s=round(recorded_after, 2))
+    assert lost.data["error"]["type"] == "queuety.exceptions.WorkerLost"
+    assert status.status == "completed" and status.state["hung_once"] is True
+    # The first record met the database away, and it was the retry that wrote it.
+    assert "Could not record yet that pool process" in victim.log(), victim.log()[-3000:]
+    assert "recorded as WorkerLost and runs again" in victim.log(), victim.log()[-3000:]
+    # Retried by the main process until the database answers; before, the sweeper's
+    # stale-heartbeat path recorded it about STALE_AFTER (60 s) after its last heartbeat.
+    assert recorded_after < 5, recorded_after

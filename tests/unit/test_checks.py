@@ -66,7 +66,7 @@ def test_beat_scheduler__any_other_is_an_error_naming_the_fix(scheduler, shown):
     with override_settings(CELERY_BEAT_SCHEDULER=scheduler):
         found = [m for m in checks.check_celery_settings() if m.id == "queuety.E002"]
     assert len(found) == 1 and found[0].level == django_checks.ERROR
-    assert shown in found[0].msg and "never runs Queuety's sweeper" in found[0].msg
+    assert shown in found[0].msg and "never fires Queuety's schedules" in found[0].msg
     assert found[0].hint.startswith(f"Set CELERY_BEAT_SCHEDULER = {SCHEDULER!r}")
 
 

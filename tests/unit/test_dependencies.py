@@ -83,7 +83,7 @@ def test_ids_from_state__refuses_what_is_not_run_ids(value):
 @pytest.mark.parametrize(("call", "message"), [
     (lambda b: b.wait_for_workflows([1], "quorum"), "quorum=n with n >= 1"),
     (lambda b: b.wait_for_workflows([1], "all", quorum=2), "only applies to mode='quorum'"),
-    (lambda b: b.wait_for_workflows([1], "most"), "'all', 'any' or 'quorum'"),
+    (lambda b: b.wait_for_workflows([1], "most"), "'all', 'any', 'quorum' or 'settled'"),
     (lambda b: b.wait_for_workflows([1, "2"]), "positive integers"),
     (lambda b: b.wait_for_workflows({"a": 1}), "a list of run ids or a state key"),
     (lambda b: b.wait_for_workflow(" "), "non-blank"),

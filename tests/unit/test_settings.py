@@ -30,12 +30,24 @@ from queuety.conf import settings
     ({"SWEEP_INTERVAL": 0}, r"QUEUETY\['SWEEP_INTERVAL'\] must be a whole number of seconds, "
                             r"at least 1\.$"),
     ({"INLINE_STEPS": 0}, r"QUEUETY\['INLINE_STEPS'\] must be a whole number, at least 1 "),
+    ({"SWEEP_LEASE": 0}, r"QUEUETY\['SWEEP_LEASE'\] must be a positive number\.$"),
     ({"LANE_MAX_ABANDONED": True}, r"QUEUETY\['LANE_MAX_ABANDONED'\] must be a whole number, "
                                    r"at least 0"),
+    ({"LANE_MAX_CONNECTIONS": 0}, r"QUEUETY\['LANE_MAX_CONNECTIONS'\] must be a whole number, "
+                                  r"at least 1"),
     ({"SECRET_KEYS": "password"}, r"QUEUETY\['SECRET_KEYS'\] must be a list of key names"),
     ({"BASE_URL": "https://shop.example.com/app"},
      r"QUEUETY\['BASE_URL'\] must be None or the site's scheme and host, such as "
      r"'https://shop.example.com' \(not 'https://shop.example.com/app'\)"),
+    ({"RUN_SCOPE": "tests.workflows.no_such_scope"},
+     r"QUEUETY\['RUN_SCOPE'\] names 'tests.workflows.no_such_scope', which cannot be "
+     r"imported .*; give the dotted path of a function f\(user, queryset\) -> queryset"),
+    ({"RUN_SCOPE": 42}, r"QUEUETY\['RUN_SCOPE'\] must be None, a function f\(user, "
+                        r"queryset\) -> queryset, or its dotted path \(got 42\)"),
+    ({"RUN_ACCESS": "tests.settings.BUDGET_QUEUE"}, r"QUEUETY\['RUN_ACCESS'\] must be None, a "
+                                                  r"function f\(user, run\) -> bool"),
+    ({"WEBHOOK_ALLOW_PRIVATE": "yes"}, r"QUEUETY\['WEBHOOK_ALLOW_PRIVATE'\] must be True or "
+                                       r"False\."),
 ])
 def test_settings__unworkable_values_are_refused(values, message):
     with override_settings(QUEUETY=values), pytest.raises(ImproperlyConfigured, match=message):
@@ -45,3 +57,14 @@ def test_settings__unworkable_values_are_refused(values, message):
 def test_settings__worker_lost_after_defaults_to_two_and_a_half_heartbeats():
     with override_settings(QUEUETY={}):
         assert settings.WORKER_LOST_AFTER == 25.0 == 2.5 * settings.HEARTBEAT_INTERVAL
+
+
+def test_settings__run_scope_and_run_access_take_a_callable_or_its_dotted_path():
+    from tests import workflows
+
+    for given in ("tests.workflows.tenant_scope", workflows.tenant_scope):
+        with override_settings(QUEUETY={"RUN_SCOPE": given, "RUN_ACCESS": given}):
+            assert settings.RUN_SCOPE is workflows.tenant_scope
+            assert settings.RUN_ACCESS is workflows.tenant_scope
+    with override_settings(QUEUETY={}):
+        assert settings.RUN_SCOPE is None and settings.WEBHOOK_ALLOW_PRIVATE is False

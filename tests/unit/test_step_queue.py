@@ -1,5 +1,6 @@
 """A step's ``queue``: resolved like its other options, kept in its definition, routing its
-messages; and the I/O lane's refusal to start without PostgreSQL and a real broker."""
+messages; and the I/O lane's refusal to start without PostgreSQL and a real broker, or with
+more PostgreSQL connections than QUEUETY['LANE_MAX_CONNECTIONS'] (and queuety.W007's rule)."""
 
 from __future__ import annotations
 
@@ -66,9 +67,49 @@ def test_lane__starts_on_postgresql_and_a_real_broker(broker):
     assert lane.refusal("postgresql", broker) is None
 
 
-def test_lane__warns_without_the_connection_pool():
-    without = {"default": {"ENGINE": "django.db.backends.postgresql", "OPTIONS": {}}}
-    with_pool = {"default": {"OPTIONS": {"pool": {"max_size": 20}}}}
-    advice = lane.pool_advice(without, 200)
-    assert advice is not None and "OPTIONS']['pool']" in advice and "200 threads" in advice
-    assert lane.pool_advice(with_pool, 200) is None
+WITHOUT_POOL = {"default": {"ENGINE": "django.db.backends.postgresql", "OPTIONS": {}}}
+
+
+def _pooled(pool):
+    return {"default": {"ENGINE": "django.db.backends.postgresql", "OPTIONS": {"pool": pool}}}
+
+
+def test_lane__without_the_pool_more_threads_than_the_bound_refuse_naming_both_fixes():
+    message = lane.connection_refusal(WITHOUT_POOL, 200, 20)
+    assert message is not None
+    assert message.startswith("This I/O lane worker (--pool threads) runs 200 threads")
+    assert "more than QUEUETY['LANE_MAX_CONNECTIONS'] (20)" in message
+    assert "DATABASES['default']['OPTIONS']['pool'] = {'min_size': 2, 'max_size': 20}" in message
+    assert "with the main process's 3, up to 203 connections" in message
+    assert "--concurrency 17 or fewer" in message
+    # At the bound, the main process's own connections counted: starts.
+    assert lane.connection_refusal(WITHOUT_POOL, 17, 20) is None
+    assert lane.connection_refusal(WITHOUT_POOL, 18, 20) is not None
+
+
+@pytest.mark.parametrize("pool, size", [
+    ({"max_size": 20}, 20), ({"min_size": 2, "max_size": 5}, 5), ({"min_size": 6}, 6),
+    (True, lane.POOL_DEFAULT_SIZE),
+])
+def test_lane__with_the_pool_its_size_is_the_bound_whatever_the_threads(pool, size):
+    assert lane.pool_size(_pooled(pool)) == size
+    assert lane.connection_refusal(_pooled(pool), 200, size) is None
+    message = lane.connection_refusal(_pooled(pool), 200, size - 1)
+    assert message is not None and f"open {size} PostgreSQL connections" in message
+    assert f"Lower the pool's max_size to {size - 1} or fewer" in message
+
+
+@pytest.mark.parametrize("databases, bound, server, warned", [
+    (WITHOUT_POOL, 20, 100, False),
+    (WITHOUT_POOL, 97, 100, True),          # 100 less 3 reserved: one worker takes them all
+    (WITHOUT_POOL, 96, 100, False),
+    (_pooled({"max_size": 100}), 20, 100, True),   # the pool's size counts, not the setting
+    (_pooled({"max_size": 20}), 500, 100, False),
+])
+def test_w007__one_lane_worker_that_could_take_every_connection_is_warned_about(
+        databases, bound, server, warned):
+    advice = lane.server_advice(databases, bound, server, 3)
+    assert (advice is not None) is warned
+    if warned:
+        assert advice.startswith("One I/O lane worker may open")
+        assert f"the server takes {server - 3} (max_connections {server} less 3" in advice

@@ -94,13 +94,14 @@ PLAIN_AGAIN = replace(ASKED, plain=True)
     (GroupSnapshot(ASKED, G, Load(1), _rows("1", "2"), True), (1, 2), (), ()),
     # Its best step waits in a line: the line wakes it, keeping its place, and its steps
     # in no line get what the line leaves; the line's steps of g do not overtake g's best
-    # step in no line (the floor), read here or, when none was read, looked up then.
+    # step in no line (the floor), read here or, when none was read, looked up then. The
+    # line waits for g's lock with its own (another waker may hold it between the passes).
     (GroupSnapshot(ASKED, G, Load(1), _rows("1@llm", "2"), True), (),
-     (LinePass("llm", {"g": (1, 2)}), PLAIN_AGAIN), ()),
+     (LinePass("llm", {"g": (1, 2)}, waits_for="g"), PLAIN_AGAIN), ()),
     (GroupSnapshot(ASKED, G, Load(0), _rows("1", "2@llm", "3"), True), (1,),
-     (LinePass("llm", {"g": (1, 3)}), PLAIN_AGAIN), ()),
+     (LinePass("llm", {"g": (1, 3)}, waits_for="g"), PLAIN_AGAIN), ()),
     (GroupSnapshot(ASKED, G, Load(2), _rows("1@llm"), True), (),
-     (LinePass("llm", floors_of=("g",)), PLAIN_AGAIN), ()),
+     (LinePass("llm", floors_of=("g",), waits_for="g"), PLAIN_AGAIN), ()),
     # A line its caller wakes itself is not woken again; the second pass still runs.
     (GroupSnapshot(replace(ASKED, done=frozenset({"llm"})), G, Load(1), _rows("1@llm"), True),
      (), (replace(PLAIN_AGAIN, done=frozenset({"llm"})),), ()),
@@ -117,7 +118,7 @@ PLAIN_AGAIN = replace(ASKED, plain=True)
     (GroupSnapshot(GroupPass("g"), Limits("g", rate=(2, 1.0)), Load(0, 0, 2), (), False),
      (), (), ()),
     # Its lock was busy (or nothing waits): a retry wakes the lines its steps wait in all
-    # the same (those not done), passing the retry count on.
+    # the same (those not done), passing the retry count on; they only try its lock too.
     (GroupSnapshot(GroupPass("g", busy_retry=True, retry=2, done=frozenset({"b"})),
                    lines=frozenset({"b", "llm"})), (),
      (LinePass("llm", floors_of=("g",), retry=2),), ()),
@@ -191,7 +192,7 @@ def test_a_queues_line_wakes_across_groups_in_turns_within_its_budget(seen, wake
 def test_a_release_wakes_its_queues_line_then_its_group_and_hands_off_one_of_its_queue():
     budgeted = Limits("g", concurrency=1, queue="llm", queue_cost=4)
     assert wake_plan.release_passes(budgeted) == (
-        LinePass("llm", floors_of=("g",)), GroupPass("g", budgeted, done=frozenset({"llm"})))
+        LinePass("llm", floors_of=("g",), waits_for="g"), GroupPass("g", budgeted, done=frozenset({"llm"})))
     plain = Limits("g", concurrency=1, queue="default")
     assert wake_plan.release_passes(plain) == (GroupPass("g", plain),)
     assert wake_plan.release_passes(Limits(None, queue="llm", queue_cost=4)) == (
@@ -222,7 +223,7 @@ def test_a_groups_better_step_in_a_line_goes_before_its_lower_one_in_none():
                                               (high,), True))
     assert first.wake == ()
     line, again = first.then
-    assert line == LinePass("llm", floors_of=("g",))
+    assert line == LinePass("llm", floors_of=("g",), waits_for="g")
     # The line (its floor looked up: the low step) wakes the high one; then g has no room.
     woke = wake_plan.plan_wake(LineSnapshot(line, 2, (high,), {"g": Limits("g", concurrency=1)},
                                             {"g": Load()}, floors={"g": (low.priority,

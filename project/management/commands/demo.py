@@ -66,6 +66,8 @@ class Command(BaseCommand):
             if status.is_finished:
                 return status
             if worker.poll() is not None:
+                # What the worker said last is why it stopped: shown here, not left in its log.
+                self.stderr.write(self.log_path.read_text()[-3000:])
                 raise CommandError(f"The Celery worker exited with code {worker.returncode} "
                                    f"before run #{run_id} finished.")
             if time.monotonic() > deadline:

@@ -14,7 +14,8 @@ from queuety import export as exports  # "export" and "timeline" name sub-parser
 from queuety import timeline as timelines
 from queuety.core import artifacts as artifact_rules
 from queuety.core.describe import format_status
-from queuety.management import deploying, migrating, quarantine, starting
+from queuety.management import acting, deploying, migrating, quarantine, starting
+from queuety.management import jobs as job_commands
 from queuety.management.starting import Error
 from queuety.runtime import sweeper
 
@@ -83,8 +84,8 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         groups = parser.add_subparsers(dest="group", required=True,
-                                       metavar="{workflow,schedule,status,sweep,metrics,"
-                                               "deploy-check}")
+                                       metavar="{workflow,job,schedule,status,sweep,"
+                                               "metrics,deploy-check}")
         workflow = groups.add_parser("workflow", help="Workflow runs.")
         actions = workflow.add_subparsers(dest="action", required=True,
                                           metavar="{dispatch,definitions,diff,status,list,retry,"
@@ -178,6 +179,7 @@ class Command(BaseCommand):
                               help="text: the chunks joined (strings as they are); json: "
                                    "each chunk with its index and attempt.")
 
+        acting.add_as_user(actions)
         starting.add_schedule_group(groups)
 
         overview = groups.add_parser("status", help="Runs per status, the oldest due "
@@ -195,6 +197,7 @@ class Command(BaseCommand):
         stats.add_argument("--format", choices=["table", "json"], default="table")
 
         deploying.add_deploy_check(groups)
+        job_commands.add_job_group(groups)
 
     def handle(self, *args: Any, **options: Any) -> None:
         if options["group"] == "sweep":
@@ -209,11 +212,16 @@ class Command(BaseCommand):
         if options["group"] == "metrics":
             self._metrics(options["minutes"], options["format"])
             return
+        if options["group"] == "job":
+            job_commands.job_action(options, self.stdout.write, self._table)
+            return
         if options["group"] == "schedule":
             starting.schedule_action(options["action"], options, self.stdout.write, self._table)
             return
         if starting.workflow_action(options["action"], options, self.stdout.write, self._table):
             return
+        options["acting_user"] = user = acting.acting_user(options)
+        acting.check_run(user, options.get("run_id"))
         if migrating.migrate_action(options["action"], options, self.stdout.write, self._table):
             return
         if quarantine.definition_action(options["action"], options, self.stdout.write):
@@ -449,9 +457,11 @@ class Command(BaseCommand):
             return
         self.stdout.write("\n".join(format_status(status)))
 
-    def _list(self, status: str | None, limit: int, format: str, **options: Any) -> None:
+    def _list(self, status: str | None, limit: int, format: str, acting_user: Any = None,
+              **options: Any) -> None:
         try:
-            runs = queries.list_workflows(status=status, limit=limit)
+            runs = queries.list_workflows(status=status, limit=limit,
+                                          among=acting.reachable(acting_user))
         except ValueError as error:
             raise Error(str(error)) from None
         if format == "json":
