@@ -363,6 +363,8 @@ def _io(rounds, add) -> None:
 
 TASK_ENGINES = (("queuety", "Queuety's tasks backend (`@task`, Queuety's worker)"),
                 ("celery", "Raw Celery tasks (`delay()`, no result backend)"),
+                ("celery_late", "Raw Celery tasks, acks late and prefetch 1 (as Queuety's "
+                                "worker delivers)"),
                 ("db", "django-tasks-db (`db_worker` x 2, 10 ms poll)"))
 
 
@@ -386,6 +388,12 @@ def _task_goal_rows(rounds: list[Round]) -> list[tuple[str, str, list, Callable 
         ("p50 enqueue-to-start − Celery's p50 (ms)", "≤ 2 ms", _difference_series(
             rounds, "tasks.queuety_latency.p50_ms", "tasks.celery_latency.p50_ms"),
          lambda v: v <= 2, 1),
+        ("jobs/s ÷ raw Celery acks-late prefetch-1 tasks/s", "(info)", _ratio_series(
+            rounds, "tasks.queuety_jobs.jobs_per_s", "tasks.celery_late_jobs.jobs_per_s"),
+         None, 2),
+        ("3 x django-tasks-db jobs/s ÷ raw Celery no-op tasks/s", "(info)", [
+            None if v is None else 3 * v for v in _ratio_series(
+                rounds, "tasks.db_jobs.jobs_per_s", "tasks.celery_jobs.jobs_per_s")], None, 2),
         ("p50 enqueue-to-start ÷ django-tasks-db's p50", "(info)", _ratio_series(
             rounds, "tasks.queuety_latency.p50_ms", "tasks.db_latency.p50_ms"), None, 2),
         ("enqueue/s ÷ Celery `delay()`/s", "(info)", _ratio_series(

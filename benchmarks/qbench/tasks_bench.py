@@ -9,6 +9,8 @@ when idle, 10 ms like the DBOS peer's; its default is 1 s). The db_workers run o
 their own tests, because their idle polling (about 200 transactions/s) would load the
 machine under the others'. Measures, per engine, and prints one JSON line:
 
+- ``celery_late``: the same raw Celery tasks on a worker that delivers as Queuety's does (acks
+  late, prefetch multiplier 1): its jobs/s and latency only.
 - ``jobs``: N no-op tasks enqueued where no worker takes them yet, then released at once
   (Queuety and Celery: ``add_consumer``; django-tasks-db: one UPDATE moving the rows to the
   workers' queue) and the clock starts. It stops at the last job's ``finished_at`` (Queuety,
@@ -301,11 +303,18 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {}
     queuety = util.Worker("project", 2, label="tasks-queuety", environ=_environ())
     peer = util.Worker("qbench.celery_peer", 2, label="tasks-peer", environ=_environ())
+    # Raw Celery delivering as Queuety's worker does (acks late, prefetch 1): the ceiling a
+    # message per job leaves, with none of Queuety's work.
+    late = util.Worker("qbench.celery_peer", 2, label="tasks-peer-late",
+                       environ={**_environ(), "QBENCH_PEER_ACKS_LATE": "1"},
+                       extra=["--prefetch-multiplier", "1"])
     try:
         queuety.start()
         peer.start()
+        late.start()
         _warm(queuety, queuety_jobs)
         _warm(peer, celery_jobs)
+        _warm(late, celery_jobs)
 
         def run_queuety() -> None:
             results["queuety_jobs"] = queuety_jobs(queuety, args.n)
@@ -316,6 +325,8 @@ def main(argv: list[str] | None = None) -> int:
             results["celery_jobs"] = celery_jobs(peer, args.n)
             results["celery_enqueue"] = celery_enqueue(args.enqueue)
             results["celery_latency"] = celery_latency(peer, args.lat)
+            results["celery_late_jobs"] = celery_jobs(late, args.n)
+            results["celery_late_latency"] = celery_latency(late, args.lat)
 
         def run_db() -> None:
             results["db_jobs"], results["db_latency"] = db_jobs_and_latency(args.n, args.lat)
@@ -327,6 +338,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         queuety.stop()
         peer.stop()
+        late.stop()
         util.stop_all()
     print(json.dumps(results))
     return 0
