@@ -7,6 +7,7 @@ a round (engine and peer measured minutes apart on the same machine state), then
 from __future__ import annotations
 
 import math
+import os
 from typing import Any, Callable
 
 from qbench.util import spread
@@ -435,6 +436,7 @@ def _tasks(rounds, args, add) -> None:
             f"| {_cell(_series(rounds, f'tasks.{key}_latency.p95_ms'), 1)} "
             f"| {_cell(_series(rounds, f'tasks.{key}_latency.enqueue_call_p50_ms'), 2)} |")
     add("")
+    _tasks_cpu(rounds, add)
     add("| Queuety's backend: ratio | goal | result |")
     add("|---|---|---|")
     for name, goal, values, test, digits in _task_goal_rows(rounds):
@@ -442,6 +444,40 @@ def _tasks(rounds, args, add) -> None:
         if test is not None and cell != "-":
             cell += f" {_goal(values, test)}"
         add(f"| {name} | {goal} | {cell} |")
+    add("")
+
+
+#: The columns of the tasks section's CPU table: (heading, ``cpu_ms`` key of each engine).
+_CPU_COLUMNS = (("worker's main process", ("worker main",)),
+                ("pool processes / db_workers", ("pool", "db_worker")),
+                ("PostgreSQL", ("postgres",)), ("Redis", ("redis",)), ("whole machine", ("machine",)))
+
+
+def _tasks_cpu(rounds, add) -> None:
+    """CPU ms per job while each engine's throughput test ran (``qbench.cpu``), and how
+    much of the machine's CPUs that kept busy: below 100 %, the engine waited, not computed."""
+    engines = [(key, label) for key, label in TASK_ENGINES
+               if any(_get(r, f"tasks.{key}_jobs.cpu_ms.machine") is not None for r in rounds)]
+    if not engines:
+        return
+    cpus = os.cpu_count() or 1
+    add(f"CPU ms per job while the jobs ran (`qbench.cpu`; the machine has {cpus} CPUs):\n")
+    add("| engine | " + " | ".join(heading for heading, _ in _CPU_COLUMNS)
+        + " | the machine's CPUs busy |")
+    add("|---|" + "---:|" * (len(_CPU_COLUMNS) + 1))
+    for key, label in engines:
+        cells = []
+        for _, names in _CPU_COLUMNS:
+            values = [next((v for name in names
+                            if (v := _get(r, f"tasks.{key}_jobs.cpu_ms.{name}")) is not None),
+                           None) for r in rounds]
+            cells.append(_cell(values, 2))
+        busy = []
+        for r in rounds:
+            rate, ms = (_get(r, f"tasks.{key}_jobs.jobs_per_s"),
+                        _get(r, f"tasks.{key}_jobs.cpu_ms.machine"))
+            busy.append(None if rate is None or ms is None else 100 * rate * ms / 1000 / cpus)
+        add(f"| {label} | " + " | ".join(cells) + f" | {_cell(busy)} % |")
     add("")
 
 

@@ -9,6 +9,8 @@ when idle, 10 ms like the DBOS peer's; its default is 1 s). The db_workers run o
 their own tests, because their idle polling (about 200 transactions/s) would load the
 machine under the others'. Measures, per engine, and prints one JSON line:
 
+- ``cpu_ms`` of each throughput test: CPU ms per job of each kind of process while the jobs
+  ran (``qbench.cpu``), and of the whole machine.
 - ``celery_late``: the same raw Celery tasks on a worker that delivers as Queuety's does (acks
   late, prefetch multiplier 1): its jobs/s and latency only.
 - ``jobs``: N no-op tasks enqueued where no worker takes them yet, then released at once
@@ -78,14 +80,24 @@ def queuety_jobs(worker, n: int) -> dict[str, float]:
     task = jobs_tasks.noop.using(queue_name=queue)
     ids = [int(task.enqueue().id) for _ in range(n)]
     stats = queuety_bench.Stats()
+    meter = _worker_meter(worker)
     try:
+        meter.start()
         started = time.time()
         worker.consume(queue)
         end = queuety_bench.wait_done(stats, ids[0], ids[-1], timeout=60 + n / 10)
+        cpu_ms = meter.per_job_ms(n)
     finally:
         stats.close()
         worker.ignore(queue)
-    return {"jobs_per_s": n / (end - started), "seconds": end - started}
+    return {"jobs_per_s": n / (end - started), "seconds": end - started, "cpu_ms": cpu_ms}
+
+
+def _worker_meter(worker):
+    """CPU of a Celery worker's main process and pool processes (and PostgreSQL, Redis)."""
+    from qbench.cpu import Meter
+
+    return Meter({"worker main": lambda: [worker.proc.pid], "pool": worker.pool_pids})
 
 
 def queuety_enqueue(count: int) -> dict[str, float]:
@@ -107,9 +119,11 @@ def celery_jobs(worker, n: int) -> dict[str, float]:
     queue = _queue("ctasks")
     key = f"qbench:ctasks:{uuid.uuid4().hex}"
     client = redis.Redis.from_url(env.REDIS_URL)
+    meter = _worker_meter(worker)
     try:
         for _ in range(n):
             peer.noop_done.apply_async((key, n), queue=queue)
+        meter.start()
         started = time.time()
         worker.consume(queue)
         deadline = time.monotonic() + 60 + n / 10
@@ -117,11 +131,13 @@ def celery_jobs(worker, n: int) -> dict[str, float]:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"celery tasks: {client.get(key)}/{n} in time")
             time.sleep(0.05)
+        cpu_ms = meter.per_job_ms(n)
     finally:
         worker.ignore(queue)
         client.delete(key, f"{key}:end", queue)
         client.close()
-    return {"jobs_per_s": n / (float(end) - started), "seconds": float(end) - started}
+    return {"jobs_per_s": n / (float(end) - started), "seconds": float(end) - started,
+            "cpu_ms": cpu_ms}
 
 
 def celery_enqueue(count: int) -> dict[str, float]:
@@ -201,13 +217,18 @@ def db_jobs_and_latency(n: int, samples: int) -> tuple[dict, dict]:
     queue, hold = _queue("dtp"), _queue("dhold")
     task = _db_task(hold)
     ids = [task.enqueue().id for _ in range(n)]
-    with DbWorkers(queue):
+    with DbWorkers(queue) as workers:
+        from qbench.cpu import Meter
+
+        meter = Meter({"db_worker": lambda: [proc.pid for proc in workers.procs]})
+        meter.start()
         started = time.time()
         DBTaskResult.objects.filter(queue_name=hold).update(queue_name=queue)
         end = _db_wait(queue, ids, timeout=60 + n / 5)
         if end is None:
             raise RuntimeError(f"django-tasks-db: {n} tasks not done in time")
-        jobs = {"jobs_per_s": n / (end - started), "seconds": end - started}
+        jobs = {"jobs_per_s": n / (end - started), "seconds": end - started,
+                "cpu_ms": meter.per_job_ms(n)}
         latency = _latency(lambda key: _db_task(queue, "stamp").enqueue(key), samples)
     DBTaskResult.objects.filter(queue_name__in=[queue, hold]).delete()
     return jobs, latency
