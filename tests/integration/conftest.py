@@ -42,6 +42,23 @@ def pytest_configure(config):
 
 
 @pytest.fixture
+def no_sweeps():
+    """The site's sweep lease, held by the test while it runs: no worker sweeps meanwhile.
+
+    For tests that arrange throttled rows or hold locks in this process: the session worker's
+    sweep (one a second) would otherwise wake a step, or wait for a lock, under them."""
+    from queuety.store import sweeps
+
+    deadline = time.monotonic() + 30
+    while not isinstance(lease := sweeps.claim("tests (no_sweeps)", interval=0, lease=120),
+                         sweeps.Lease):
+        assert time.monotonic() < deadline, f"The sweep lease stayed with {lease.holder} for 30 s."
+        time.sleep(0.05)
+    yield
+    sweeps.release(lease.token)
+
+
+@pytest.fixture
 def name():
     """A fresh schedule name; the schedule (its PeriodicTask row) is removed after the test."""
     from django_celery_beat.models import PeriodicTask

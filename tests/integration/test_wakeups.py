@@ -21,6 +21,10 @@ from queuety.store.definitions import load_spec
 from tests import resource_steps
 from tests.settings import BUDGET_QUEUE
 
+# The session worker's sweep would wake the throttled steps these tests arrange, or queue for
+# the locks they hold, between a test's steps (a release then found nothing left to wake).
+pytestmark = pytest.mark.usefixtures("no_sweeps")
+
 
 @pytest.fixture
 def group():
