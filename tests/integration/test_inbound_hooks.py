@@ -264,3 +264,21 @@ def test_unauthenticated_random_posts__only_401_404_413_and_nothing_stored(hook_
                 seen.add(response.status_code)
     assert seen == {401, 404, 413}
     _nothing_stored(hook_name, token)
+
+
+def test_admin__lists_deliveries_with_their_outcome_read_only(hook_name, token, admin_client):
+    queuety.inbound(hook_name, verify=queuety.verifiers.stripe(SECRET), start=PARKED)
+    body = event(token=token)
+    post(hook_name, body, stripe_headers(body))
+    row = InboundDelivery.objects.get(hook=hook_name)
+
+    listing = admin_client.get("/admin/queuety/inbounddelivery/", {"hook": hook_name})
+    page = admin_client.get(f"/admin/queuety/inbounddelivery/{row.pk}/change/")
+
+    assert listing.status_code == 200 and row.event_id in listing.content.decode()
+    assert "started" in listing.content.decode()
+    assert page.status_code == 200 and token in page.content.decode()
+    assert admin_client.get("/admin/queuety/inbounddelivery/add/").status_code == 403
+    assert admin_client.post(f"/admin/queuety/inbounddelivery/{row.pk}/delete/",
+                             {"post": "yes"}).status_code == 403
+    assert InboundDelivery.objects.filter(pk=row.pk).exists()
