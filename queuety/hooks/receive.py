@@ -142,7 +142,7 @@ def receive(name: str, headers: Mapping[str, str], body: bytes) -> Received:
 def _act(hook: declare.InboundHook, event: Any, event_id: str) -> tuple[int, str]:
     """Start the hook's workflow or send its signal; return the run's id and the outcome."""
     data = hook.payload(event) if hook.payload is not None else event
-    key = f"inbound:{hook.name}:{event_id}"
+    key = dedupe_key(hook.name, event_id)
     if hook.signal is not None:
         assert hook.run is not None  # declare.inbound requires it with signal=
         run_id = hook.run(event)
@@ -152,14 +152,24 @@ def _act(hook: declare.InboundHook, event: Any, event_id: str) -> tuple[int, str
                 f"run= of hook {hook.name!r} returned {run_id!r:.80}, not a run id; it must "
                 "return the id (a positive whole number) of the run to signal.")
         receipt = inbox.send_signal(int(run_id), hook.signal, data, sent_by=f"hook:{hook.name}",
-                                    dedupe_key=key[:255])
+                                    dedupe_key=key)
         return receipt.run_id, InboundDelivery.SIGNALLED
     if hook.spec is not None:
-        dispatched = dispatch.dispatch_run(hook.spec, data, idempotency_key=key[:255])
+        dispatched = dispatch.dispatch_run(hook.spec, data, idempotency_key=key)
         return dispatched.run_id, InboundDelivery.STARTED
     assert hook.start is not None
-    run_id, _ = registry.start_run(hook.start, data, idempotency_key=key[:255])
+    run_id, _ = registry.start_run(hook.start, data, idempotency_key=key)
     return run_id, InboundDelivery.STARTED
+
+
+def dedupe_key(hook: str, event_id: str) -> str:
+    """The idempotency key of the run (or the signal's dedupe key) a delivery starts:
+    ``inbound:<hook>:<event id>``, or its SHA-256 when that is over the keys' 255 characters
+    (a cut would let two long ids share a key)."""
+    key = f"inbound:{hook}:{event_id}"
+    if len(key) <= 255:
+        return key
+    return "inbound:sha256:" + hashlib.sha256(key.encode()).hexdigest()
 
 
 def _event_id(hook: declare.InboundHook, headers: Mapping[str, str], event: Any,

@@ -6,11 +6,12 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import threading
 import time
 import uuid
 
 import pytest
-from django.db import transaction
+from django.db import connection, transaction
 from django.test import Client, override_settings
 
 import queuety
@@ -40,7 +41,8 @@ def github_headers(body: bytes, delivery: str, secret: str = SECRET) -> dict[str
 
 
 def post(name: str, body: bytes, headers: dict[str, str]):
-    return Client().post(f"{API}/hooks/{name}/", data=body, content_type="application/json",
+    # CSRF checks on, as a browser-facing site has them: the hook endpoint needs none.
+    return Client(enforce_csrf_checks=True).post(f"{API}/hooks/{name}/", data=body, content_type="application/json",
                          headers=headers)
 
 
@@ -282,3 +284,42 @@ def test_admin__lists_deliveries_with_their_outcome_read_only(hook_name, token, 
     assert admin_client.post(f"/admin/queuety/inbounddelivery/{row.pk}/delete/",
                              {"post": "yes"}).status_code == 403
     assert InboundDelivery.objects.filter(pk=row.pk).exists()
+
+
+def test_concurrent_retries__of_one_delivery_start_one_run(hook_name, token):
+    queuety.inbound(hook_name, verify=queuety.verifiers.stripe(SECRET), start=PARKED)
+    body = event(token=token)
+    barrier = threading.Barrier(8)
+    statuses = []
+
+    def deliver():
+        try:
+            barrier.wait()
+            statuses.append(post(hook_name, body, stripe_headers(body)).status_code)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=deliver) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    assert sorted(statuses) == [200] * 7 + [202]
+    assert InboundDelivery.objects.filter(hook=hook_name).count() == 1
+    assert WorkflowRun.objects.filter(state__token=token).count() == 1
+
+
+def test_autodiscovery__a_hook_declared_in_an_apps_workflows_py_is_served(token):
+    assert "testapp-github" in [hook.name for hook in declare.declared()]
+    body = json.dumps({"token": token}).encode()
+    refused = post("testapp-github", body, github_headers(body, str(uuid.uuid4())))
+    assert refused.status_code == 401  # signed with another secret than the app's
+    _nothing_stored("testapp-github", token)
+
+
+def test_long_ids__a_key_over_255_characters_is_hashed_not_cut():
+    long_id = "x" * 300
+    first, second = receive.dedupe_key("h", long_id), receive.dedupe_key("h", long_id + "y")
+    assert len(first) <= 255 and first != second
+    assert receive.dedupe_key("h", "evt_1") == "inbound:h:evt_1"
