@@ -174,6 +174,12 @@ def dedupe_key(hook: str, event_id: str) -> str:
 
 def _event_id(hook: declare.InboundHook, headers: Mapping[str, str], event: Any,
               body: bytes) -> str:
+    # PostgreSQL's text cannot hold NUL: an id carrying one would fail the insert.
+    return _find_event_id(hook, headers, event, body).replace("\x00", "")
+
+
+def _find_event_id(hook: declare.InboundHook, headers: Mapping[str, str], event: Any,
+                   body: bytes) -> str:
     """The delivery's id: ``key(event)``, else the verifier's, else a hash of the body (so
     byte-identical retries still dedupe)."""
     if hook.key is not None:
