@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from queuety import verifiers as verifiers
 from queuety.core.budget import Budget, BudgetView
 from queuety.core.builder import WorkflowBuilder, workflow
 from queuety.core.diff import DefinitionDiff
@@ -35,6 +36,7 @@ from queuety.exceptions import (
     InvalidProgress,
     InvalidSchedule,
     InvalidSignalData,
+    InvalidSignature,
     InvalidStepOutput,
     InvalidTransition,
     PermanentError,
@@ -70,6 +72,7 @@ __all__ = [
     "InvalidProgress",
     "InvalidArtifact",
     "InvalidSignalData",
+    "InvalidSignature",
     "InvalidStepOutput",
     "InvalidTransition",
     "PermanentError",
@@ -102,6 +105,7 @@ __all__ = [
     "diff_definitions",
     "export_workflow",
     "fork",
+    "inbound",
     "job_options",
     "chain",
     "batch",
@@ -124,6 +128,7 @@ __all__ = [
     "signal",
     "start",
     "submit_input",
+    "verifiers",
     "workflow",
     "workflow_state_at",
     "workflow_status",
@@ -133,11 +138,13 @@ __all__ = [
 if TYPE_CHECKING:  # for annotations only: importing it would import Django
     from datetime import timedelta
 
+    from queuety.hooks.declare import InboundHook
     from queuety.inbox import SignalReceipt
     from queuety.outputs import ChunkPage
     from queuety.quarantine import BulkResult
     from queuety.run_migration import MigrationReport
     from queuety.schedules import Schedule
+    from queuety.verifiers import Verifier
 
 
 def alias(old: str, new: str) -> None:
@@ -226,6 +233,25 @@ def start(name: str, payload: dict[str, Any] | None = None, *,
     from queuety import registry
 
     return registry.start_run(name, payload, idempotency_key=idempotency_key)[0]
+
+
+def inbound(name: str, *, verify: Verifier, start: Any = None, signal: str | None = None,
+            run: Any = None, key: Any = None, payload: Any = None) -> InboundHook:
+    """Declare inbound webhook ``name``, served at ``POST hooks/<name>/`` under the API's
+    URLs: each delivery signed as ``verify`` checks starts workflow ``start`` (a registered
+    name or a builder) with the event, or sends signal ``signal`` to the run ``run(event)``
+    names. The provider's delivery id (or ``key(event)``) deduplicates its retries.
+
+    Declare hooks in an app's ``workflows.py``; see docs/guide/triggers-and-events.md.
+
+    Raises:
+        WorkflowDefinitionError: the declaration is incomplete or contradictory (the error
+            says which option to fix).
+    """
+    from queuety.hooks import declare
+
+    return declare.inbound(name, verify=verify, start=start, signal=signal, run=run, key=key,
+                           payload=payload)
 
 
 def schedule(name: str, *, workflow: str, cron: str | None = None,

@@ -75,6 +75,9 @@ DEFAULTS: dict[str, Any] = {
     "LANE_MAX_CONNECTIONS": 20,
     # Largest signal, approval or input payload accepted, in bytes of compact UTF-8 JSON.
     "MAX_SIGNAL_BYTES": 65536,
+    # Largest body an inbound webhook (queuety.inbound, POST hooks/<name>/) accepts, in bytes;
+    # a larger one is answered 413 and not stored.
+    "INBOUND_MAX_BYTES": 1024 * 1024,
     # Largest artifact content accepted, in bytes (JSON kinds: of compact UTF-8 JSON).
     "MAX_ARTIFACT_BYTES": 10 * 1024 * 1024,
     # Largest chunk a streaming step may yield, in bytes of compact UTF-8 JSON.
@@ -232,7 +235,7 @@ _RULES: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("CHUNK_FLUSH_INTERVAL", lambda v: not isinstance(v, bool) and isinstance(v, int | float)
      and 0 <= v <= 5, "a number of seconds from 0 (store each chunk at once) to 5."),
     *((key, _whole(1), _WHOLE_1) for key in ("MAX_ARTIFACT_BYTES", "MAX_CHUNK_BYTES",
-                                             "CHUNK_BUFFER")),
+                                             "CHUNK_BUFFER", "INBOUND_MAX_BYTES")),
     ("SECRET_KEYS", lambda v: not isinstance(v, str) and all(isinstance(k, str) for k in v),
      "a list of key names (strings), such as ['password', 'api_key']."),
     ("BASE_URL", lambda v: v is None or _is_site_address(v),

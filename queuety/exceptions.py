@@ -290,3 +290,11 @@ class InvalidMigration(QueuetyError, ValueError):
     """``migrate_runs()`` was given something it cannot do: a ``step_map`` naming unknown
     steps, a ``to`` of another workflow, a state function no worker can import. Nothing was
     changed."""
+
+
+class InvalidSignature(QueuetyError):
+    """An inbound webhook delivery's signature is missing, malformed, wrong or too old.
+
+    Raised by the verifiers of ``queuety.verifiers``; the hook endpoint answers it with a
+    401 and stores nothing.
+    """

@@ -543,3 +543,34 @@ class Job(WorkflowRun):
 
     def __str__(self) -> str:
         return f"job #{self.pk} ({self.name.removeprefix(JOB_PREFIX)})"
+
+
+class InboundDelivery(models.Model):
+    """One delivery received by an inbound hook (``queuety.inbound``): verified, stored and
+    acted on in one transaction; the provider's retries of it find this row and start nothing.
+
+    ``headers`` are kept without the signature and credential headers.
+    """
+
+    STARTED, SIGNALLED, FAILED = "started", "signalled", "failed"
+    OUTCOMES = [(o, o) for o in (STARTED, SIGNALLED, FAILED)]
+
+    hook = models.CharField(max_length=100)
+    event_id = models.CharField(max_length=255, help_text="The provider's id of the delivery "
+                                "(what its retries share): it deduplicates them.")
+    received_at = models.DateTimeField(auto_now_add=True)
+    headers = models.JSONField(default=dict)
+    body = models.TextField(help_text="The raw body, as it was signed.")
+    outcome = models.CharField(max_length=16, choices=OUTCOMES)
+    run_id = models.BigIntegerField(null=True, blank=True, db_index=True,
+                                    help_text="The run it started or signalled.")
+    error = models.TextField(blank=True, default="")
+
+    class Meta:
+        verbose_name_plural = "inbound deliveries"
+        constraints = [models.UniqueConstraint(fields=["hook", "event_id"],
+                                               name="queuety_inbound_once")]
+        indexes = [models.Index(fields=["hook", "received_at"], name="queuety_inbound_hook")]
+
+    def __str__(self) -> str:
+        return f"{self.hook} delivery {self.event_id} ({self.outcome})"

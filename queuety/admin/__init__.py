@@ -19,10 +19,12 @@ Pages:
 - webhook endpoints (the secret write-only) and the delivery log, with a redeliver action.
 - the concurrency groups page: in flight against the limit, waiting steps, starts against the
   rate limit, running cost against the budget (``admin/groups.py``).
+- inbound deliveries: each delivery an inbound hook (``queuety.inbound``) received, with
+  its outcome and the run it started or signalled, read-only (``admin/inbound.py``).
 - the jobs changelist: Django tasks run as jobs, by task, queue and status, with their result
   or error, each linking to its run's page (``admin/jobs.py``).
 """
 
-from queuety.admin import definitions, groups, jobs, runs, webhooks
+from queuety.admin import definitions, groups, inbound, jobs, runs, webhooks
 
-__all__ = ["definitions", "groups", "jobs", "runs", "webhooks"]
+__all__ = ["definitions", "groups", "inbound", "jobs", "runs", "webhooks"]

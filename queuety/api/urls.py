@@ -2,7 +2,7 @@
 
 from django.urls import path, re_path
 
-from queuety.api import artifacts, control, jobs, views
+from queuety.api import artifacts, control, hooks, jobs, views
 
 app_name = "queuety"
 
@@ -39,6 +39,7 @@ urlpatterns = [
     path("jobs/<int:pk>/", jobs.JobDetailView.as_view(), name="job-detail"),
     path("jobs/<int:pk>/retry/", jobs.JobRetryView.as_view(), name="job-retry"),
     path("jobs/<int:pk>/cancel/", jobs.JobCancelView.as_view(), name="job-cancel"),
+    path("hooks/<str:name>/", hooks.InboundHookView.as_view(), name="inbound-hook"),
     # Last: paths no endpoint matches (``runs/-1/``, ``runs/abc/``) get a JSON 404 too.
     re_path(r"^(?P<path>.*)$", views.not_found),
 ]

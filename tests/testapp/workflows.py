@@ -37,3 +37,9 @@ def parent():
     """Runs reg_letters' steps as a child run, then appends c."""
     child = queuety.workflow("reg_parent_child").then(steps.step_a)
     return queuety.workflow("reg_parent").run_workflow("child", child).then(steps.step_c)
+
+
+# An inbound hook declared as a site declares one, found by the same autodiscovery
+# (tests/integration/test_inbound_hooks.py).
+queuety.inbound("testapp-github", verify=queuety.verifiers.github("testapp-hook-secret-0123"),
+                start="reg_letters")

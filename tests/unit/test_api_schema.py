@@ -72,3 +72,11 @@ def test_check_deploy__queuetys_operation_ids_do_not_collide():
                   for operation in path.values() if isinstance(operation, dict)
                   and "operationId" in operation]
     assert len(operations) == len(set(operations)) and "runs_list" in operations
+
+
+@override_settings(REST_FRAMEWORK=PLAIN_DRF)
+def test_schema__the_inbound_hook_endpoint_with_each_answer_and_no_user_auth():
+    operation = schema()["paths"][f"{API}/hooks/{{name}}/"]["post"]
+    assert {"200", "202", "400", "401", "404", "413"} <= set(operation["responses"])
+    # Authenticated by the delivery's signature: no credentials are documented for it.
+    assert operation.get("security") in (None, [], [{}])

@@ -11,7 +11,7 @@ def test_core__imports_no_framework():
     code = ("import sys, queuety, queuety.core.builder, queuety.core.engine, "
             "queuety.core.definition, queuety.core.describe, queuety.core.diff, "
             "queuety.core.flow, queuety.core.retry, queuety.core.handler_refs, "
-            "queuety.core.imports, queuety.core.status; "
+            "queuety.core.imports, queuety.core.status, queuety.verifiers, queuety.hooks.declare; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in "
             "('django', 'celery', 'kombu', 'rest_framework')))")
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
