@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac as _hmac
+import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -34,15 +35,36 @@ Secret = str | bytes | Callable[[], str | bytes]
 
 DEFAULT_TOLERANCE = 300.0
 
+#: A timestamp header's value: whole seconds since the epoch, ASCII digits only. Twelve digits
+#: reach the year 33658; a longer number would overflow the clock arithmetic.
+_STAMP = re.compile(r"[0-9]{1,12}")
+
+
+class SecretUnavailable(ValueError):
+    """A hook's secret function returned no usable secret: the site is misconfigured."""
+
 
 def _lower(headers: Mapping[str, str]) -> dict[str, str]:
     return {str(key).lower(): str(value) for key, value in headers.items()}
 
 
-def _digest(secret: Secret, message: bytes) -> str:
+def _digest(secret: Secret, message: bytes) -> bytes:
     value = secret() if callable(secret) else secret
+    if not isinstance(value, str | bytes) or not value:
+        # An empty key would make every signature computable by anyone: refuse to verify.
+        raise SecretUnavailable(
+            "The hook's secret function returned "
+            f"{'an empty secret' if isinstance(value, str | bytes) else type(value).__name__}"
+            "; it must return the provider's signing secret (a non-empty string or bytes). "
+            "Check the setting or environment variable it reads.")
     key = value.encode() if isinstance(value, str) else value
-    return _hmac.new(key, message, hashlib.sha256).hexdigest()
+    return _hmac.new(key, message, hashlib.sha256).hexdigest().encode("ascii")
+
+
+def _matches(expected: bytes, candidate: str) -> bool:
+    """Constant-time comparison of a digest with a header's text, whatever that text holds
+    (``compare_digest`` refuses a non-ASCII ``str``; as bytes it simply differs)."""
+    return _hmac.compare_digest(expected, candidate.strip().encode("utf-8", "replace"))
 
 
 def _check_secret(verifier: str, secret: Secret) -> None:
@@ -52,13 +74,20 @@ def _check_secret(verifier: str, secret: Secret) -> None:
                          f"{type(secret).__name__}.")
 
 
+def _check_tolerance(verifier: str, tolerance: float) -> None:
+    if isinstance(tolerance, bool) or not isinstance(tolerance, int | float) \
+            or not 0 < tolerance < 86400 * 366:
+        raise ValueError(f"queuety.verifiers.{verifier}(tolerance=...) must be a positive number "
+                         f"of seconds under a year (got {tolerance!r:.40}); the providers' own "
+                         "libraries use 300.")
+
+
 def _check_time(header: str, raw: str, tolerance: float, now: float | None) -> str:
     """``raw`` as a whole number of seconds within ``tolerance`` of now, or raise."""
-    try:
-        stamp = int(raw.strip())
-    except ValueError:
+    if not _STAMP.fullmatch(raw.strip()):
         raise InvalidSignature(f"The {header} timestamp {raw[:40]!r} is not a whole number of "
-                               "seconds since the epoch.") from None
+                               "seconds since the epoch.")
+    stamp = int(raw.strip())
     current = time.time() if now is None else now
     if abs(current - stamp) > tolerance:
         raise InvalidSignature(
@@ -118,7 +147,7 @@ class StripeVerifier(Verifier):
         stamp = _check_time("Stripe-Signature", stamps[0], self.tolerance, now)
         expected = _digest(self.secret, stamp.encode() + b"." + body)
         # Every candidate is compared, matched or not, so the time taken does not say which.
-        matched = [_hmac.compare_digest(expected, candidate) for candidate in signatures]
+        matched = [_matches(expected, candidate) for candidate in signatures]
         if not any(matched):
             raise InvalidSignature("No v1 signature in the Stripe-Signature header matches this "
                                    "body and the hook's secret (is it the endpoint's signing "
@@ -146,7 +175,7 @@ class GitHubVerifier(Verifier):
         if not sep or scheme != "sha256":
             raise InvalidSignature("The X-Hub-Signature-256 header is malformed: it must read "
                                    "sha256=<hex digest>.")
-        if not _hmac.compare_digest(_digest(self.secret, body), signature):
+        if not _matches(_digest(self.secret, body), signature):
             raise InvalidSignature("The X-Hub-Signature-256 signature does not match this body "
                                    "and the hook's secret.")
 
@@ -182,7 +211,7 @@ class HmacVerifier(Verifier):
                 raise InvalidSignature(f"The delivery has no {self.timestamp_header} header.")
             stamp = _check_time(self.timestamp_header, stamp, self.tolerance, now)
             message = stamp.encode() + b"." + body
-        if not _hmac.compare_digest(_digest(self.secret, message), raw[len(self.scheme):]):
+        if not _matches(_digest(self.secret, message), raw[len(self.scheme):]):
             raise InvalidSignature(f"The {self.header} signature does not match this body and "
                                    "the hook's secret.")
 
@@ -199,6 +228,7 @@ def stripe(secret: Secret, *, tolerance: float = DEFAULT_TOLERANCE) -> StripeVer
     or future) is refused: a captured delivery cannot be replayed later.
     """
     _check_secret("stripe", secret)
+    _check_tolerance("stripe", tolerance)
     return StripeVerifier(secret=secret, tolerance=tolerance)
 
 
@@ -221,6 +251,7 @@ def hmac(secret: Secret, *, header: str = "X-Signature", scheme: str = "",
     if the provider sends one (else pass ``key=`` to ``queuety.inbound``).
     """
     _check_secret("hmac", secret)
+    _check_tolerance("hmac", tolerance)
     if not header:
         raise ValueError("queuety.verifiers.hmac() needs the name of the signature header, "
                          "such as header='X-Signature'.")

@@ -7,6 +7,7 @@ or CSRF check applies (a provider has no session or token here). The work is
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from django.core.exceptions import RequestDataTooBig
@@ -19,9 +20,11 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from queuety import exceptions
+from queuety import exceptions, verifiers
 from queuety.api.serializers import ErrorSerializer
 from queuety.hooks import receive
+
+logger = logging.getLogger("queuety")
 
 
 class DeliverySerializer(drf.Serializer[Any]):
@@ -54,7 +57,9 @@ def _error(detail: str, code: str, http_status: int) -> Response:
             (400, "Signed, but not JSON or without a usable id; nothing stored."),
             (401, "The signature is missing, wrong or too old; nothing stored."),
             (404, "No hook is declared under this name; nothing stored."),
-            (413, "The body is over QUEUETY['INBOUND_MAX_BYTES']; nothing stored."))}},
+            (413, "The body is over QUEUETY['INBOUND_MAX_BYTES']; nothing stored."),
+            (500, "The hook's secret function returned no secret (the site's setting is "
+                  "missing); nothing stored."))}},
     auth=[],
 )
 class InboundHookView(APIView):
@@ -67,6 +72,9 @@ class InboundHookView(APIView):
 
     schema = AutoSchema()
     authentication_classes: list[Any] = []
+    # A provider sends bursts from a few addresses; the site's anonymous throttle (keyed by
+    # address) would refuse its deliveries. The signature is what keeps strangers out.
+    throttle_classes: list[Any] = []
 
     def get_permissions(self) -> list[BasePermission]:
         return [AllowAny()]
@@ -96,6 +104,11 @@ class InboundHookView(APIView):
                           status.HTTP_401_UNAUTHORIZED)
         except receive.MalformedDelivery as error:
             return _error(str(error), "malformed_delivery", status.HTTP_400_BAD_REQUEST)
+        except verifiers.SecretUnavailable as error:
+            logger.error("Inbound hook %r cannot verify deliveries: %s", name, error)
+            return _error(f"Hook {name!r} cannot verify deliveries: {error} Nothing was "
+                          "stored.", "hook_misconfigured",
+                          status.HTTP_500_INTERNAL_SERVER_ERROR)
         fresh = not received.replayed and received.outcome != "failed"
         return Response(received.to_dict(),
                         status=status.HTTP_202_ACCEPTED if fresh else status.HTTP_200_OK)

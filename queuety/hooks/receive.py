@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import IntegrityError, transaction
+from django.db import DatabaseError, IntegrityError, transaction
 
 from queuety import dispatch, exceptions, inbox, registry
 from queuety.conf import settings
@@ -131,10 +131,14 @@ def receive(name: str, headers: Mapping[str, str], body: bytes) -> Received:
         try:
             with transaction.atomic():
                 row.run_id, row.outcome = _act(hook, event, event_id)
+        except DatabaseError:
+            # The database failed, not the delivery: roll it all back and answer 5xx, so the
+            # provider's retry is taken once the database answers again.
+            raise
         except Exception as error:  # the site's functions, or a refused start or signal
             logger.warning("Inbound hook %r: delivery %s was stored but not acted on: %s",
                            name, event_id, error)
-            row.error = f"{type(error).__name__}: {error}"[:4000]
+            row.error = _text(f"{type(error).__name__}: {error}")[:4000]
         row.save(update_fields=["run_id", "outcome", "error"])
     return _received(row, replayed=False)
 
@@ -172,10 +176,19 @@ def dedupe_key(hook: str, event_id: str) -> str:
     return "inbound:sha256:" + hashlib.sha256(key.encode()).hexdigest()
 
 
+def _text(value: str) -> str:
+    """``value`` as PostgreSQL's text can hold it: no NUL, no lone surrogate."""
+    return value.replace("\x00", "").encode("utf-8", "replace").decode("utf-8")
+
+
 def _event_id(hook: declare.InboundHook, headers: Mapping[str, str], event: Any,
               body: bytes) -> str:
-    # PostgreSQL's text cannot hold NUL: an id carrying one would fail the insert.
-    return _find_event_id(hook, headers, event, body).replace("\x00", "")
+    """The delivery's id as stored: its SHA-256 when over the column's 255 characters (a cut
+    would let two long ids share a row, and the second delivery pass for a retry)."""
+    found = _text(_find_event_id(hook, headers, event, body))
+    if len(found) <= 255:
+        return found
+    return "sha256:" + hashlib.sha256(found.encode()).hexdigest()
 
 
 def _find_event_id(hook: declare.InboundHook, headers: Mapping[str, str], event: Any,
@@ -194,10 +207,10 @@ def _find_event_id(hook: declare.InboundHook, headers: Mapping[str, str], event:
             raise MalformedDelivery(
                 f"key= of hook {hook.name!r} returned {found!r:.80}; it must return a non-blank "
                 "string (the delivery's id). Nothing was stored.")
-        return str(found).strip()[:255]
+        return str(found).strip()
     found = hook.verify.event_id(headers, event)
     if found:
-        return found[:255]
+        return found
     return "sha256:" + hashlib.sha256(body).hexdigest()
 
 

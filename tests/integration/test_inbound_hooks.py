@@ -318,8 +318,49 @@ def test_autodiscovery__a_hook_declared_in_an_apps_workflows_py_is_served(token)
     _nothing_stored("testapp-github", token)
 
 
-def test_long_ids__a_key_over_255_characters_is_hashed_not_cut():
-    long_id = "x" * 300
-    first, second = receive.dedupe_key("h", long_id), receive.dedupe_key("h", long_id + "y")
-    assert len(first) <= 255 and first != second
-    assert receive.dedupe_key("h", "evt_1") == "inbound:h:evt_1"
+def test_long_ids__two_ids_sharing_their_first_255_characters_are_two_deliveries(
+        hook_name, token):
+    queuety.inbound(hook_name, verify=queuety.verifiers.stripe(SECRET), start=PARKED)
+    prefix = "evt_" + "x" * 300
+    bodies = [json.dumps({"id": f"{prefix}{n}_{token}", "token": token}).encode()
+              for n in (1, 2)]
+
+    answers = [post(hook_name, body, stripe_headers(body)) for body in bodies]
+    again = post(hook_name, bodies[0], stripe_headers(bodies[0]))
+
+    assert [a.status_code for a in answers] == [202, 202] and again.status_code == 200
+    rows = InboundDelivery.objects.filter(hook=hook_name)
+    assert rows.count() == 2 and all(len(row.event_id) <= 255 for row in rows)
+    assert WorkflowRun.objects.filter(state__token=token).count() == 2
+
+
+@pytest.mark.parametrize("signature", [
+    "t=99999999999999999999999999,v1=00",  # a timestamp too large for the clock arithmetic
+    "t=１２３,v1=00",  # digits, but not ASCII ones
+    "t={now},v1=é" + "0" * 63,  # a non-ASCII signature
+])
+def test_hostile_signature_headers__401_not_500(hook_name, token, signature):
+    queuety.inbound(hook_name, verify=queuety.verifiers.stripe(SECRET), start=PARKED)
+    body = event(token=token)
+    headers = {"Stripe-Signature": signature.format(now=int(time.time()))}
+
+    response = post(hook_name, body, headers)
+
+    assert response.status_code == 401, response.content
+    assert response.json()["code"] == "invalid_signature"
+    _nothing_stored(hook_name, token)
+
+
+@pytest.mark.parametrize("returned", ["", None])
+def test_a_secret_function_returning_no_secret__500_naming_it_and_nothing_stored(
+        hook_name, token, returned):
+    queuety.inbound(hook_name, verify=queuety.verifiers.stripe(lambda: returned), start=PARKED)
+    body = event(token=token)
+    # Signed with the empty key an attacker could compute: it must still be refused.
+    forged = hmac.new(b"", f"{int(time.time())}.".encode() + body, hashlib.sha256).hexdigest()
+
+    response = post(hook_name, body, {"Stripe-Signature": f"t={int(time.time())},v1={forged}"})
+
+    assert response.status_code == 500 and response.json()["code"] == "hook_misconfigured"
+    assert "secret function returned" in response.json()["detail"]
+    _nothing_stored(hook_name, token)

@@ -279,6 +279,14 @@ def test_api__every_endpoint_keeps_the_tenants_apart(world, figures):
         expect("link: forged", Client().post(f"{API}/approvals/not-a-token/",
                                              {"action": "approve"}).status_code == 403)
 
+        # An inbound hook is authenticated by the provider's signature, not by a user: a
+        # tenant's session gives it nothing; unsigned, it is refused and stores nothing.
+        covered.add(("inbound-hook", "POST"))
+        for me in (a, b):
+            response = _json(client(me.user), "POST", f"{API}/hooks/no-such-hook/", {"id": 1})
+            expect(f"{me.name}: POST an undeclared hook", response.status_code == 404,
+                   response.status_code)
+
         # One's own runs: every endpoint answers (a 409 for a status that does not allow
         # it is an answer, not a refusal).
         for me in (a, b):

@@ -180,3 +180,19 @@ def test_hmac__the_id_header_names_the_delivery():
 def test_hmac__a_missing_header_is_refused():
     with pytest.raises(InvalidSignature, match="no X-Signature header"):
         verifiers.hmac(SECRET).verify({}, BODY)
+
+
+@pytest.mark.parametrize("tolerance", [0, -5, float("nan"), float("inf"), True, "300"])
+def test_verifiers__a_tolerance_that_is_not_a_positive_number_is_a_declaration_error(tolerance):
+    with pytest.raises(ValueError, match="tolerance"):
+        verifiers.stripe(SECRET, tolerance=tolerance)
+    with pytest.raises(ValueError, match="tolerance"):
+        verifiers.hmac(SECRET, timestamp_header="X-T", tolerance=tolerance)
+
+
+@pytest.mark.parametrize("returned", ["", b"", None, 42])
+def test_verifiers__a_secret_function_returning_no_secret_is_refused_not_used(returned):
+    verifier = verifiers.github(lambda: returned)
+    headers = {"X-Hub-Signature-256": "sha256=" + hmac.new(b"", BODY, hashlib.sha256).hexdigest()}
+    with pytest.raises(verifiers.SecretUnavailable, match="secret function returned"):
+        verifier.verify(headers, BODY)
