@@ -3,8 +3,13 @@ written in the save's transaction, commits or rolls back with it, and completes.
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import threading
 import uuid
+from pathlib import Path
 
 import pytest
 from django.db import connection, transaction
@@ -20,6 +25,7 @@ from tests.testapp.models import Article
 pytestmark = pytest.mark.worker
 
 LABEL = "queuety_testapp.Article"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -290,3 +296,18 @@ def test_signal_with_run__a_run_that_cannot_listen_fails_the_save(token, declare
         Article.objects.create(token=token, run_id=deaf)
 
     assert not Article.objects.filter(token=token).exists()
+
+
+def test_sqlite__one_run_per_transaction_without_txid_current(tmp_path):
+    env = {name: value for name, value in os.environ.items()
+           if name not in ("DATABASE_URL", "CELERY_BROKER_URL")}
+    env.update(QUEUETY_VAR_DIR=str(tmp_path), DJANGO_SETTINGS_MODULE="tests.settings",
+               PYTHONPATH=str(ROOT))
+
+    done = subprocess.run([sys.executable, "-m", "tests.trigger_sqlite"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == {
+        "one_transaction": 1, "a_later_transaction": 2, "inside_rolled_back": 3,
+        "after_rollback": 2, "two_autocommit_saves": 4}
