@@ -128,6 +128,8 @@ __all__ = [
     "signal",
     "start",
     "submit_input",
+    "trigger",
+    "fire",
     "verifiers",
     "workflow",
     "workflow_state_at",
@@ -144,6 +146,8 @@ if TYPE_CHECKING:  # for annotations only: importing it would import Django
     from queuety.quarantine import BulkResult
     from queuety.run_migration import MigrationReport
     from queuety.schedules import Schedule
+    from queuety.triggers.declare import Trigger
+    from queuety.triggers.fire import Fired
     from queuety.verifiers import Verifier
 
 
@@ -252,6 +256,41 @@ def inbound(name: str, *, verify: Verifier, start: Any = None, signal: str | Non
 
     return declare.inbound(name, verify=verify, start=start, signal=signal, run=run, key=key,
                            payload=payload)
+
+
+def trigger(model: Any, *, on: str, start: Any = None, signal: str | None = None,
+            run: Any = None, payload: Any = None, key: Any = None, when: Any = None,
+            name: str | None = None, **flow: Any) -> Trigger:
+    """Declare a trigger: each row of ``model`` (a model class or ``"app_label.Model"``)
+    ``on`` ``"created"``, ``"updated"``, ``"deleted"`` or ``"saved"`` starts workflow
+    ``start`` (a registered name or a builder), or sends signal ``signal`` to the run
+    ``run(instance)`` names, in the save's own transaction. ``payload(instance)``,
+    ``key(instance)`` and ``when(instance)`` shape, key and filter it; ``debounce=``,
+    ``singleton=``, ``on_conflict=`` and ``batch=`` are passed to :func:`start`.
+
+    Declare triggers in an app's ``workflows.py``; see docs/guide/triggers-and-events.md.
+
+    Raises:
+        WorkflowDefinitionError: the declaration is incomplete or contradictory (the error
+            says which option to fix).
+    """
+    from queuety.triggers import fire as fired
+
+    return fired.trigger(model, on=on, start=start, signal=signal, run=run, payload=payload,
+                         key=key, when=when, name=name, **flow)
+
+
+def fire(instance: Any, event: str) -> list[Fired]:
+    """Fire the triggers of ``instance``'s model for ``event`` (``"created"``, ``"updated"``
+    or ``"deleted"``), as a save would: for ``bulk_create``, ``QuerySet.update()`` and raw
+    SQL, which send no per-row signal. Call it in the write's transaction.
+
+    Raises:
+        TriggerFailed: a trigger failed; ValueError: an unknown event or an unsaved instance.
+    """
+    from queuety.triggers import fire as fired
+
+    return fired.fire(instance, event)
 
 
 def schedule(name: str, *, workflow: str, cron: str | None = None,

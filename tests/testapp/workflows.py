@@ -43,3 +43,10 @@ def parent():
 # (tests/integration/test_inbound_hooks.py).
 queuety.inbound("testapp-github", verify=queuety.verifiers.github("testapp-hook-secret-0123"),
                 start="reg_letters")
+
+
+# A model trigger declared as a site declares one (tests/integration/test_triggers.py): it
+# fires only for the rows that test marks, so the other trigger tests' saves pass it by.
+queuety.trigger("queuety_testapp.Article", on="created", start="reg_letters",
+                name="autodiscovered", when=lambda article: article.status == "autodiscover",
+                payload=lambda article: {"token": article.token})

@@ -1,0 +1,15 @@
+"""Models of the test app: the rows the model triggers watch (tests/integration/test_triggers.py)."""
+from django.db import models
+
+
+class Article(models.Model):
+    """A row the trigger tests save, update and delete; ``token`` finds a test's own rows."""
+
+    token = models.CharField(max_length=40, db_index=True)
+    title = models.CharField(max_length=200, default="")
+    status = models.CharField(max_length=20, default="draft")
+    #: The run a "signal to run=" trigger signals (test_triggers.py).
+    run_id = models.BigIntegerField(null=True, blank=True)
+
+    class Meta:
+        app_label = "queuety_testapp"
