@@ -158,8 +158,9 @@ def node_kind(step: StepSpec) -> str:
 
 
 def step_detail(step: StepSpec) -> str:
-    """A few words under a step's name saying what it does (its handler's last name, its
-    wait, its fan-out ...); the full sentence is :func:`queuety.core.describe.describe_step`."""
+    """A few words under a step's name saying what it does: a task's handler (its dotted
+    path), its wait, its fan-out ...; the full sentence is
+    :func:`queuety.core.describe.describe_step`."""
     match step:
         case WaitStep(wait=wait):
             return (f"wait: {wait.human} (a person)" if wait.human
@@ -178,7 +179,7 @@ def step_detail(step: StepSpec) -> str:
             return f"start a {child.get('name')} per item of {start.items_key!r}"
         case WaitWorkflowsStep(workflows=on):
             return f"wait for workflows: {on.mode}"
-    return _short(step.handler)
+    return step.handler
 
 
 def _short(path: str) -> str:

@@ -15,8 +15,9 @@ from xml.sax.saxutils import escape, quoteattr
 
 from queuety.core.graph import STATUSES, Edge, Graph, Node, StepState
 
-#: How many characters of a name or a detail fit in a node (at 12 px and 10.5 px).
-NAME_CHARS, DETAIL_CHARS = 32, 38
+#: The width a character of a name (12 px, bold) and of a detail (10.5 px) takes, at most
+#: (a few wide letters more than the average), and the node's padding: what fits is cut there.
+NAME_EM, DETAIL_EM, PADDING = 7.0, 5.9, 16
 
 _STYLE = """
 .q-graph { font-family: -apple-system, "Segoe UI", system-ui, Roboto, sans-serif; }
@@ -79,8 +80,12 @@ def render(graph: Graph, *, title: str = "") -> str:
     return "".join(parts)
 
 
-def _fit(text: str, chars: int) -> str:
-    return text if len(text) <= chars else text[:chars - 1] + "…"
+def _fit(text: str, chars: int, *, path: bool = False) -> str:
+    """``text`` cut to ``chars`` characters; a dotted path (``path`` and no space in it)
+    loses its start instead of its end, since its end names the handler."""
+    if len(text) <= chars:
+        return text
+    return "…" + text[1 - chars:] if path and " " not in text else text[:chars - 1] + "…"
 
 
 def _edge(edge: Edge, taken: bool) -> str:
@@ -119,11 +124,11 @@ def _node(node: Node, state: StepState | None) -> str:
         f" — {_state_words(node, state)}" if state else "")
     body = _shape(node)
     if node.kind != "terminal":
-        x = node.x + 12
+        x, room = node.x + 12, node.w - PADDING
         body += (f'<text class="q-name" x="{x:g}" y="{node.y + 18:g}">'
-                 f"{escape(_fit(node.label, NAME_CHARS))}</text>"
+                 f"{escape(_fit(node.label, int(room / NAME_EM)))}</text>"
                  f'<text class="q-detail" x="{x:g}" y="{node.y + 33:g}">'
-                 f"{escape(_fit(node.detail, DETAIL_CHARS))}</text>")
+                 f"{escape(_fit(node.detail, int(room / DETAIL_EM), path=True))}</text>")
         if state is not None:
             body += (f'<text class="q-state" x="{x:g}" y="{node.y + 49:g}">'
                      f"{escape(_state_words(node, state))}</text>")

@@ -196,3 +196,18 @@ def test_the_legend_shows_each_kind_and_on_a_run_each_status():
     for status in graphs.STATUSES:
         assert f"q-status-{status}" in with_statuses and f"q-status-{status}" not in plain
     assert re.findall(r"q-kind-(\w+)", plain)[:4] == ["task", "route", "wait", "parallel"]
+
+
+def test_a_long_handler_path_keeps_its_end():
+    spec = queuety.workflow("w").then(workflows.step_a, name="a").build()
+    step = spec.steps[0]
+    long_path = "very.deep.package." * 4 + "the_handler"
+    graph = layout(spec)
+    node = graph.node("s0")
+    drawn = render(graphs.Graph("w", (graphs.Node("s0", "task", "a", long_path, node.x, node.y,
+                                                  node.w, node.h, 0),), (), graph.width,
+                                graph.height))
+    detail = next(t.text for t in ET.fromstring(drawn).iter(f"{SVG}text")
+                  if t.get("class") == "q-detail")
+    assert detail.startswith("…") and detail.endswith("package.the_handler")
+    assert graphs.step_detail(step) == "tests.workflows.step_a"
