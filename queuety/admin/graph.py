@@ -37,7 +37,8 @@ def run_graph(run: WorkflowRun, spec: WorkflowSpec) -> SafeString:
     steps = len(spec.steps)
     path = [index for index in reversed(
         Event.objects.filter(run_id=run.pk, kind__in=PASSED, step_index__isnull=False)
-        .order_by("-pk").values_list("step_index", flat=True)[:READ_LIMIT]) if index < steps]
+        .order_by("-pk").values_list("step_index", flat=True)[:READ_LIMIT])
+        if index is not None and index < steps]
     rows = list(StepRun.objects.filter(run_id=run.pk, kind="step", step_index__lt=steps)
                 .order_by("-seq").values_list("step_index", "branch", "seq", "status",
                                               "attempt")[:READ_LIMIT])

@@ -312,6 +312,7 @@ def _route_edges(build: _Builder, *, left: float, right: float) -> list[Edge]:
     edges, back_lane, forward_lane = [], 0, 0
     for source, target, kind, label in build.links:
         a, b = build.nodes[source], build.nodes[target]
+        points: tuple[tuple[float, float], ...]
         if kind == "compensation":
             points = ((a.x + a.w, a.y + a.h / 2), (b.x, b.y + b.h / 2))
         elif layer_of[b.y] == layer_of[a.y] + 1:
@@ -361,18 +362,14 @@ def run_overlay(graph: Graph, spec: WorkflowSpec, *, path: Sequence[int],
     the run's. A step the run passed over (a route skipped it, or the run completed without
     it) is ``skipped``; one it has not reached yet has no state.
     """
-    latest: dict[int, dict[int, tuple[int, str, int]]] = {}
-    for index, branch, seq, status, attempt in rows:
-        seen = latest.setdefault(index, {})
-        if branch not in seen or seen[branch][0] <= seq:
-            seen[branch] = (seq, status, attempt)
+    latest = _latest_visits(rows)
     finished = run_status in ("completed", "failed", "cancelled")
     walk = list(path) + ([] if run_status == "completed" or current_step >= len(spec.steps)
                          else [current_step])
     furthest = max(walk, default=-1)
     states: dict[str, StepState] = {}
     for index in range(len(spec.steps)):
-        status = _step_status(index, path, run_status, current_step, latest.get(index, {}))
+        status: str | None = _step_status(index, path, run_status, current_step, latest.get(index, {}))
         if status is None and (run_status == "completed" or index < furthest):
             status = "skipped"
         if status is not None:
@@ -387,6 +384,17 @@ def run_overlay(graph: Graph, spec: WorkflowSpec, *, path: Sequence[int],
                         word, latest[index][branch][2], 1)
     return Graph(graph.name, graph.nodes, graph.edges, graph.width, graph.height, states,
                  _taken(graph, spec, walk, run_status))
+
+
+def _latest_visits(rows: Iterable[tuple[int, int, int, str, int]]
+                   ) -> dict[int, dict[int, tuple[int, str, int]]]:
+    """Step position -> branch -> (seq, status, attempt) of its latest visit's rows."""
+    latest: dict[int, dict[int, tuple[int, str, int]]] = {}
+    for index, branch, seq, status, attempt in rows:
+        seen = latest.setdefault(index, {})
+        if branch not in seen or seen[branch][0] <= seq:
+            seen[branch] = (seq, status, attempt)
+    return latest
 
 
 #: A step row's status as the graph says it.
