@@ -4,7 +4,8 @@ with its legend, no script and nothing from a CDN.
 
 On the run page the graph carries what the run did, read from two places: the timeline's
 events that close a visit of a step (in the order they happened: the run's path) and the
-run's step rows (each step's latest visit: its status and attempts).
+run's step rows (each step's latest visit: its status and attempts), and its compensation
+rows (the compensation nodes' status after a cancel).
 """
 
 from __future__ import annotations
@@ -42,8 +43,11 @@ def run_graph(run: WorkflowRun, spec: WorkflowSpec) -> SafeString:
     rows = list(StepRun.objects.filter(run_id=run.pk, kind="step", step_index__lt=steps)
                 .order_by("-seq").values_list("step_index", "branch", "seq", "status",
                                               "attempt")[:READ_LIMIT])
+    undone = StepRun.objects.filter(run_id=run.pk, kind="compensation").values_list(
+        "step_index", "status", "attempt")[:READ_LIMIT]
     graph = run_overlay(layout(spec, status_line=True), spec, path=path, rows=rows,
-                        run_status=run.status, current_step=run.current_step)
+                        run_status=run.status, current_step=run.current_step,
+                        undone=list(undone))
     return _section(graph, with_statuses=True)
 
 

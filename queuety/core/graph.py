@@ -353,14 +353,16 @@ def _layers(nodes: Iterable[Node]) -> dict[float, int]:
 
 def run_overlay(graph: Graph, spec: WorkflowSpec, *, path: Sequence[int],
                 rows: Iterable[tuple[int, int, int, str, int]], run_status: str,
-                current_step: int) -> Graph:
+                current_step: int, undone: Iterable[tuple[int, str, int]] = ()) -> Graph:
     """Return ``graph`` with what a run did: each step's state and the edges it took.
 
     ``path`` is the positions of the steps the run finished, in the order it finished them
     (a step in a loop appears once per visit); ``rows`` are its step rows as
     ``(step_index, branch, seq, status, attempt)``; ``run_status`` and ``current_step`` are
     the run's. A step the run passed over (a route skipped it, or the run completed without
-    it) is ``skipped``; one it has not reached yet has no state.
+    it) is ``skipped``; one it has not reached yet has no state. ``undone`` is the run's
+    compensation rows, ``(step_index, status, attempt)``: each colours the compensation node
+    of the step it undoes (after a cancel, or a failure with ``compensate_on_failure``).
     """
     latest = _latest_visits(rows)
     finished = run_status in ("completed", "failed", "cancelled")
@@ -382,6 +384,9 @@ def run_overlay(graph: Graph, spec: WorkflowSpec, *, path: Sequence[int],
                 for branch, word in branches.items():
                     states[branch_id(index, branch)] = StepState(
                         word, latest[index][branch][2], 1)
+    for index, row_status, attempt in undone:
+        if index < len(spec.steps) and spec.steps[index].compensation:
+            states[f"s{index}c"] = StepState(_ROW_STATUS.get(row_status, "waiting"), attempt, 1)
     return Graph(graph.name, graph.nodes, graph.edges, graph.width, graph.height, states,
                  _taken(graph, spec, walk, run_status))
 

@@ -5,6 +5,7 @@ on the run page each step's status, its attempts and the path the run took."""
 from __future__ import annotations
 
 import re
+import time
 import uuid
 import xml.etree.ElementTree as ET
 
@@ -13,7 +14,7 @@ from django.contrib.auth.models import User
 from django.test import Client
 
 import queuety
-from queuety.models import WorkflowDefinition, WorkflowRun
+from queuety.models import StepRun, WorkflowDefinition, WorkflowRun
 from tests import workflows
 from tests.integration.conftest import wait_for
 
@@ -123,3 +124,23 @@ def test_hostile_step_names_are_escaped_on_both_pages(boss, token):
         html = boss.get(url).content.decode()
         assert hostile not in html, url
         assert nodes(graph_of(html))[hostile]["data-node"] == "s0"
+
+
+def test_run_page__a_cancelled_runs_compensation_is_done(boss, worker, token):
+    run_id = (queuety.workflow(f"graph_undo_{token}")
+              .then(workflows.step_a, name="book").compensate_with(workflows.undo)
+              .wait_for_signal("go", name="hold").dispatch({"token": token}))
+    wait_for(run_id, ("waiting_for_signal",))
+    queuety.cancel(run_id)
+    wait_for(run_id, ("cancelled",))
+    deadline = time.monotonic() + 30
+    while not StepRun.objects.filter(run_id=run_id, kind="compensation",
+                                     status="completed").exists():
+        assert time.monotonic() < deadline, "the compensation never ran"
+        time.sleep(0.1)
+
+    svg = graph_of(boss.get(f"/admin/queuety/workflowrun/{run_id}/change/").content.decode())
+
+    undo = next(g for g in svg.iter(f"{SVG}g") if g.get("data-node") == "s0c")
+    assert undo.get("data-status") == "done" and "q-status-done" in undo.get("class")
+    assert nodes(svg)["book"]["data-status"] == "done"

@@ -211,3 +211,12 @@ def test_a_long_handler_path_keeps_its_end():
                   if t.get("class") == "q-detail")
     assert detail.startswith("…") and detail.endswith("package.the_handler")
     assert graphs.step_detail(step) == "tests.workflows.step_a"
+
+
+def test_a_cancelled_runs_compensations_are_coloured():
+    spec = sink().build()
+    graph = run_overlay(layout(spec), spec, path=[0, 1], rows=[], run_status="cancelled",
+                        current_step=2, undone=[(0, "completed", 1), (5, "completed", 1)])
+    assert graph.states["s0c"].status == "done"
+    assert "s5c" not in graph.states  # step 5 has no compensation: no node to colour
+    assert 'data-node="s0c" data-status="done"' in render(graph)
