@@ -17,9 +17,11 @@ from django.utils.formats import date_format, number_format
 from django.utils.html import format_html, format_html_join
 from django.utils.timezone import localtime
 
-from queuety import definition_diff
+from queuety import definition_diff, exceptions
 from queuety.admin.display import pretty_json, reachable, status_badge
+from queuety.admin.graph import definition_graph
 from queuety.admin.quarantine import QuarantinePages
+from queuety.core.definition import WorkflowSpec
 from queuety.core.diff import DefinitionDiff
 from queuety.models import (
     RunStatus,
@@ -48,7 +50,7 @@ class DefinitionChangeList(ChangeList):
 
 #: The definition page's fields (all read-only: definitions are never edited).
 _FIELDS = ("name", "version", "definition_hash", "created_at", "runs", "changes", "drain",
-           "document")
+           "graph", "document")
 
 
 if TYPE_CHECKING:  # ModelAdmin is generic in django-stubs only: not subscriptable at run time
@@ -200,6 +202,14 @@ class WorkflowDefinitionAdmin(QuarantinePages, _ModelAdmin):
             date_format(localtime(entry.created_at), "DATETIME_FORMAT"),
             number_format(entry.live_runs, force_grouping=True), self._runs_url(entry.id),
             number_format(entry.total_runs, force_grouping=True), state)
+
+    @admin.display(description="graph")
+    def graph(self, definition: WorkflowDefinition) -> str:
+        try:
+            spec = WorkflowSpec.from_dict(definition.definition)
+        except exceptions.WorkflowDefinitionError as error:
+            return f"The graph cannot be drawn: {error}"
+        return definition_graph(spec)
 
     @admin.display(description="definition")
     def document(self, definition: WorkflowDefinition) -> str:

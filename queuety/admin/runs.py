@@ -53,6 +53,7 @@ from queuety.admin.filters import (
     VersionFilter,
     WaitingFilter,
 )
+from queuety.admin.graph import run_graph
 from queuety.admin.migrate import MigrationPages
 from queuety.admin.start import StartRunPages
 from queuety.core import budget as budgets
@@ -406,6 +407,7 @@ class WorkflowRunAdmin(StartRunPages, MigrationPages, _ModelAdmin):
                     "retry": effective_policy(spec, i).describe()
                     if s.kind in ("task", "parallel", "for_each") else ""}
                    for i, s in enumerate(spec.steps)],
+            graph=run_graph(run, spec),
             state_text=state_text, state_cut=state_cut, state_bytes=budgets.state_bytes(run.state),
             events_page=events_page,
             timeline=[self._event_row(event) for event in events_page.object_list],
