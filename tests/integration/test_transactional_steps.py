@@ -3,6 +3,8 @@ ORM writes commit with its output and transition, or not at all."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 import queuety
@@ -101,3 +103,26 @@ def test_transactional__a_serialization_failure_is_retried_and_rolled_back(worke
     retried = Event.objects.get(run_id=run_id, kind="step_retried")
     assert "could not serialize access" in retried.data["error"]["message"]
     assert _value(counter) == 1 and status.state["seen"] == 1
+
+
+@pytest.mark.parametrize("transactional, kept", [(True, 0), (False, 1)])
+def test_transactional__an_attempt_taken_back_mid_body_commits_no_write(
+        worker, counter, transactional, kept):
+    # The run is cancelled while the body lingers with its write: the transition finds the
+    # step row no longer the attempt's, and a transactional step's write goes with it (the
+    # plain step's, committed by itself, stays: the control).
+    run_id = (queuety.workflow("txn_taken_back")
+              .then(txn_steps.bump_slowly, transactional=transactional)
+              .dispatch({"counter": counter, "linger": 1.5}))
+    deadline = time.monotonic() + 20
+    while not StepRun.objects.filter(run_id=run_id, status="processing").exists():
+        assert time.monotonic() < deadline, worker.log()[-3000:]
+        time.sleep(0.02)
+    time.sleep(0.3)
+    queuety.cancel(run_id)
+    deadline = time.monotonic() + 20
+    while not Event.objects.filter(run_id=run_id, kind="step_discarded").exists():
+        assert time.monotonic() < deadline, worker.log()[-3000:]
+        time.sleep(0.05)
+    assert _value(counter) == kept
+    assert wait_for(run_id, ("cancelled",), worker=worker).status == "cancelled"
