@@ -26,7 +26,8 @@ WORKFLOW_FIELDS = ("name", "version", "budget", "retry", "deadline_seconds", "qu
 
 #: A step's fields, in the order a diff lists their changes. ``name`` identifies the step;
 #: ``child`` (a whole workflow document) is diffed as a workflow of its own.
-STEP_FIELDS = ("kind", "handler", "compensation", "retry", "timeout", "cost_units", "queue",
+STEP_FIELDS = ("kind", "handler", "compensation", "retry", "timeout", "transactional", "cost_units",
+               "queue",
                "priority", "concurrency_group", "concurrency_limit", "rate_limit", "wait",
                "delay_seconds", "routes", "default_route", "fanout", "repeat", "start",
                "workflows")
