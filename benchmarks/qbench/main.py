@@ -17,6 +17,9 @@ Sections (``--only`` takes a comma-separated subset):
 - ``io``: 200 and 1,000 concurrent 1 s async steps on one I/O-lane worker, against DBOS async
   workflows and a raw Celery threads-pool worker (``qbench.io_bench``);
 - ``timed``: three-step no-op runs whose steps have ``timeout=30``, on 2 prefork processes;
+- ``txn``: three-step runs whose steps increment a counter row, as transactional steps
+  (exactly-once ORM writes) and as plain steps with their own ``transaction.atomic()``
+  (``qbench.txn_bench``);
 - ``tasks``: Django's tasks framework: no-op jobs/s, enqueue/s and enqueue-to-start latency of
   Queuety's backend, raw Celery tasks and django-tasks-db (a subprocess, ``qbench.tasks_bench``).
 
@@ -41,7 +44,7 @@ from pathlib import Path
 from qbench import env, util
 
 SECTIONS = ("ceiling", "throughput", "dbos", "latency", "dispatch", "scaling", "roundtrips",
-            "io", "timed", "tasks")
+            "io", "timed", "txn", "tasks")
 
 #: The two Queuety worker configurations measured side by side.
 QUEUETY_VARIANTS = {
@@ -206,6 +209,14 @@ def one_round(number: int, args, workers: dict[str, util.Worker]) -> dict:
         for name, call in (reversed(tests) if flip else tests):
             attempt(results, f"timed_{name}", call)
 
+    if "txn" in sections:
+        from qbench import txn_bench
+
+        tests = [("transactional", True), ("plain", False)]
+        for name, transactional in (reversed(tests) if flip else tests):
+            attempt(results, f"txn_{name}", txn_bench.counter_steps, workers["queuety"],
+                    args.n, transactional=transactional)
+
     if "tasks" in sections:
         _tasks_round(results, args, flip)
     return results
@@ -278,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     status = 0
     try:
         if not args.no_rounds:
-            needs_workers = {"throughput", "latency", "timed"} & set(args.sections)
+            needs_workers = {"throughput", "latency", "timed", "txn"} & set(args.sections)
             if needs_workers:
                 from qbench import ceiling, celery_bench, queuety_bench
 

@@ -78,6 +78,7 @@ def render(record: dict) -> str:
         ({"throughput", "latency", "dbos", "ceiling", "roundtrips"}, lambda: _ratios(rounds, add)),
         (None, lambda: _io(rounds, add)),  # these two look for their own results
         (None, lambda: _tasks(rounds, args, add)),
+        ({"txn"}, lambda: _txn(rounds, args, add)),
     ]
     for sections, draw in tables if rounds else ():
         if ran is None or sections is None or ran & sections:
@@ -359,6 +360,21 @@ def _io(rounds, add) -> None:
     for name, goal, values, test in rows:
         verdict = "" if test is None else f" {_goal(values, test)}"
         add(f"| {name} | {goal} | {_cell(values, 2)}{verdict} |")
+    add("")
+
+
+def _txn(rounds, args, add) -> None:
+    """The ``txn`` section: transactional steps against plain steps (issue 30, part 6)."""
+    add(f"### Exactly-once ORM steps: {args.get('n')} three-step runs, each step incrementing "
+        "a counter row, one worker of 2 prefork processes\n")
+    add("| steps | steps/s |")
+    add("|---|---:|")
+    add("| `transactional=True` (write, output and transition in one transaction) | "
+        f"{_cell(_series(rounds, 'txn_transactional.steps_per_s'))} |")
+    add("| plain, the write in its own `transaction.atomic()` | "
+        f"{_cell(_series(rounds, 'txn_plain.steps_per_s'))} |")
+    add("| transactional ÷ plain | "
+        f"{_cell(_ratio_series(rounds, 'txn_transactional.steps_per_s', 'txn_plain.steps_per_s'), 2)} |")
     add("")
 
 

@@ -47,3 +47,46 @@ async def await_one(state):
 
     await asyncio.sleep(state.get("wait", 1.0))
     return None
+
+
+def _bump(state):
+    """Add one to the run's row of ``qbench_counter`` (``qbench.txn_bench`` creates it)."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE qbench_counter SET value = value + 1 WHERE id = %s",
+                       [state["i"]])
+
+
+def bump(state):
+    """A counter step; run with ``transactional=True``, its write commits with its outcome."""
+    _bump(state)
+
+
+def bump2(state):
+    """A second counter step (step names must be unique within a workflow)."""
+    _bump(state)
+
+
+def bump3(state):
+    """A third counter step."""
+    _bump(state)
+
+
+def plain_bump(state):
+    """The plain step's way: its own ``transaction.atomic()``, committed before the
+    transition (which commits by itself)."""
+    from django.db import transaction
+
+    with transaction.atomic():
+        _bump(state)
+
+
+def plain_bump2(state):
+    """A second plain counter step."""
+    plain_bump(state)
+
+
+def plain_bump3(state):
+    """A third plain counter step."""
+    plain_bump(state)

@@ -24,7 +24,12 @@ from queuety.core.definition import (
     WorkflowSpec,
 )
 from queuety.core.fanout import FanOutSpec
-from queuety.core.handlers import branch_entry, resolve_handler, step_options
+from queuety.core.handlers import (
+    branch_entry,
+    resolve_handler,
+    step_options,
+    transactional_option,
+)
 from queuety.core.retry import RetryPolicy
 
 
@@ -88,6 +93,7 @@ class WorkflowBuilder(RunSteps, SignalSteps):
         rate_limit: tuple[int, float] | None = None,
         queue: str | None = None,
         priority: str | None = None,
+        transactional: bool | None = None,
     ) -> WorkflowBuilder:
         """Add a step run after the previous one.
 
@@ -114,6 +120,11 @@ class WorkflowBuilder(RunSteps, SignalSteps):
                 ``on_queue()``).
             priority: ``"high"``, ``"normal"`` or ``"low"`` (default: the workflow's
                 ``with_priority()``, else normal).
+            transactional: run the body inside the transaction that records its outcome, on
+                Queuety's database: its ORM writes, its output and the transition commit
+                together or not at all; ``timeout`` becomes the transaction's
+                ``statement_timeout`` (default: the step class's ``transactional``, else
+                False; docs/guide/triggers-and-events.md, "Exactly-once ORM steps").
 
         Each of these defaults to the step class's attribute of the same name
         (docs/guide/resources.md).
@@ -121,13 +132,15 @@ class WorkflowBuilder(RunSteps, SignalSteps):
         return self._append(self._task(
             step, name, retry=retry, timeout=timeout, cost_units=cost_units,
             concurrency_group=concurrency_group, concurrency_limit=concurrency_limit,
-            rate_limit=rate_limit, queue=queue, priority=priority))
+            rate_limit=rate_limit, queue=queue, priority=priority,
+            transactional=transactional))
 
     @staticmethod
     def _task(step: Any, name: str | None, *, retry: RetryPolicy | None, timeout: float | None,
               cost_units: int | None, concurrency_group: str | None = None,
               concurrency_limit: int | None = None, rate_limit: tuple[int, float] | None = None,
-              queue: str | None = None, priority: str | None = None) -> TaskStep:
+              queue: str | None = None, priority: str | None = None,
+              transactional: bool | None = None) -> TaskStep:
         """The task step :meth:`then` adds."""
         path, obj = resolve_handler(step)
         step_name = name if name is not None else path.rsplit(".", 1)[-1]
@@ -141,6 +154,7 @@ class WorkflowBuilder(RunSteps, SignalSteps):
                                queue=queue, priority=priority)
         spec = TaskStep(name=step_name.strip(), handler=path, retry=options.retry,
                         timeout=options.timeout, cost_units=options.cost_units,
+                        transactional=transactional_option(step_name, obj, transactional),
                         **options.resource_fields())
         return spec
 

@@ -63,11 +63,20 @@ class StepSpec:
     """``(starts, seconds)``: at most that many starts in the group in any such period."""
     priority: str | None = None
     """``high``, ``normal`` or ``low`` (``None``: the workflow's, else normal)."""
+    transactional: bool = False
+    """Task steps only: the body runs inside the transaction that records its outcome, so its
+    ORM writes, its output and the transition commit together or not at all."""
 
     def __post_init__(self) -> None:
         if getattr(type(self), "kind", None) is None:
             raise TypeError(f"{type(self).__name__} is a base of the step classes; build a "
                             "TaskStep, a WaitStep, ... (or use StepSpec.from_dict).")
+        if self.transactional is not False and (
+                self.kind != "task" or self.transactional is not True):
+            raise exceptions.WorkflowDefinitionError(
+                f"Step {self.name!r} sets transactional={self.transactional!r}; only a task "
+                "step (one given to then() or route()) may be transactional, and the value "
+                "is True or False.")
 
     # -- the fields of the other kinds, absent here ---------------------------------------
 
@@ -151,6 +160,7 @@ class StepSpec:
                 ("concurrency_limit", self.concurrency_limit),
                 ("rate_limit", None if self.rate_limit is None else list(self.rate_limit)),
                 ("priority", self.priority)) if value is not None},
+            **({"transactional": True} if self.transactional else {}),
         }
 
     @staticmethod
@@ -192,6 +202,7 @@ class StepSpec:
             rate_limit=None if data.get("rate_limit") is None
             else (int(data["rate_limit"][0]), float(data["rate_limit"][1])),
             priority=data.get("priority"),
+            transactional=data.get("transactional", False),
             **{name: value for name, value in own.items() if value is not None},
         )
 

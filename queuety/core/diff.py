@@ -26,10 +26,10 @@ WORKFLOW_FIELDS = ("name", "version", "budget", "retry", "deadline_seconds", "qu
 
 #: A step's fields, in the order a diff lists their changes. ``name`` identifies the step;
 #: ``child`` (a whole workflow document) is diffed as a workflow of its own.
-STEP_FIELDS = ("kind", "handler", "compensation", "retry", "timeout", "cost_units", "queue",
-               "priority", "concurrency_group", "concurrency_limit", "rate_limit", "wait",
-               "delay_seconds", "routes", "default_route", "fanout", "repeat", "start",
-               "workflows")
+STEP_FIELDS = ("kind", "handler", "compensation", "retry", "timeout", "transactional",
+               "cost_units", "queue", "priority", "concurrency_group", "concurrency_limit",
+               "rate_limit", "wait", "delay_seconds", "routes", "default_route", "fanout",
+               "repeat", "start", "workflows")
 
 #: The workflow fields that name handlers: its hooks.
 WORKFLOW_HOOKS = frozenset({"on_cancel", "on_deadline"})

@@ -107,6 +107,9 @@ class Step:
     rate_limit: ClassVar[tuple[int, float] | None] = None
     queue: ClassVar[str | None] = None
     priority: ClassVar[str | None] = None
+    transactional: ClassVar[bool] = False
+    """Run :meth:`handle` inside the transaction that records its outcome (exactly-once ORM
+    writes; docs/guide/triggers-and-events.md, "Exactly-once ORM steps")."""
     context: StepContext
     """Set before :meth:`handle` runs: the run id, step name, attempt and budget."""
 
@@ -249,6 +252,28 @@ def step_options(name: str, obj: Any, *, retry: RetryPolicy | None = None,
         raise TypeError(f"step_options() got unexpected keyword arguments {unknown!r}")
     return StepOptions(retry, timeout, _cost_units(name, obj, cost_units),
                        **resource_options(name, obj, hints))
+
+
+def transactional_option(name: str, obj: Any, explicit: bool | None) -> bool:
+    """Whether step ``name`` (handler ``obj``) is transactional: the keyword given, else the
+    handler's ``transactional`` class attribute, else False.
+
+    Raises:
+        WorkflowDefinitionError: the value is not a bool, or the handler is an ``async def``
+            (an async body runs on the I/O lane's event loop, outside the worker's database
+            transaction, so its writes could not commit with its outcome).
+    """
+    value = getattr(obj, "transactional", False) if explicit is None else explicit
+    if not isinstance(value, bool):
+        raise exceptions.WorkflowDefinitionError(
+            f"transactional for step {name!r} must be True or False (got {value!r}).")
+    handle = getattr(obj, "handle", None) if inspect.isclass(obj) else obj
+    if value and inspect.iscoroutinefunction(handle):
+        raise exceptions.WorkflowDefinitionError(
+            f"Step {name!r} is transactional but its handler is an async def: an async body "
+            "runs on the I/O lane's event loop, outside the transaction that records its "
+            "outcome. Make the handler a plain def, or drop transactional=True.")
+    return value
 
 
 #: The options a ``parallel()`` branch may set for itself.

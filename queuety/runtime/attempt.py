@@ -37,10 +37,15 @@ from queuety.core.handlers import (
 )
 from queuety.core.inline import InlineWindow
 from queuety.models import Event, StepRun, StepStatus
-from queuety.runtime import gates, lane, wakeups
+from queuety.runtime import exactly_once, gates, lane, wakeups
 from queuety.runtime.claim import Claim, claim, owned
 from queuety.runtime.finish import fail_unloadable
-from queuety.runtime.outcome import record_failure, record_success_retrying
+from queuety.runtime.outcome import (
+    Discarded,
+    record_failure,
+    record_success,
+    record_success_retrying,
+)
 from queuety.runtime.settle import branch_done
 from queuety.runtime.sink import AttemptOutputs
 from queuety.runtime.watchdog import Heartbeats, deadline, heartbeat, progress_reporter
@@ -188,16 +193,17 @@ def _execute_task_step(held: Claim, spec: WorkflowSpec, *, window: InlineWindow 
     # The heartbeat covers recording the outcome too: under contention for the run row, the
     # transition can wait for a lock, and the sweeper must not take this attempt for lost.
     with _span(held, spec, step.name) as span, heartbeat(held.step_run_id):
+        if step.transactional:
+            timed_out, following = _execute_transactional(held, spec, context, started,
+                                                          window, span)
+            return _report(threads_before, timed_out), following
         try:
             output = None if isinstance(step, DelayStep) else _run_body(
                 step.name, held, step.handler, dict(held.state), context)
             outcome = engine.advance(spec, held.run_id, held.state, held.step_index, output)
             _check_budget(spec, held, outcome)
         except exceptions.StepHeld as held_back:  # not a failure: handed back, due later
-            span.set(status="held")
-            if gates.hold(held, spec, held_back.seconds, "held", held_back.reason):
-                logger.info("Step %r of run id=%s is held for %.1f s: %s.", step.name,
-                            held.run_id, held_back.seconds, held_back.reason)
+            _hold(held, spec, held_back, span)
         except Exception as error:  # noqa: BLE001 - every step failure is recorded
             span.fail(error, "failed")
             record_failure(held, spec, error, _ms_since(started),
@@ -225,6 +231,54 @@ def _execute_task_step(held: Claim, spec: WorkflowSpec, *, window: InlineWindow 
                     raise  # perhaps passing (a timeout, a standby): the sweeper's, as before
                 _record_refused_transition(held, spec, error, _ms_since(started))
     return _report(threads_before, timed_out), following
+
+
+def _execute_transactional(held: Claim, spec: WorkflowSpec, context: StepContext,
+                           started: float, window: InlineWindow | None, span: tracing.Span
+                           ) -> tuple[bool, Claim | None]:
+    """Run a transactional step (``queuety.runtime.exactly_once``): its body, the outcome and
+    the transition in one transaction; return whether it timed out, and the claim of the next
+    step if the transition gave it to this process.
+
+    Whatever ends the transaction early rolls the body's writes back, and is then recorded as a
+    plain step's would be, in a transaction of its own: a failure (retried by the policy), a
+    hold, or an outcome discarded because the attempt no longer owned its row.
+    """
+    step = spec.steps[held.step_index]
+    try:
+        with exactly_once.atomic_attempt(held, step.name, step.timeout):
+            output = _run_body(step.name, held, step.handler, dict(held.state), context)
+            outcome = engine.advance(spec, held.run_id, held.state, held.step_index, output)
+            _check_budget(spec, held, outcome)
+            took = _ms_since(started)
+            following = record_success_retrying(
+                held, spec, outcome, took, window=window, give_up_at=None,
+                publish_artifacts=_wrote_artifacts(context), strict=True)
+    except Discarded as discarded:
+        span.set(status="discarded")
+        record_success(held, spec, discarded.outcome, _ms_since(started))
+        return False, None
+    except exceptions.StepHeld as held_back:
+        _hold(held, spec, held_back, span)
+        return False, None
+    except Exception as error:  # noqa: BLE001 - every step failure is recorded
+        span.fail(error, "failed")
+        record_failure(held, spec, error, _ms_since(started))
+        return isinstance(error, exceptions.StepTimeout), None
+    span.set(status="completed")
+    if settings.METRICS:
+        instruments.step_finished(spec.name, step.name, "completed", took)
+    return False, following
+
+
+def _hold(held: Claim, spec: WorkflowSpec, held_back: exceptions.StepHeld,
+          span: tracing.Span) -> None:
+    """Hand back an attempt whose body raised StepHeld: not a failure, due again later."""
+    span.set(status="held")
+    if gates.hold(held, spec, held_back.seconds, "held", held_back.reason):
+        logger.info("Step %r of run id=%s is held for %.1f s: %s.",
+                    spec.steps[held.step_index].name, held.run_id, held_back.seconds,
+                    held_back.reason)
 
 
 def _record_refused_transition(held: Claim, spec: WorkflowSpec, error: DatabaseError,

@@ -46,10 +46,21 @@ TRANSITION_RETRY_DELAYS = (0.05, 0.25, 1.0, 2.0, 4.0)
 
 # -- success ----------------------------------------------------------------------------------
 
+class Discarded(Exception):  # noqa: N818 - not an error: a verdict the caller acts on
+    """Raised by a ``strict`` :func:`record_success` instead of recording a discarded outcome:
+    the caller's transaction (a transactional step's, holding its body's writes) must roll
+    back, then the outcome is recorded as a plain step's would be."""
+
+    def __init__(self, outcome: engine.Advance) -> None:
+        super().__init__("The attempt's outcome is discarded.")
+        self.outcome = outcome
+
+
 def record_success_retrying(held: Claim, spec: WorkflowSpec, outcome: engine.Advance,
                             duration_ms: float, *, window: InlineWindow | None,
                             give_up_at: float | None,
-                            publish_artifacts: bool = False) -> Claim | None:
+                            publish_artifacts: bool = False,
+                            strict: bool = False) -> Claim | None:
     """:func:`record_success`, tried again in place when the database refuses it for a
     transient reason, so a deadlock or a dropped connection does not cost a second run of the
     handler.
@@ -64,6 +75,10 @@ def record_success_retrying(held: Claim, spec: WorkflowSpec, outcome: engine.Adv
 
     ``publish_artifacts``: the attempt stored artifacts, made visible by the transition's own
     transaction (so such a step takes the locked path, not the one-statement one).
+
+    ``strict`` (a transactional step's): raise :class:`Discarded` instead of recording a
+    discarded outcome. Inside the caller's transaction no try is repeated: its error
+    propagates at once.
     """
     # The next step runs here only if it is a task step and this process consumes its queue.
     next_index = outcome.next_index
@@ -77,7 +92,8 @@ def record_success_retrying(held: Claim, spec: WorkflowSpec, outcome: engine.Adv
             window.admits(next_timeout, time.monotonic())
         try:
             return record_success(held, spec, outcome, duration_ms, claim_next=claim_next,
-                                  retried=tries > 0, publish_artifacts=publish_artifacts)
+                                  retried=tries > 0, publish_artifacts=publish_artifacts,
+                                  strict=strict)
         except DatabaseError as error:
             if pause is not None and not unprepared and not connection.in_atomic_block and \
                     rows.warn_pooler_mismatch_once(error):
@@ -108,11 +124,13 @@ def record_success_retrying(held: Claim, spec: WorkflowSpec, outcome: engine.Adv
 
 def record_success(held: Claim, spec: WorkflowSpec, outcome: engine.Advance,
                    duration_ms: float, *, claim_next: bool = False,
-                   retried: bool = False, publish_artifacts: bool = False) -> Claim | None:
+                   retried: bool = False, publish_artifacts: bool = False,
+                   strict: bool = False) -> Claim | None:
     """Apply a successful attempt; return the next step's claim when this process got it.
 
     ``retried``: an earlier try failed, perhaps after its commit; finding the row completed
-    by this attempt then means the transition is already applied.
+    by this attempt then means the transition is already applied. ``strict``: raise
+    :class:`Discarded` where the outcome would be recorded as discarded.
     """
     now = timezone.now()
     step = spec.steps[held.step_index]
@@ -134,15 +152,21 @@ def record_success(held: Claim, spec: WorkflowSpec, outcome: engine.Advance,
         if advanced:
             return following
         if not owns:
+            if strict:
+                raise Discarded(outcome)
             _not_owned(held, spec, outcome, completed, retried)
             return None
     with transaction.atomic():
         if not mark_completed(held, outcome.output, now):
+            if strict:
+                raise Discarded(outcome)
             _not_owned(held, spec, outcome, completed, retried)
             return None
         # Decide under the run's row lock, in the transaction that holds the completed step
         # row: the run changed since the claim, the next step is a wait, or this is SQLite.
         if not _transition_locked(held, spec, outcome.raw, completed, now):
+            if strict:
+                raise Discarded(outcome)
             completed.kind = "step_discarded"
             completed.data["reason"] = "the run was no longer running this step"
             completed.save()

@@ -45,6 +45,9 @@ logger = logging.getLogger("queuety")
 #: SQLSTATEs after which the same transaction, run again, may well succeed as it stands.
 SERIALIZATION_FAILURES = ("40001", "40P01")
 
+#: The SQLSTATE of a statement PostgreSQL cancelled (its ``statement_timeout`` passed).
+QUERY_CANCELED = "57014"
+
 
 # -- cursors and database errors --------------------------------------------------------------
 
@@ -223,6 +226,17 @@ def is_transient(error: BaseException) -> bool:
     sqlstate = sqlstate_of(error)
     return sqlstate is None or sqlstate in SERIALIZATION_FAILURES or sqlstate.startswith(
         ("08", "57P"))
+
+
+def limit_statements(seconds: float | None) -> None:
+    """Bound each statement of the current transaction to ``seconds`` on PostgreSQL
+    (``SET LOCAL statement_timeout``, at least 1 ms); nothing elsewhere (SQLite has no such
+    limit) or without ``seconds``. Call it inside ``transaction.atomic()``: the limit ends
+    with the transaction."""
+    if seconds is None or connection.vendor != "postgresql":
+        return
+    with connection.cursor() as cursor:
+        cursor.execute(f"SET LOCAL statement_timeout = {max(1, round(seconds * 1000))}")
 
 
 # -- runs -------------------------------------------------------------------------------------
