@@ -10,6 +10,7 @@ conditional update too) and a keyed start never both win.
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 from typing import Any
 
@@ -30,7 +31,7 @@ def lock_key(workflow: str, key: str) -> None:
     """Serialise, until this transaction ends, the keyed starts of ``key`` of ``workflow``
     across every process (a no-op on SQLite, which serialises writers itself). No one waits
     for another lock while holding it before this, so it closes no deadlock cycle."""
-    locks.hold(KEY_LOCK, [f"{workflow}\x00{key}"])
+    locks.hold(KEY_LOCK, [json.dumps([workflow, key])])
 
 
 def live_runs(workflow: str, key: str) -> list[int]:

@@ -1,6 +1,7 @@
 """Workflows registered by an installed app (found by ``QueuetyConfig.ready()``)."""
 
 import queuety
+from tests import keyed_steps
 from tests import workflows as steps
 
 
@@ -43,3 +44,7 @@ def parent():
 # (tests/integration/test_inbound_hooks.py).
 queuety.inbound("testapp-github", verify=queuety.verifiers.github("testapp-hook-secret-0123"),
                 start="reg_letters")
+
+
+# Keyed runs started through the REST API (tests/integration/test_keyed_runs.py).
+queuety.register("reg_keyed_gate", keyed_steps.gated("reg_keyed_gate"))
