@@ -97,6 +97,15 @@ def start(spec: WorkflowSpec, payload: dict[str, Any] | None, options: FlowOptio
 
     That is the new run's id; under ``debounce`` or ``batch``, the pending run's (the same
     for every start it absorbs); with ``on_conflict="signal"`` and a live run, the live run's.
+    :func:`start_run` says besides whether this start wrote a new run; see there.
+    """
+    return start_run(spec, payload, options, idempotency_key=idempotency_key).run_id
+
+
+def start_run(spec: WorkflowSpec, payload: dict[str, Any] | None, options: FlowOptions, *,
+              idempotency_key: str | None = None) -> dispatch.Dispatched:
+    """:func:`start`, with ``reused`` True when the start wrote no new run: it joined a
+    pending run (``debounce``, ``batch``), signalled a live one, or reused its idempotency key.
 
     Raises:
         RunConflict: ``singleton=True, on_conflict="reject"`` and a run of the key is live.
@@ -114,7 +123,7 @@ def start(spec: WorkflowSpec, payload: dict[str, Any] | None, options: FlowOptio
         if options.mode == "singleton":
             return _singleton(spec, payload, options)
         return dispatch.dispatch_run(spec, payload, idempotency_key=idempotency_key,
-                                     key=options.key).run_id
+                                     key=options.key)
 
 
 def _check_fits(spec: WorkflowSpec, options: FlowOptions, idempotency_key: str | None) -> None:
@@ -132,7 +141,7 @@ def _check_fits(spec: WorkflowSpec, options: FlowOptions, idempotency_key: str |
             f"{spec.steps[0].kind} step {spec.steps[0].name!r}.")
 
 
-def _debounce(spec: WorkflowSpec, payload: dict[str, Any] | None, options: FlowOptions) -> int:
+def _debounce(spec: WorkflowSpec, payload: dict[str, Any] | None, options: FlowOptions) -> dispatch.Dispatched:
     assert options.debounce is not None
     state = check_payload(spec.name, payload)
     due = keyed.debounce_due(timezone.now(), options.debounce)
@@ -146,11 +155,11 @@ def _debounce(spec: WorkflowSpec, payload: dict[str, Any] | None, options: FlowO
                 load_spec(definition_pk), step_run_id, 0, options.debounce)])
         Event.objects.create(run_id=run_id, kind="debounce_extended",
                              data={"due": due.isoformat(), "state": state})
-        return run_id
-    return dispatch.dispatch_run(spec, state, delay=options.debounce, key=options.key).run_id
+        return dispatch.Dispatched(run_id, True)
+    return dispatch.dispatch_run(spec, state, delay=options.debounce, key=options.key)
 
 
-def _batch(spec: WorkflowSpec, payload: dict[str, Any] | None, options: FlowOptions) -> int:
+def _batch(spec: WorkflowSpec, payload: dict[str, Any] | None, options: FlowOptions) -> dispatch.Dispatched:
     batch = options.batch
     assert batch is not None and batch.max_wait is not None
     item = {} if payload is None else payload
@@ -169,26 +178,26 @@ def _batch(spec: WorkflowSpec, payload: dict[str, Any] | None, options: FlowOpti
                                                                step_run_id, 0)])
             Event.objects.create(run_id=run_id, kind="batch_item",
                                  data={"items": len(items), "closed": full})
-            return run_id
+            return dispatch.Dispatched(run_id, True)
     state = check_payload(spec.name, keyed.batch_state([item]))
     delay = None if batch.is_full(1) else batch.max_wait
-    return dispatch.dispatch_run(spec, state, delay=delay, key=options.key).run_id
+    return dispatch.dispatch_run(spec, state, delay=delay, key=options.key)
 
 
 def _singleton(spec: WorkflowSpec, payload: dict[str, Any] | None,
-               options: FlowOptions) -> int:
+               options: FlowOptions) -> dispatch.Dispatched:
     key, conflict = options.key, options.on_conflict
     if conflict == "replace":
         _cancel_live(spec.name, key)
-        return dispatch.dispatch_run(spec, payload, key=key).run_id
+        return dispatch.dispatch_run(spec, payload, key=key)
     live = _active(spec.name, key)
     if live is None:
-        return dispatch.dispatch_run(spec, payload, key=key).run_id
+        return dispatch.dispatch_run(spec, payload, key=key)
     if conflict == "reject":
         raise exceptions.RunConflict(spec.name, key, live)
     if conflict == "signal":
         inbox.send_signal(live, options.signal, payload, sent_by=f"singleton start of {key!r}")
-        return live
+        return dispatch.Dispatched(live, True)
     return _queue(spec, payload, key, live)
 
 
@@ -208,10 +217,12 @@ def _hold_delay() -> float:
     return float(settings.MAX_ETA) + 86_400.0
 
 
-def _queue(spec: WorkflowSpec, payload: dict[str, Any] | None, key: str, live: int) -> int:
-    run_id = dispatch.dispatch_run(spec, payload, delay=_hold_delay(), key=key).run_id
+def _queue(spec: WorkflowSpec, payload: dict[str, Any] | None, key: str,
+           live: int) -> dispatch.Dispatched:
+    queued = dispatch.dispatch_run(spec, payload, delay=_hold_delay(), key=key)
+    run_id = queued.run_id
     keys.hold_first_step(run_id)
     Event.objects.create(run_id=run_id, kind="keyed_run_queued",
                          data={"key": key, "behind": live})
     logger.info("Run id=%s queued behind live run id=%s of key %r", run_id, live, key)
-    return run_id
+    return queued

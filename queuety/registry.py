@@ -149,8 +149,8 @@ def start_run(name: str, payload: Any = None, *, idempotency_key: str | None = N
 
     A key fixed on the registered builder (``.idempotency_key()``) is not used: a template
     started many times takes its key from each start. ``flow`` (checked by
-    ``queuety.core.keyed.flow_options``) starts it as ``queuety.keyed.start`` does; such a
-    start is never reported as reused.
+    ``queuety.core.keyed.flow_options``) starts it as ``queuety.keyed.start_run`` does; a start
+    that joined a pending run or signalled a live one is reported as reused too.
     """
     # Imported here: the facade imports this module, and ``dispatch`` imports Django.
     from queuety import dispatch
@@ -171,7 +171,8 @@ def start_run(name: str, payload: Any = None, *, idempotency_key: str | None = N
     if flow is not None:
         from queuety import keyed
 
-        return keyed.start(entry.spec, payload, flow, idempotency_key=idempotency_key), False
+        started = keyed.start_run(entry.spec, payload, flow, idempotency_key=idempotency_key)
+        return started.run_id, started.reused
     done = dispatch.dispatch_run(entry.spec, payload, idempotency_key=idempotency_key,
                                  on_conflict=on_conflict)
     return done.run_id, done.reused

@@ -135,7 +135,15 @@ class RunListView(RunAPIView):
         except exceptions.IdempotencyConflict as error:
             self._check_key_owner(request, key, error.run_id)
             raise
-        if reused:
+        except exceptions.RunConflict as error:
+            if scope.find_run(request.user, error.run_id, "pk") is None:
+                # Another tenant's live run: say the key is busy, name no run.
+                raise api_errors.QueuetyAPIError(
+                    f"A run of workflow {error.workflow!r} with key {error.key!r} is still "
+                    "live; nothing was started.", "run_conflict",
+                    status.HTTP_409_CONFLICT) from None
+            raise
+        if reused and flow is None:
             self._check_key_owner(request, key, run_id)
             self.get_run(run_id)  # the original run is answered only to who may see it
         run = queries.workflow_status(run_id).to_dict()

@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from django.contrib.auth.models import Permission, User
 from django.db import connection
+from django.test import Client
 from rest_framework.test import APIClient
 
 import queuety
@@ -147,6 +148,31 @@ def parked(run_id: int, worker) -> None:
     assert wait_for(run_id, ("waiting_for_signal",), worker=worker).current_step == 1
 
 
+def starter() -> APIClient:
+    user = User.objects.create_user(f"u{uuid.uuid4().hex[:10]}")
+    user.user_permissions.add(*Permission.objects.filter(
+        content_type__app_label="queuety",
+        codename__in=("view_workflowrun", "add_workflowrun")))
+    client = APIClient()
+    client.force_authenticate(User.objects.get(pk=user.pk))
+    return client
+
+
+def test_rest_start__a_debounced_start_joins_the_pending_run__200_not_created(key):
+    client = starter()
+    body = {"workflow": "reg_keyed_gate", "payload": {"n": 1}, "key": key, "debounce": 30}
+    first = client.post("/queuety/api/runs/", data=json.dumps(body),
+                        content_type="application/json")
+    joined = client.post("/queuety/api/runs/", data=json.dumps({**body, "payload": {"n": 2}}),
+                         content_type="application/json")
+
+    assert first.status_code == 201 and first.json()["created"] is True
+    assert joined.status_code == 200 and joined.json()["created"] is False
+    run = joined.json()["run"]
+    assert run["id"] == first.json()["run"]["id"] and run["state"] == {"n": 2}
+    queuety.cancel(run["id"])
+
+
 def test_singleton_reject__raises_run_conflict_and_the_rest_api_answers_409(worker, key):
     first = queuety.start("reg_keyed_gate", {}, key=key, singleton=True)
     parked(first, worker)
@@ -154,12 +180,7 @@ def test_singleton_reject__raises_run_conflict_and_the_rest_api_answers_409(work
     with pytest.raises(queuety.RunConflict, match=f"Run {first} of workflow 'reg_keyed_gate' "
                                                   f"with key '{key}' is still live"):
         queuety.start("reg_keyed_gate", {}, key=key, singleton=True, on_conflict="reject")
-    user = User.objects.create_user(f"u{uuid.uuid4().hex[:10]}")
-    user.user_permissions.add(*Permission.objects.filter(
-        content_type__app_label="queuety",
-        codename__in=("view_workflowrun", "add_workflowrun")))
-    client = APIClient()
-    client.force_authenticate(User.objects.get(pk=user.pk))
+    client = starter()
     answer = client.post("/queuety/api/runs/", data=json.dumps(
         {"workflow": "reg_keyed_gate", "payload": {}, "key": key, "singleton": True}),
         content_type="application/json")
@@ -173,6 +194,13 @@ def test_singleton_reject__raises_run_conflict_and_the_rest_api_answers_409(work
         {"workflow": "reg_keyed_gate", "key": key, "on_conflict": "report"}),
         content_type="application/json")
     assert bad.status_code == 400 and "idempotency-key option" in bad.json()["detail"]
+    admin = Client()
+    admin.force_login(User.objects.create_superuser(f"a{uuid.uuid4().hex[:10]}"))
+    page = admin.post("/admin/queuety/workflowrun/start/reg_keyed_gate/",
+                      {"payload": "{}", "key": key, "singleton": "reject"})
+    assert page.status_code == 400
+    assert f"Run {first} of workflow &#x27;reg_keyed_gate&#x27; with key" in page.content.decode()
+    assert len(runs_of("reg_keyed_gate", key)) == 1
     queuety.signal(first, "finish")
     wait_for(first, worker=worker)
     # Once it finished, the key is free again.
