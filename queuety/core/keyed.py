@@ -19,13 +19,16 @@ SINGLETON_CONFLICTS = ("reject", "queue", "replace", "signal")
 IDEMPOTENCY_CONFLICTS = ("report", "error")
 #: The longest key (the column's size).
 MAX_KEY_LENGTH = 255
+#: The longest debounce or batch wait: a year (a due time must stay a valid datetime).
+MAX_SECONDS = 366 * 86_400
 
 
 def _positive_seconds(what: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or \
-            not math.isfinite(value) or value <= 0:
+            not math.isfinite(value) or not 0 < value <= MAX_SECONDS:
         raise exceptions.InvalidPayload(
-            f"{what} must be a positive number of seconds (got {value!r}).")
+            f"{what} must be a positive number of seconds, at most {MAX_SECONDS} (a year) "
+            f"(got {value!r:.80}).")
     return float(value)
 
 

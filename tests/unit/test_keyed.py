@@ -45,6 +45,7 @@ def test_debounce__seconds_as_float():
     ({"key": "k", "debounce": 0}, "debounce= must be a positive number"),
     ({"key": "k", "debounce": True}, "debounce= must be a positive number"),
     ({"key": "k", "debounce": float("inf")}, "debounce= must be a positive number"),
+    ({"key": "k", "debounce": 1e300}, "at most 31622400"),
     ({"key": "k", "singleton": "yes"}, "must be True or False"),
     ({"key": "k", "singleton": True, "on_conflict": "error"},
      "idempotency-key option: pass it as .idempotency_key"),
