@@ -41,6 +41,11 @@ from queuety.store.definitions import load_spec
 
 logger = logging.getLogger("queuety")
 
+#: Seconds before its max_wait that a batch takes no more items (the next one opens), or a
+#: tenth of max_wait if less: longer than a keyed start's transaction, so a claim that begins
+#: meanwhile never misses its item.
+BATCH_CLOSING = 1.0
+
 
 @dataclass(frozen=True, slots=True)
 class SignalOrStart:
@@ -170,8 +175,10 @@ def _batch(spec: WorkflowSpec, payload: dict[str, Any] | None, options: FlowOpti
         full = batch.is_full(len(items))
         now = timezone.now()
         # A batch not yet full keeps its due time (max_wait from its first item); either way
-        # the conditional update locks the row, or finds it due or claimed: closed.
-        if keys.push_due(step_run_id, now if full else None, True):
+        # the conditional update locks the row, or finds it due or claimed: closed. One due
+        # within BATCH_CLOSING is closed too (see keys.push_due: a kept due time needs it).
+        margin = min(BATCH_CLOSING, batch.max_wait / 10)
+        if keys.push_due(step_run_id, now if full else None, True, margin=margin):
             keys.write_state(run_id, check_payload(spec.name, keyed.batch_state(items)))
             if full:
                 publish.publish_on_commit([publish.message_for(load_spec(definition_pk),

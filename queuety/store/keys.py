@@ -11,7 +11,7 @@ conditional update too) and a keyed start never both win.
 from __future__ import annotations
 
 import json
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import connection
@@ -57,16 +57,22 @@ def not_started(workflow: str, key: str) -> tuple[int, int, int] | None:
     return None if found is None else (found[0], found[1], found[2])
 
 
-def push_due(step_run_id: int, due: datetime | None, published: bool) -> bool:
+def push_due(step_run_id: int, due: datetime | None, published: bool, *,
+             margin: float = 0.0) -> bool:
     """Move a not-yet-due first step row to ``due`` (None: keep its due time, only lock it);
-    False (nothing written) if it is due already or claimed. On success the row stays locked
-    until this transaction ends, so a worker's claim waits and then finds it not due.
+    False (nothing written) if it is due within ``margin`` seconds, or claimed. On success the
+    row stays locked until this transaction ends, so a worker's claim waits and then finds it
+    not due.
 
     "Not due" is judged by PostgreSQL's clock, read after any claim that scanned the row:
     a claim that scanned it due (by its own clock, taken earlier) makes this update find it
-    due too, and give up (the row is then the worker's, with the state it read).
+    due too, and give up (the row is then the worker's, with the state it read). A row whose
+    due time is kept needs ``margin``: a claim that begins while this transaction runs, and
+    finds the row due by then, would wait for it and then take the row with the state from
+    before it (a claim reads the run as it was when the claim began).
     """
-    not_due = Now() if connection.vendor == "postgresql" else timezone.now()
+    horizon = timedelta(seconds=margin)
+    not_due = Now() + horizon if connection.vendor == "postgresql" else timezone.now() + horizon
     changes: dict[str, Any] = {"available_at": F("available_at")} if due is None else {
         "available_at": due, "published_at": due if published else None}
     return StepRun.objects.filter(
