@@ -218,9 +218,9 @@ def _cancel_live(workflow: str, key: str) -> None:
             continue
 
 
-#: How far a queued run's first step is put off before it is held: past MAX_ETA, so no
-#: message is published for it (release_queued publishes one).
 def _hold_delay() -> float:
+    """How far a queued run's first step is put off before it is held: past ``MAX_ETA``, so
+    no message is published for it (``runtime.finish.release_queued`` publishes one)."""
     return float(settings.MAX_ETA) + 86_400.0
 
 
