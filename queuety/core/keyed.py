@@ -103,10 +103,11 @@ def flow_options(workflow: str, *, key: Any = None, debounce: Any = None,
                 "key (the runs that share a key are the ones it orders).")
         _check_unused(workflow, None, on_conflict, signal)
         return None
-    if not isinstance(key, str) or not key.strip() or len(key) > MAX_KEY_LENGTH:
+    if not isinstance(key, str) or not key.strip() or len(key) > MAX_KEY_LENGTH or \
+            "\x00" in key:
         raise exceptions.InvalidPayload(
             f"The key of a run of workflow {workflow!r} must be a non-blank string of at most "
-            f"{MAX_KEY_LENGTH} characters (got {key!r:.80}).")
+            f"{MAX_KEY_LENGTH} characters, without NUL (got {key!r:.80}).")
     if len(modes) > 1:
         raise exceptions.InvalidPayload(
             f"Workflow {workflow!r} was started with both {modes[0]}= and {modes[1]}=; use one "
@@ -137,7 +138,8 @@ def _check_unused(workflow: str, mode: str | None, on_conflict: Any, signal: Any
         raise exceptions.InvalidPayload(
             f"on_conflict={on_conflict!r} on workflow {workflow!r} needs singleton=True and a "
             "key: it says what a start does while a run of that key is live.")
-    if not isinstance(signal, str) or not signal:
+    if not isinstance(signal, str) or not signal or len(signal) > MAX_KEY_LENGTH or \
+            "\x00" in signal:
         raise exceptions.InvalidPayload(
             f"signal= must name a signal (got {signal!r:.80}).")
     if signal != "input" and on_conflict != "signal":

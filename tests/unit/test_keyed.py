@@ -41,6 +41,7 @@ def test_debounce__seconds_as_float():
     ({"key": "", "debounce": 1}, "must be a non-blank string"),
     ({"key": "x" * 256}, "at most 255 characters"),
     ({"key": 7}, "must be a non-blank string"),
+    ({"key": "a\x00b"}, "without NUL"),
     ({"key": "k", "debounce": 1, "singleton": True}, "both debounce= and singleton="),
     ({"key": "k", "debounce": 0}, "debounce= must be a positive number"),
     ({"key": "k", "debounce": True}, "debounce= must be a positive number"),
