@@ -226,6 +226,24 @@ def test_singleton_queue__the_second_run_starts_when_the_first_ends(worker, key)
     parked(third, worker)
 
 
+def test_singleton_queue__a_start_racing_the_live_runs_end_is_never_stranded(worker, key):
+    # The live run's one step ends by the one-statement completion while the queued start
+    # locks it: whichever commits first, the queued run starts (never left held).
+    builder = keyed_steps.plain("keyed_queue_race")
+    queued = 0
+    for attempt in range(12):
+        first = builder.dispatch({}, key=f"{key}-{attempt}", singleton=True)
+        time.sleep(0.01 * attempt)
+        second = builder.dispatch({}, key=f"{key}-{attempt}", singleton=True,
+                                  on_conflict="queue")
+        assert wait_for(second, worker=worker, timeout=15).status == "completed"
+        assert queuety.workflow_status(first).status == "completed"
+        kinds = set(Event.objects.filter(run_id=second).values_list("kind", flat=True))
+        assert ("keyed_run_queued" in kinds) == ("keyed_run_released" in kinds)
+        queued += "keyed_run_queued" in kinds
+    assert queued  # the early ones found the first run live (they are the race's other side)
+
+
 def test_singleton_replace__cancels_the_live_run_with_its_compensation(worker, key):
     builder = keyed_steps.gated("keyed_replace")
     first = builder.dispatch({}, key=key, singleton=True)
