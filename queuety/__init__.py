@@ -22,6 +22,7 @@ from queuety.core.builder import WorkflowBuilder, workflow
 from queuety.core.diff import DefinitionDiff
 from queuety.core.engine import DEFAULT, Route
 from queuety.core.handlers import Step, StepContext
+from queuety.core.keyed import Batch
 from queuety.core.retry import RetryPolicy
 from queuety.core.status import WorkflowStatus
 from queuety.exceptions import (
@@ -41,6 +42,7 @@ from queuety.exceptions import (
     InvalidTransition,
     PermanentError,
     QueuetyError,
+    RunConflict,
     RunNotFound,
     RunNotWaiting,
     StepTimeout,
@@ -60,6 +62,7 @@ __all__ = [
     "DEFAULT",
     "AlreadyAnswered",
     "ArtifactNotFound",
+    "Batch",
     "Budget",
     "BudgetExceeded",
     "BudgetView",
@@ -80,6 +83,7 @@ __all__ = [
     "RegisteredWorkflow",
     "RetryPolicy",
     "Route",
+    "RunConflict",
     "RunNotFound",
     "RunNotWaiting",
     "Step",
@@ -126,6 +130,7 @@ __all__ = [
     "rewind",
     "schedule",
     "signal",
+    "signal_or_start",
     "start",
     "submit_input",
     "trigger",
@@ -142,6 +147,7 @@ if TYPE_CHECKING:  # for annotations only: importing it would import Django
 
     from queuety.hooks.declare import InboundHook
     from queuety.inbox import SignalReceipt
+    from queuety.keyed import SignalOrStart
     from queuety.outputs import ChunkPage
     from queuety.quarantine import BulkResult
     from queuety.run_migration import MigrationReport
@@ -225,18 +231,56 @@ def batch(items: list[Any], *, then: Any = None, catch: Any = None,
 
 
 def start(name: str, payload: dict[str, Any] | None = None, *,
-          idempotency_key: str | None = None) -> int:
+          idempotency_key: str | None = None, key: str | None = None,
+          debounce: float | None = None, singleton: bool = False,
+          on_conflict: str | None = None, signal: str = "input",
+          batch: Batch | None = None) -> int:
     """Start a run of the workflow registered as ``name`` (see :func:`register`); return its
     id. With an ``idempotency_key`` already used, return the original run's id instead.
 
+    Flow control per ``key`` (docs/guide/triggers-and-events.md, "Signal-with-start and flow
+    control per key"): ``debounce=seconds`` starts one run once the key has been quiet that
+    long, with the last payload (every call returns that pending run's id);
+    ``singleton=True`` with ``on_conflict`` ``"reject"`` (the default: :class:`RunConflict`),
+    ``"queue"``, ``"replace"`` or ``"signal"`` (the payload goes to the live run as signal
+    ``signal``; its id is returned) while a run of the key is live; ``batch=Batch(...)``
+    collects the payloads of a key into one run whose state is ``{"items": [...]}`` (every
+    call returns the batch's run id).
+
     Raises:
         UnknownWorkflow: nothing is registered as ``name`` (the error lists what is).
-        InvalidPayload: the payload is not a JSON object. BudgetExceeded: it is over the
-            workflow's ``max_state_bytes``. Nothing is written.
+        InvalidPayload: the payload is not a JSON object, or the flow-control options are
+            malformed or do not fit together. BudgetExceeded: it is over the workflow's
+            ``max_state_bytes``. Nothing is written.
+        RunConflict: ``singleton=True, on_conflict="reject"`` found a live run of ``key``.
     """
     from queuety import registry
+    from queuety.core.keyed import flow_options
 
-    return registry.start_run(name, payload, idempotency_key=idempotency_key)[0]
+    flow = flow_options(name, key=key, debounce=debounce, singleton=singleton,
+                        on_conflict=on_conflict, signal=signal, batch=batch)
+    return registry.start_run(name, payload, idempotency_key=idempotency_key, flow=flow)[0]
+
+
+def signal_or_start(workflow: str | WorkflowBuilder, key: str, signal: str,
+                    payload: Any = None) -> SignalOrStart:
+    """Deliver signal ``signal`` with ``payload`` to the live run of ``workflow`` (a
+    registered name or a builder) with ``key``, or start such a run (empty state) and deliver
+    it as its first signal; return ``run_id``, ``started`` and the signal's ``receipt``.
+
+    Concurrent calls of one key start one run, and store their signals in the order they
+    commit.
+
+    Raises:
+        UnknownWorkflow: ``workflow`` is a name nothing is registered as.
+        InvalidPayload: ``key`` is malformed, or no wait of the workflow listens for ``signal``.
+        InvalidSignalData: the payload is not JSON, too large, or fails the wait's schema.
+    """
+    from queuety import keyed, registry
+
+    spec = workflow.build() if isinstance(workflow, WorkflowBuilder) else \
+        registry.get(workflow).spec
+    return keyed.signal_or_start(spec, key, signal, payload)
 
 
 def inbound(name: str, *, verify: Verifier, start: Any = None, signal: str | None = None,

@@ -49,7 +49,8 @@ def dispatch(spec: WorkflowSpec, payload: dict[str, Any] | None = None, *,
 def dispatch_run(spec: WorkflowSpec, payload: dict[str, Any] | None = None, *,
                  idempotency_key: str | None = None, on_conflict: str = "report",
                  delay: float | None = None,
-                 fingerprint: dict[str, Any] | None = None) -> Dispatched:
+                 fingerprint: dict[str, Any] | None = None,
+                 key: str | None = None) -> Dispatched:
     """Start a run of ``spec`` with ``payload`` as its state; return its id and whether an
     earlier dispatch with the same ``idempotency_key`` had started it.
 
@@ -61,6 +62,8 @@ def dispatch_run(spec: WorkflowSpec, payload: dict[str, Any] | None = None, *,
     database: the sweeper publishes it when due if it is beyond ``QUEUETY["MAX_ETA"]``).
     ``fingerprint`` is what a reused key's payload is compared by (default: the state), for a
     caller whose state carries what differs between equal dispatches (an enqueue instant).
+    ``key`` is the run's flow-control key (``queuety.keyed``, which serialises the starts of
+    a key; this only stores it).
 
     Raises:
         WorkflowDefinitionError: the payload is not a JSON object or uses reserved keys.
@@ -85,18 +88,18 @@ def dispatch_run(spec: WorkflowSpec, payload: dict[str, Any] | None = None, *,
             return Dispatched(_reused_key(used, spec, payload_hash, on_conflict), True)
     with tracing.run_span(spec.name, spec.version) as (span, context):
         dispatched = _write(spec, definition_pk, state, payload_hash, idempotency_key,
-                            on_conflict, context, delay)
+                            on_conflict, context, delay, key)
         span.set(run_id=dispatched.run_id)
     return dispatched
 
 
 def _write(spec: WorkflowSpec, definition_pk: int, state: dict[str, Any], payload_hash: str,
            idempotency_key: str | None, on_conflict: str, trace_context: str,
-           delay: float | None) -> Dispatched:
+           delay: float | None, key: str | None = None) -> Dispatched:
     now = timezone.now()
     # The one-statement fast path commits by itself: a webhook endpoint subscribed to
     # run.started needs its delivery row in the run's transaction, so it takes the other path.
-    if idempotency_key is None and spec.steps[0].kind == "task" and \
+    if idempotency_key is None and key is None and spec.steps[0].kind == "task" and \
             connection.vendor == "postgresql" and not signals.sinks_want("run_started"):
         run_pk = _dispatch_postgres(spec, definition_pk, state, now, trace_context, delay)
         logger.info("Run id=%s workflow=%s version=%s dispatched", run_pk, spec.name,
@@ -108,6 +111,9 @@ def _write(spec: WorkflowSpec, definition_pk: int, state: dict[str, Any], payloa
                 definition_id=definition_pk, name=spec.name, state=state,
                 total_steps=len(spec.steps), status=RunStatus.RUNNING,
                 idempotency_key=idempotency_key, trace_context=trace_context,
+                # A keyed run is marked awaited so that the one-statement completion, too,
+                # calls notify_finished(), which releases the run queued behind it.
+                key=key, awaited=key is not None,
                 deadline_at=None if spec.deadline_seconds is None
                 else now + timedelta(seconds=spec.deadline_seconds),
             )

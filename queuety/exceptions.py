@@ -298,3 +298,20 @@ class InvalidSignature(QueuetyError):
     Raised by the verifiers of ``queuety.verifiers``; the hook endpoint answers it with a
     401 and stores nothing.
     """
+
+
+class RunConflict(QueuetyError):
+    """A start with ``singleton=True, on_conflict="reject"`` found a live run of its key;
+    nothing was started. ``key`` and ``run_id`` (the live run) say which. The REST API
+    answers it with a 409."""
+
+    def __init__(self, workflow: str, key: str, run_id: int) -> None:
+        super().__init__(
+            f"Run {run_id} of workflow {workflow!r} with key {key!r} is still live, and this "
+            f"start asked for singleton=True with on_conflict='reject'; nothing was started. "
+            "Wait for that run to finish, cancel it, or start with on_conflict='queue', "
+            "'replace' or 'signal'.")
+        self.workflow, self.key, self.run_id = workflow, key, run_id
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.workflow, self.key, self.run_id))

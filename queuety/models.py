@@ -14,6 +14,7 @@ from django.db.models import Q
 
 from queuety.conf import settings
 from queuety.core import addresses
+from queuety.core.status import UNFINISHED
 
 # The core's status vocabulary, re-exported: the storage speaks the same words (and its
 # ``choices`` are labelled as ``TextChoices`` would label them, so no migration changes).
@@ -51,6 +52,9 @@ class WorkflowRun(models.Model):
     # Bumped by every write to the run row: the step boundary's compare-and-set guard.
     revision = models.PositiveIntegerField(default=0)
     idempotency_key = models.CharField(max_length=255, null=True, blank=True, db_index=True)
+    # The flow-control key of a keyed run (queuety.keyed): signal-with-start, debounce,
+    # singleton and batch find a workflow's live run of a key by it.
+    key = models.CharField(max_length=255, null=True, blank=True)
     # Budget usage (limits live in the definition).
     transitions = models.PositiveIntegerField(default=0)
     cost_units = models.PositiveIntegerField(default=0)
@@ -106,6 +110,9 @@ class WorkflowRun(models.Model):
             models.Index(fields=["wait_expires_at"], name="queuety_run_wait_expiry",
                          condition=Q(status="waiting_for_signal",
                                      wait_expires_at__isnull=False)),
+            # A keyed start reads only the live runs of its key.
+            models.Index(fields=["name", "key", "id"], name="queuety_run_key_live",
+                         condition=Q(key__isnull=False, status__in=list(UNFINISHED))),
         ]
         permissions = [
             ("signal_workflowrun", "Can send signals, approvals and input to workflow runs"),

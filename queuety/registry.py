@@ -24,6 +24,7 @@ from typing import Any, TypeVar, overload
 from queuety import exceptions
 from queuety.core.builder import WorkflowBuilder
 from queuety.core.definition import WorkflowSpec
+from queuety.core.keyed import FlowOptions
 
 Registrable = WorkflowBuilder | Callable[[], WorkflowBuilder]
 _R = TypeVar("_R", bound=Registrable)
@@ -133,7 +134,8 @@ def get(name: str) -> RegisteredWorkflow:
 
 
 def start_run(name: str, payload: Any = None, *, idempotency_key: str | None = None,
-              on_conflict: str = "report") -> tuple[int, bool]:
+              on_conflict: str = "report", flow: FlowOptions | None = None
+              ) -> tuple[int, bool]:
     """Start a run of workflow ``name``; return its id and whether ``idempotency_key`` had
     already started it (then no run is written and the id is the original run's).
 
@@ -146,7 +148,9 @@ def start_run(name: str, payload: Any = None, *, idempotency_key: str | None = N
             ``on_conflict="error"`` (as the REST API and the admin pass).
 
     A key fixed on the registered builder (``.idempotency_key()``) is not used: a template
-    started many times takes its key from each start.
+    started many times takes its key from each start. ``flow`` (checked by
+    ``queuety.core.keyed.flow_options``) starts it as ``queuety.keyed.start_run`` does; a start
+    that joined a pending run or signalled a live one is reported as reused too.
     """
     # Imported here: the facade imports this module, and ``dispatch`` imports Django.
     from queuety import dispatch
@@ -164,6 +168,11 @@ def start_run(name: str, payload: Any = None, *, idempotency_key: str | None = N
                 f"string of at most 255 characters (got {idempotency_key!r:.80}); nothing was "
                 "dispatched.")
         idempotency_key = idempotency_key.strip()
+    if flow is not None:
+        from queuety import keyed
+
+        started = keyed.start_run(entry.spec, payload, flow, idempotency_key=idempotency_key)
+        return started.run_id, started.reused
     done = dispatch.dispatch_run(entry.spec, payload, idempotency_key=idempotency_key,
                                  on_conflict=on_conflict)
     return done.run_id, done.reused

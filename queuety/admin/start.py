@@ -18,6 +18,7 @@ from django.template.response import TemplateResponse
 from django.urls import URLPattern, path
 
 from queuety import exceptions, registry, scope
+from queuety.core.keyed import FlowOptions, flow_options
 
 if TYPE_CHECKING:  # for annotations only
     from django.contrib.admin import AdminSite
@@ -41,6 +42,18 @@ class StartRunForm(forms.Form):
         help_text="Optional. A key already used shows the run it started instead of starting "
                   "another.")
 
+    key = forms.CharField(
+        max_length=255, required=False,
+        help_text="Optional. The run's flow-control key (see singleton below).")
+    singleton = forms.ChoiceField(
+        required=False, initial="",
+        choices=[("", "No: start a run in any case"),
+                 ("reject", "Singleton: refuse while a run of the key is live"),
+                 ("queue", "Singleton: queue behind the live run of the key"),
+                 ("replace", "Singleton: cancel the live run of the key, then start"),
+                 ("signal", "Singleton: send the payload to the live run as signal 'input'")],
+        help_text="With a key: what to do while a run of that key is live.")
+
     def clean_payload(self) -> dict[str, Any]:
         text = (self.cleaned_data.get("payload") or "").strip() or "{}"
         try:
@@ -54,6 +67,15 @@ class StartRunForm(forms.Form):
 
     def clean_idempotency_key(self) -> str | None:
         return (self.cleaned_data.get("idempotency_key") or "").strip() or None
+
+    def clean_key(self) -> str | None:
+        return (self.cleaned_data.get("key") or "").strip() or None
+
+    def flow(self, name: str) -> FlowOptions | None:
+        """The flow-control options the form asks for (InvalidPayload: they do not fit)."""
+        conflict = self.cleaned_data.get("singleton") or None
+        return flow_options(name, key=self.cleaned_data.get("key"),
+                            singleton=conflict is not None, on_conflict=conflict)
 
 
 class StartRunPages:
@@ -116,7 +138,10 @@ class StartRunPages:
             try:
                 run_id, reused = registry.start_run(
                     name, form.cleaned_data["payload"],
-                    idempotency_key=form.cleaned_data["idempotency_key"], on_conflict="error")
+                    idempotency_key=form.cleaned_data["idempotency_key"], on_conflict="error",
+                    flow=form.flow(name))
+            except exceptions.RunConflict as error:
+                form.add_error(None, str(error))
             except (exceptions.InvalidPayload, exceptions.BudgetExceeded) as error:
                 form.add_error("payload", str(error))
             except exceptions.IdempotencyConflict as error:

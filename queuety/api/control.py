@@ -25,6 +25,7 @@ from queuety.api.views import (
     replayable,
 )
 from queuety.conf import settings
+from queuety.core.keyed import Batch, FlowOptions, flow_options
 from queuety.core.status import RunStatus
 from queuety.models import WorkflowRun
 from queuety.store.definitions import find_definition
@@ -109,21 +110,24 @@ class RunListView(RunAPIView):
         if not isinstance(body, dict):
             raise ParseError("The request body must be a JSON object: "
                              '{"workflow": "...", "payload": {...}, "idempotency_key": "..."}.')
-        unknown = sorted(set(body) - {"workflow", "payload", "idempotency_key"})
+        unknown = sorted(set(body) - {"workflow", "payload", "idempotency_key", *FLOW_FIELDS})
         if unknown:
             raise api_errors.QueuetyAPIError(
                 f"Unknown field(s) {', '.join(unknown)}; a run is started with workflow, "
-                "payload and idempotency_key.", "invalid_request", status.HTTP_400_BAD_REQUEST)
+                "payload, idempotency_key and the flow-control fields "
+                f"{', '.join(FLOW_FIELDS)}.", "invalid_request", status.HTTP_400_BAD_REQUEST)
         name = body.get("workflow")
         if not isinstance(name, str) or not name:
             raise api_errors.QueuetyAPIError(
                 "The field workflow must name a registered workflow (GET workflows/ lists "
                 "them).", "invalid_request", status.HTTP_400_BAD_REQUEST)
         key = body.get("idempotency_key")
+        flow = _flow_of(name, body)
         try:
             # A key used for another workflow or payload is a 409, not that run's status.
             run_id, reused = registry.start_run(name, body.get("payload"),
-                                                idempotency_key=key, on_conflict="error")
+                                                idempotency_key=key, on_conflict="error",
+                                                flow=flow)
         except exceptions.BudgetExceeded as error:  # the payload alone: bad input, not state
             raise api_errors.QueuetyAPIError(str(error), "budget_exceeded",
                                              status.HTTP_400_BAD_REQUEST, budget=error.budget,
@@ -131,7 +135,15 @@ class RunListView(RunAPIView):
         except exceptions.IdempotencyConflict as error:
             self._check_key_owner(request, key, error.run_id)
             raise
-        if reused:
+        except exceptions.RunConflict as error:
+            if scope.find_run(request.user, error.run_id, "pk") is None:
+                # Another tenant's live run: say the key is busy, name no run.
+                raise api_errors.QueuetyAPIError(
+                    f"A run of workflow {error.workflow!r} with key {error.key!r} is still "
+                    "live; nothing was started.", "run_conflict",
+                    status.HTTP_409_CONFLICT) from None
+            raise
+        if reused and flow is None:
             self._check_key_owner(request, key, run_id)
             self.get_run(run_id)  # the original run is answered only to who may see it
         run = queries.workflow_status(run_id).to_dict()
@@ -144,6 +156,25 @@ class RunListView(RunAPIView):
         if hidden is not None:
             raise api_errors.QueuetyAPIError(hidden, "idempotency_key_taken",
                                              status.HTTP_409_CONFLICT)
+
+
+#: The flow-control fields of ``POST runs/`` (``queuety.start()``'s keyword options).
+FLOW_FIELDS = ("key", "debounce", "singleton", "on_conflict", "signal", "batch")
+
+
+def _flow_of(name: str, body: dict[str, Any]) -> FlowOptions | None:
+    """The checked flow-control options of a start request (InvalidPayload: a 400)."""
+    batch = body.get("batch")
+    if batch is not None:
+        if not isinstance(batch, dict) or set(batch) - {"max_items", "max_wait"}:
+            raise exceptions.InvalidPayload(
+                'The field batch must be {"max_items": n, "max_wait": seconds} (got '
+                f"{batch!r:.80}).")
+        batch = Batch(**batch)
+    return flow_options(name, key=body.get("key"), debounce=body.get("debounce"),
+                        singleton=body.get("singleton", False),
+                        on_conflict=body.get("on_conflict"),
+                        signal=body.get("signal", "input"), batch=batch)
 
 
 @extend_schema(parameters=[RUN_ID, IDEMPOTENCY_KEY], request=None,

@@ -41,6 +41,8 @@ _ANSWERS: tuple[tuple[type[Exception], str, int, Callable[[Any], dict[str, objec
      lambda e: {"errors": e.errors}),
     (exceptions.IdempotencyConflict, "idempotency_conflict", status.HTTP_409_CONFLICT,
      _no_extra),
+    (exceptions.RunConflict, "run_conflict", status.HTTP_409_CONFLICT,
+     lambda e: {"key": e.key, "run_id": e.run_id}),
     (exceptions.InvalidTransition, "invalid_transition", status.HTTP_409_CONFLICT, _no_extra),
     (exceptions.UnknownWorkflow, "unknown_workflow", status.HTTP_400_BAD_REQUEST,
      lambda e: {"known": list(e.known)}),

@@ -143,6 +143,24 @@ class StartRunSerializer(serializers.Serializer[Any]):
     idempotency_key = serializers.CharField(
         required=False, allow_null=True, max_length=255,
         help_text="A key already used answers with the run it started (200, created false).")
+    key = serializers.CharField(
+        required=False, allow_null=True, max_length=255,
+        help_text="The run's flow-control key: debounce, singleton and batch act per key.")
+    debounce = serializers.FloatField(
+        required=False, allow_null=True,
+        help_text="Seconds the key must stay quiet before its one run starts (last payload).")
+    singleton = serializers.BooleanField(
+        required=False, help_text="At most one live run of the key; on_conflict says what "
+                                  "a start does while one is live.")
+    on_conflict = serializers.ChoiceField(
+        choices=["reject", "queue", "replace", "signal"], required=False, allow_null=True,
+        help_text="With singleton: reject (409 run_conflict, the default), queue, replace or "
+                  "signal.")
+    signal = serializers.CharField(
+        required=False, help_text="With on_conflict signal: the signal's name (default input).")
+    batch = serializers.DictField(
+        required=False, allow_null=True,
+        help_text='Collect the key\'s payloads into one run: {"max_items": n, "max_wait": s}.')
 
 
 class StartedRunSerializer(serializers.Serializer[Any]):

@@ -483,16 +483,27 @@ class WorkflowBuilder(RunSteps, SignalSteps):
         """Return the immutable definition (validated, route targets included)."""
         return WorkflowSpec(name=self._name, steps=self._steps, **self._options)
 
-    def dispatch(self, payload: dict[str, Any] | None = None) -> int:
+    def dispatch(self, payload: dict[str, Any] | None = None, *, key: str | None = None,
+                 debounce: float | None = None, singleton: bool = False,
+                 on_conflict: str | None = None, signal: str = "input",
+                 batch: Any = None) -> int:
         """Start a run of this workflow with ``payload`` as its initial state; return its id.
 
         The run, its first step and its start event are written in one transaction; the first
-        step's message is published when that transaction commits.
+        step's message is published when that transaction commits. ``key`` and the flow
+        control options are ``queuety.start()``'s (``on_conflict`` here is the singleton's;
+        the idempotency key's is given to :meth:`idempotency_key`).
         """
         # Imported here, the one upward import of the core (named in the import-linter
         # contract): ``import queuety`` and the core stay importable without Django.
         from queuety import dispatch as dispatching
+        from queuety import keyed
+        from queuety.core.keyed import flow_options
 
+        flow = flow_options(self._name, key=key, debounce=debounce, singleton=singleton,
+                            on_conflict=on_conflict, signal=signal, batch=batch)
+        if flow is not None:
+            return keyed.start(self.build(), payload, flow, idempotency_key=self._key)
         return dispatching.dispatch(self.build(), payload, idempotency_key=self._key,
                                     on_conflict=self._on_conflict)
 

@@ -23,7 +23,7 @@ from queuety.core import engine, flow
 from queuety.core.definition import WorkflowSpec
 from queuety.core.status import UNFINISHED
 from queuety.models import Event, RunStatus, StepRun, StepStatus, WorkflowDependency, WorkflowRun
-from queuety.store import rows
+from queuety.store import keys, rows
 from queuety.store.definitions import load_spec
 
 logger = logging.getLogger("queuety")
@@ -34,8 +34,28 @@ STEP_FAILS = (RunStatus.RUNNING, RunStatus.PAUSED)
 
 def notify_finished(run_id: int) -> None:
     """Once this transaction commits, wake the runs that wait for finished run ``run_id``:
-    its parent (a ``run_workflow`` step) and the runs whose ``wait_for_workflows`` lists it."""
+    its parent (a ``run_workflow`` step) and the runs whose ``wait_for_workflows`` lists it.
+
+    Every path that finishes a run comes here (the one-statement completion does for a run
+    marked ``awaited``, which every keyed run is), so this is also where the run queued behind
+    a keyed run (``singleton=True, on_conflict="queue"``) is released: its held first step
+    becomes due and its message is published on commit.
+    """
     publish.wake(rows.waiters_of(run_id))
+    queued = keys.next_queued(run_id)
+    if queued is not None:
+        release_queued(*queued)
+
+
+def release_queued(run_id: int, step_run_id: int, definition_pk: int) -> None:
+    """Start queued run ``run_id``: its held first step row ``step_run_id`` becomes due now
+    and is published when this transaction commits (the gate is met at the claim, as for a
+    delayed first step)."""
+    if keys.release_first_step(step_run_id, timezone.now()):
+        publish.publish_on_commit([publish.message_for(load_spec(definition_pk), step_run_id,
+                                                       0)])
+        Event.objects.create(run_id=run_id, kind="keyed_run_released", data={})
+        logger.info("Queued run id=%s released: the live run of its key finished.", run_id)
 
 
 def fail_run(spec: WorkflowSpec | None, run_id: int, error: dict[str, Any], now: datetime, *,

@@ -1,6 +1,7 @@
 """Workflows registered by an installed app (found by ``QueuetyConfig.ready()``)."""
 
 import queuety
+from tests import keyed_steps
 from tests import workflows as steps
 
 
@@ -50,3 +51,5 @@ queuety.inbound("testapp-github", verify=queuety.verifiers.github("testapp-hook-
 queuety.trigger("queuety_testapp.Article", on="created", start="reg_letters",
                 name="autodiscovered", when=lambda article: article.status == "autodiscover",
                 payload=lambda article: {"token": article.token})
+# Keyed runs started through the REST API (tests/integration/test_keyed_runs.py).
+queuety.register("reg_keyed_gate", keyed_steps.gated("reg_keyed_gate"))
