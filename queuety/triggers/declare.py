@@ -119,10 +119,6 @@ def trigger(model: type[models.Model] | str, *, on: str, start: Any = None,
                 f"{where}: {option}= must be a function of the model instance (got "
                 f"{type(value).__name__}).")
     spec, start = _workflow(start, where)
-    if given and start is None:
-        raise exceptions.WorkflowDefinitionError(
-            f"{where}: flow control ({', '.join(sorted(given))}) is applied by "
-            "queuety.start, so start= must name a registered workflow, not a builder.")
     label = str(resolved._meta.label)
     target = start or (spec.name if spec is not None else None) or signal
     declared = Trigger(_name(name, on, target, where), resolved, on, action, start, spec,
@@ -235,10 +231,6 @@ def _action(start: Any, signal: str | None, run: Function | None, given: dict[st
             raise exceptions.WorkflowDefinitionError(
                 f"{where}: signal= with start= signals the live run of the trigger's key (or "
                 f"starts it), which takes no flow options ({', '.join(sorted(given))}).")
-        if not isinstance(start, str):
-            raise exceptions.WorkflowDefinitionError(
-                f"{where}: signal= with start= runs queuety.signal_or_start, which starts a "
-                "registered workflow: start= must be its name.")
         return SIGNAL_OR_START
     return START
 

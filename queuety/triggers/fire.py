@@ -23,14 +23,15 @@ from __future__ import annotations
 import hashlib
 import logging
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import connection, models, transaction
+from django.db import DatabaseError, connection, models, transaction
 from django.db.models.signals import post_delete, post_save
 
-from queuety import dispatch, exceptions, inbox, registry
+from queuety import dispatch, exceptions, inbox, keyed, registry
+from queuety.core import keyed as keyed_rules
+from queuety.core.definition import WorkflowSpec
 from queuety.core.status import FINISHED
 from queuety.models import Signal, WorkflowRun
 from queuety.triggers import declare
@@ -40,15 +41,19 @@ logger = logging.getLogger("queuety")
 
 
 class TriggerFailed(exceptions.QueuetyError):
-    """A model trigger could not start or signal its run; the save's transaction rolls back."""
+    """A model trigger could not start or signal its run. Inside a transaction, that
+    transaction is marked for rollback (catching this does not commit the row without its
+    run); in autocommit mode the row was already committed when the trigger ran."""
 
 
 @dataclass(frozen=True, slots=True)
 class Fired:
     """What one trigger did for one row: the run started or signalled, and whether it is new.
 
-    ``run_id`` is None when the start returned no run yet (a debounced or batched start).
-    ``started`` is False for a signal, and for a key that had already started its run.
+    ``run_id`` is None when a signal had no run to go to (``run=`` returned None, or the
+    run has finished or been purged). ``started`` is True only when this firing wrote a new
+    run: False for a signal, for a key that had already started its run, and for a start
+    that joined a pending (debounced or batched) run or signalled a live one.
     """
 
     trigger: str
@@ -119,13 +124,31 @@ def _fire_one(each: Trigger, instance: models.Model, event: str) -> Fired | None
         data = each.payload(instance) if each.payload is not None \
             else {"model": each.label, "pk": _json_pk(instance.pk), "event": event}
         key = trigger_key(each, instance)
-        return _act(each, instance, data, key)
+        mark = _mark() if each.action == declare.SIGNAL_OR_START or each.flow else None
+        if mark is not None and (each.name, key) in mark.fired:
+            # This transaction fired it for the row already (a save, then fire()): a second
+            # signal, batch item or debounce push would count one change twice.
+            return Fired(each.name, each.action, key, None, False)
+        fired = _act(each, instance, data, key)
+        if mark is not None:
+            mark.fired.add((each.name, key))
+        return fired
     except Exception as error:  # the site's functions, or a refused start or signal
+        in_transaction = connection.in_atomic_block
+        if in_transaction:
+            # post_save is sent after save() left its own atomic block: without this, a
+            # caller catching the error would commit the row without its run.
+            transaction.set_rollback(True)
+        if isinstance(error, DatabaseError):
+            raise  # a deadlock or serialization failure, as the caller's retry loop expects
+        outcome = ("The transaction the row was written in is marked for rollback"
+                   if in_transaction else
+                   "The row was already committed (autocommit: save inside "
+                   "transaction.atomic() to make the row and its run one write)")
         raise TriggerFailed(
             f"Trigger {each.name!r} of model {each.label} failed for the row with pk="
-            f"{instance.pk!r} ({event}): {type(error).__name__}: {error} The save's "
-            "transaction is rolled back with it; fix the trigger, or filter such rows out "
-            "with when=.") from error
+            f"{instance.pk!r} ({event}): {type(error).__name__}: {error}. {outcome}; fix the "
+            "trigger, or filter such rows out with when=.") from error
 
 
 def _act(each: Trigger, instance: models.Model, data: Any, key: str) -> Fired:
@@ -133,14 +156,12 @@ def _act(each: Trigger, instance: models.Model, data: Any, key: str) -> Fired:
         return _signal_run(each, instance, data, key)
     if each.action == declare.SIGNAL_OR_START:
         return _signal_or_start(each, data, key)
+    spec = _spec(each)
     if each.flow:
-        # Imported here: the facade's start() carries the flow-control keywords.
-        import queuety
-
-        start: Callable[..., Any] = queuety.start
-        run_id = start(each.start, data, key=key, **each.flow)
-        return Fired(each.name, each.action, key, run_id, run_id is not None)
-    spec = each.spec if each.spec is not None else registry.get(str(each.start)).spec
+        options = keyed_rules.flow_options(spec.name, key=key, **each.flow)
+        assert options is not None  # a key is given
+        started = keyed.start_run(spec, data, options)
+        return Fired(each.name, each.action, key, started.run_id, not started.reused)
     # One key, one run, whatever the payload: a transaction saving a row twice starts the
     # run with the first save's payload, and the second is no conflict to report.
     done = dispatch.dispatch_run(spec, data, idempotency_key=key, fingerprint={"key": key})
@@ -155,37 +176,43 @@ def _signal_run(each: Trigger, instance: models.Model, data: Any, key: str) -> F
     (no wait of the run listens for the signal, invalid data) is the trigger's error.
     """
     assert each.run is not None and each.signal is not None  # declare.trigger checks
-    run_id = _run_id(each, each.run(instance))
+    found = each.run(instance)
+    if found is None:
+        return Fired(each.name, each.action, key, None, False)  # the row has no run (yet)
+    run_id = _run_id(each, found)
     if Signal.objects.filter(dedupe_key=key).exists():
         # This transaction already sent it (a second save, or fire() after the save).
         return Fired(each.name, each.action, key, run_id, False)
     try:
         receipt = inbox.send_signal(run_id, each.signal, data, sent_by=f"trigger:{each.name}",
                                     dedupe_key=key)
-    except exceptions.RunNotWaiting:
-        if not WorkflowRun.objects.filter(pk=run_id, status__in=FINISHED).exists():
+    except (exceptions.RunNotWaiting, exceptions.RunNotFound) as refused:
+        if isinstance(refused, exceptions.RunNotWaiting) and not WorkflowRun.objects.filter(
+                pk=run_id, status__in=FINISHED).exists():
             raise
-        logger.warning("Trigger %r of model %s: run id=%s has finished, so signal %r for the "
-                       "row with pk=%r was not sent.", each.name, each.label, run_id,
-                       each.signal, instance.pk)
-        return Fired(each.name, each.action, key, run_id, False)
+        logger.warning("Trigger %r of model %s: run id=%s has finished (or was purged), so "
+                       "signal %r for the row with pk=%r was not sent.", each.name, each.label,
+                       run_id, each.signal, instance.pk)
+        return Fired(each.name, each.action, key, None, False)
     return Fired(each.name, each.action, key, receipt.run_id, False)
 
 
 def _signal_or_start(each: Trigger, data: Any, key: str) -> Fired:
-    import queuety
+    assert each.signal is not None  # declare.trigger checks
+    done = keyed.signal_or_start(_spec(each), key, each.signal, data,
+                                 sent_by=f"trigger:{each.name}")
+    return Fired(each.name, each.action, key, done.run_id, done.started)
 
-    signal_or_start = getattr(queuety, "signal_or_start", None)
-    if signal_or_start is None:
-        raise exceptions.WorkflowDefinitionError(
-            "signal= with start= (and no run=) needs queuety.signal_or_start, which this "
-            "version of Queuety does not have; pass run= to signal a run you name.")
-    done = signal_or_start(each.start, key, each.signal, data)
-    return Fired(each.name, each.action, key, done.run_id, bool(done.started))
+
+def _spec(each: Trigger) -> WorkflowSpec:
+    """The definition ``each`` starts: its builder's, or the registered workflow's."""
+    return each.spec if each.spec is not None else registry.get(str(each.start)).spec
 
 
 def _run_id(each: Trigger, found: Any) -> int:
-    if isinstance(found, bool) or not isinstance(found, int | str) or not str(found).isdigit():
+    text = str(found)
+    if isinstance(found, bool) or not isinstance(found, int | str) or not text.isascii() \
+            or not text.isdigit() or int(text) <= 0:
         raise exceptions.InvalidPayload(
             f"run= of trigger {each.name!r} returned {found!r:.80}, not a run id; it must "
             "return the id (a positive whole number) of the run to signal.")
@@ -208,7 +235,13 @@ def trigger_key(each: Trigger, instance: models.Model) -> str:
             raise exceptions.InvalidPayload(
                 f"key= of trigger {each.name!r} returned {found!r:.80}; it must return a "
                 "non-blank string.")
-        return _bounded(str(found).strip())
+        value = str(found).strip()
+        if each.action == declare.SIGNAL_OR_START or each.flow:
+            return _bounded(value)  # the flow's own key: flows are per workflow already
+        # An idempotency or signal dedupe key is global: kept apart per target, so two
+        # triggers whose functions give the same value do not share one run.
+        target = each.start or (each.spec.name if each.spec is not None else each.signal)
+        return _bounded(f"trigger:{target}:{value}")
     key = f"trigger:{each.label}:{instance.pk}:{each.name}"
     if each.action == declare.SIGNAL_OR_START or each.flow:
         return _bounded(key)
@@ -227,32 +260,39 @@ def _json_pk(pk: Any) -> Any:
 
 class _TransactionMark:
     """An on-commit hook that does nothing: its presence in the connection's pending hooks
-    says the transaction it was registered in is still open."""
+    says the transaction it was registered in is still open. It carries the transaction's
+    token and what the transaction's triggers have fired."""
 
     def __init__(self) -> None:
         self.token = "tx-" + uuid.uuid4().hex
+        self.fired: set[tuple[str, str]] = set()
 
     def __call__(self) -> None:
         pass
 
 
+def _mark() -> _TransactionMark | None:
+    """The mark of the transaction open on Queuety's connection (registered now if it has
+    none); None in autocommit mode, where every statement is its own transaction."""
+    if not connection.in_atomic_block:
+        return None
+    for _savepoints, hook, *_ in connection.run_on_commit:
+        if isinstance(hook, _TransactionMark):
+            return hook
+    mark = _TransactionMark()
+    transaction.on_commit(mark)
+    return mark
+
+
 def transaction_token() -> str:
     """A token of the database transaction open on Queuety's connection.
 
-    PostgreSQL: ``txid_current()``, the transaction's own id. Elsewhere: a random token kept
-    as a no-op on-commit hook of the transaction, which Django drops when it commits or rolls
-    back (or rolls back the savepoint it was registered in, whose run rolled back too). In
-    autocommit mode every statement is its own transaction, so each call has a new token.
+    A random token kept as a no-op on-commit hook of the transaction, which Django drops
+    when it commits or rolls back (or rolls back the savepoint it was registered in, whose
+    run rolled back too). It costs no query, and unlike a transaction id it never repeats
+    (a restored dump or a new replica restarts transaction ids, and dispatch keys are kept
+    for good). In autocommit mode every statement is its own transaction, so each call has a
+    new token.
     """
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT txid_current()")
-            return f"tx{cursor.fetchone()[0]}"
-    if not connection.in_atomic_block:
-        return _TransactionMark().token
-    for _savepoints, hook, *_ in connection.run_on_commit:
-        if isinstance(hook, _TransactionMark):
-            return hook.token
-    mark = _TransactionMark()
-    transaction.on_commit(mark)
-    return mark.token
+    mark = _mark()
+    return mark.token if mark is not None else _TransactionMark().token

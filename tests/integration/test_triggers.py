@@ -9,16 +9,17 @@ import subprocess
 import sys
 import threading
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 from django.db import connection, transaction
 
 import queuety
-from queuety.models import DispatchKey, Signal, WorkflowRun
+from queuety.models import DispatchKey, Event, Signal, WorkflowRun
 from queuety.triggers import declare
 from queuety.triggers.fire import TriggerFailed
-from tests import trigger_steps, workflows
+from tests import keyed_steps, trigger_steps, workflows
 from tests.integration.conftest import wait_for
 from tests.testapp.models import Article
 
@@ -311,3 +312,124 @@ def test_sqlite__one_run_per_transaction_without_txid_current(tmp_path):
     assert json.loads(done.stdout.strip().splitlines()[-1]) == {
         "one_transaction": 1, "a_later_transaction": 2, "inside_rolled_back": 3,
         "after_rollback": 2, "two_autocommit_saves": 4}
+
+
+# -- with flow control and signal-with-start (queuety.keyed) ---------------------------------
+
+def saves_together(article_pk: int, count: int, threads: int) -> None:
+    """``count`` saves of one row, each in its own transaction, from ``threads`` threads
+    that start at once (each with its own connection)."""
+    barrier = threading.Barrier(threads)
+
+    def saver(indexes):
+        try:
+            barrier.wait()
+            for i in indexes:
+                with transaction.atomic():
+                    row = Article.objects.get(pk=article_pk)
+                    row.title = f"t{i}"
+                    row.save()
+        finally:
+            connection.close()
+
+    with ThreadPoolExecutor(max_workers=threads) as pool:
+        list(pool.map(saver, [list(range(t, count, threads)) for t in range(threads)]))
+
+
+def test_debounce__100_concurrent_saves_of_a_row_start_one_run_with_the_last_payload(
+        worker, token, declared):
+    article = Article.objects.create(token=token)
+    declare_for(declared, token, "updated", start=keyed_steps.plain("trig_debounced"),
+                payload=lambda a: {"token": a.token, "title": a.title}, debounce=3)
+
+    saves_together(article.pk, 100, 25)
+
+    [run] = WorkflowRun.objects.filter(name="trig_debounced", state__token=token)
+    assert run.key and str(article.pk) in run.key
+    folded = list(Event.objects.filter(run_id=run.pk, kind__in=(
+        "workflow_started", "debounce_extended")).order_by("pk"))
+    assert len(folded) == 100  # every save reached the one pending run
+    status = wait_for(run.pk, worker=worker)
+    assert status.status == "completed"
+    # The last save to commit is the payload the run started with.
+    assert status.state["title"] == folded[-1].data["state"]["title"]
+    assert status.state["title"] == Article.objects.get(pk=article.pk).title
+
+
+def test_signal_or_start__a_rows_saves_go_to_one_run_as_signals_in_order(
+        worker, token, declared):
+    article = Article.objects.create(token=token, title="t0")
+    declare_for(declared, token, "updated", start=keyed_steps.inbox("trig_inbox"),
+                signal="event", payload=lambda a: {"title": a.title})
+
+    for title in ("t1", "t2", "t3"):
+        article.title = title
+        article.save()
+
+    [run] = WorkflowRun.objects.filter(name="trig_inbox", key__contains=f":{article.pk}")
+    signals = list(Signal.objects.filter(run_id=run.pk, name="event").order_by("pk"))
+    assert [s.payload["title"] for s in signals] == ["t1", "t2", "t3"]
+    assert all(s.sent_by.startswith("trigger:") for s in signals)
+    # The first signal settled the first wait: the run now waits for "close".
+    queuety.signal(run.pk, "close")
+    assert wait_for(run.pk, worker=worker).status == "completed"
+
+
+def test_singleton_reject__a_second_save_while_the_run_is_live_fails_that_save(
+        worker, token, declared):
+    article = Article.objects.create(token=token)
+    declare_for(declared, token, "updated", start="reg_keyed_gate", singleton=True)
+    article.title = "first"
+    article.save()
+    [live] = WorkflowRun.objects.filter(name="reg_keyed_gate", key__contains=f":{article.pk}")
+
+    article.title = "second"
+    with pytest.raises(TriggerFailed, match="RunConflict"):
+        with transaction.atomic():
+            article.save()
+
+    assert Article.objects.get(pk=article.pk).title == "first"  # rolled back with the start
+    assert WorkflowRun.objects.filter(name="reg_keyed_gate",
+                                      key__contains=f":{article.pk}").count() == 1
+    queuety.cancel(live.pk)
+
+
+def test_error__a_caught_trigger_failure_still_rolls_the_transaction_back(token, declared):
+    def broken(article):
+        raise KeyError("no such field")
+
+    declare_for(declared, token, "created", payload=broken)
+
+    with transaction.atomic():
+        try:
+            Article.objects.create(token=token)
+        except TriggerFailed as error:
+            assert "marked for rollback" in str(error) and isinstance(error.__cause__, KeyError)
+
+    assert not Article.objects.filter(token=token).exists()
+    assert not WorkflowRun.objects.filter(state__token=token).exists()
+
+
+def test_error__in_autocommit_the_message_says_the_row_was_committed(token, declared):
+    declare_for(declared, token, "created", start="no_such_workflow")
+
+    with pytest.raises(TriggerFailed, match="already committed"):
+        Article.objects.create(token=token)
+
+    assert Article.objects.filter(token=token).exists()
+
+
+def test_signal_or_start__a_save_then_fire_in_one_transaction_sends_one_signal(
+        worker, token, declared):
+    article = Article.objects.create(token=token, title="t0")
+    declare_for(declared, token, "updated", start=keyed_steps.inbox("trig_inbox_once"),
+                signal="event", payload=lambda a: {"title": a.title})
+
+    with transaction.atomic():
+        article.title = "t1"
+        article.save()
+        queuety.fire(article, "updated")
+
+    [run] = WorkflowRun.objects.filter(name="trig_inbox_once", key__contains=f":{article.pk}")
+    assert Signal.objects.filter(run_id=run.pk, name="event").count() == 1
+    queuety.cancel(run.pk)

@@ -99,12 +99,10 @@ def test_flow_options__only_those_given_are_kept_and_singletons_signal_joins_the
     ({"signal": "go", "run": lambda a: 1}, "without start="),
     ({"start": None, "signal": "go", "run": lambda a: 1, "debounce": 3}, "without start="),
     ({"signal": "", "start": "reg_letters"}, "signal= must be a signal's name"),
-    ({"signal": "go", "start": BUILDER}, "start= must be its name"),
     ({"signal": "go", "debounce": 2}, "takes no flow options"),
     ({"payload": "state"}, "payload= must be a function"),
     ({"when": True}, "when= must be a function"),
     ({"key": "k"}, "key= must be a function"),
-    ({"start": BUILDER, "debounce": 2}, "must name a registered workflow, not a builder"),
     ({"debounce": 0}, "positive number"),
     ({"debounce": True}, "positive number"),
     ({"debounce": 2, "singleton": True}, "give one of them"),
@@ -152,7 +150,7 @@ def test_fire__refuses_an_unknown_event_or_an_unsaved_instance():
         queuety.fire(Article(), "created")
 
 
-def test_key__a_key_function_is_used_as_it_is_and_a_long_one_is_hashed(named):
+def test_key__a_key_function_is_kept_apart_per_workflow_and_a_long_one_is_hashed(named):
     short = declare_as(named, "u-key", on="created", start="reg_letters",
                        key=lambda a: f"article:{a.pk}")
     long = declare_as(named, "u-long", on="created", start="reg_letters",
@@ -160,7 +158,7 @@ def test_key__a_key_function_is_used_as_it_is_and_a_long_one_is_hashed(named):
     blank = declare_as(named, "u-blank", on="created", start="reg_letters",
                        key=lambda a: " ")
 
-    assert fire.trigger_key(short, Article(pk=7)) == "article:7"
+    assert fire.trigger_key(short, Article(pk=7)) == "trigger:reg_letters:article:7"
     hashed = fire.trigger_key(long, Article(pk=7))
     assert hashed.startswith("trigger:sha256:") and len(hashed) <= 255
     with pytest.raises(queuety.InvalidPayload, match="non-blank string"):
