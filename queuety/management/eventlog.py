@@ -81,8 +81,10 @@ def add_log_group(groups: Any) -> None:
                           "decided by QUEUETY['RUN_ACCESS'] (default: every run).")
 
 
-def log_action(options: dict[str, Any], write: Write) -> None:
-    """Print the log ``options`` ask for, then follow it if asked.
+def log_action(options: dict[str, Any], write: Write,
+               flush: Callable[[], None] = lambda: None) -> None:
+    """Print the log ``options`` ask for, then follow it if asked (``flush``: after each
+    batch, so a pipe sees new events as they come).
 
     Raises:
         Error: an invalid filter, or an unknown ``--as-user``.
@@ -94,36 +96,45 @@ def log_action(options: dict[str, Any], write: Write) -> None:
             error_type=options["error_type"], since=options["since"])
     except events_query.InvalidEventFilter as error:
         raise Error(str(error)) from None
-    found = list(reversed(events_query.latest(filters, user, options["limit"])))
     show = _json_lines(write) if options["as_json"] else _table_rows(write)
-    if found or options["as_json"]:
-        show(found)
-    elif not options["follow"]:
-        write("No events found.")
-    if options["follow"]:
-        _follow(filters, user, found, show, options["interval"])
+    try:
+        found = list(reversed(events_query.latest(filters, user, options["limit"])))
+        if found or options["as_json"]:
+            show(found)
+        elif not options["follow"]:
+            write("No events found.")
+        if options["follow"]:
+            flush()
+            _follow(filters, user, found, show, options["interval"], flush)
+    except KeyboardInterrupt:  # Ctrl-C ends --follow, the way it is meant to end
+        return
 
 
 def _follow(filters: events_query.EventFilters, user: Any, shown: list[dict[str, Any]],
-            show: Callable[[list[dict[str, Any]]], None], interval: float) -> None:
+            show: Callable[[list[dict[str, Any]]], None], interval: float,
+            flush: Callable[[], None]) -> None:
     """Poll for events after the last shown and show them, until Ctrl-C."""
     matching = events_query.events_matching(filters, user)
-    mark = shown[-1]["created_at"] if shown else _now_or_since(filters)
-    seen = {row["id"]: row["created_at"] for row in shown}
-    try:
-        while True:
-            page = events_query.rows(
-                events_query.after(matching, mark - FOLLOW_OVERLAP, 0)[:FOLLOW_BATCH], user)
-            new = [row for row in page if row["id"] not in seen]
-            if new:
-                show(new)
-                mark = max(mark, new[-1]["created_at"])
-            seen = {pk: at for pk, at in seen.items() if at >= mark - FOLLOW_OVERLAP}
-            seen.update((row["id"], row["created_at"]) for row in new)
-            if len(page) < FOLLOW_BATCH:
-                time.sleep(interval)
-    except KeyboardInterrupt:
-        return
+    last = (shown[-1]["created_at"], shown[-1]["id"]) if shown else (_now_or_since(filters), 0)
+    # Every event there is now counts as seen, shown or not (older than --limit showed):
+    # what the overlap finds later is only what committed since.
+    seen = dict(matching.filter(created_at__gte=last[0] - FOLLOW_OVERLAP,
+                                created_at__lte=last[0]).values_list("pk", "created_at"))
+    while True:
+        # Late commits inside the overlap first (rare, and few), then on from the newest.
+        window = matching.filter(created_at__gte=last[0] - FOLLOW_OVERLAP,
+                                 created_at__lte=last[0]).exclude(pk__in=list(seen))
+        late = events_query.rows(window.order_by("created_at", "id")[:FOLLOW_BATCH], user)
+        new = events_query.rows(events_query.after(matching, *last)[:FOLLOW_BATCH], user)
+        if late or new:
+            show(late + new)
+            flush()
+        if new:
+            last = (new[-1]["created_at"], new[-1]["id"])
+        seen.update((row["id"], row["created_at"]) for row in late + new)
+        seen = {pk: at for pk, at in seen.items() if at >= last[0] - FOLLOW_OVERLAP}
+        if len(new) < FOLLOW_BATCH:
+            time.sleep(interval)
 
 
 def _now_or_since(filters: events_query.EventFilters) -> datetime:

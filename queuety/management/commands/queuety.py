@@ -214,7 +214,7 @@ class Command(BaseCommand):
             self._metrics(options["minutes"], options["format"])
             return
         if options["group"] == "log":
-            eventlog.log_action(options, self.stdout.write)
+            eventlog.log_action(options, self.stdout.write, self.stdout.flush)
             return
         if options["group"] == "job":
             job_commands.job_action(options, self.stdout.write, self._table)
