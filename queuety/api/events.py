@@ -84,7 +84,7 @@ class EventCursorPagination(CursorPagination):
         cursor = super().decode_cursor(request)
         if cursor is not None and cursor.position is not None:
             try:
-                moment = parse_datetime(cursor.position)
+                moment = parse_datetime(str(cursor.position))
             except ValueError:
                 moment = None
             if moment is None:
