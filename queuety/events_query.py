@@ -102,7 +102,12 @@ def parse_since(text: str, now: datetime | None = None) -> datetime:
     """
     age = _AGE.match(text)
     if age:
-        return (now or timezone.now()) - timedelta(**{_UNITS[age.group(2)]: int(age.group(1))})
+        try:
+            return (now or timezone.now()) - timedelta(
+                **{_UNITS[age.group(2)]: int(age.group(1))})
+        except OverflowError:  # before the year 1
+            raise InvalidEventFilter(f"since={text!r} reaches back before the year 1; give "
+                                     "a shorter age or a date.") from None
     try:
         moment = parse_datetime(text.strip()) or parse_datetime(f"{text.strip()}T00:00:00")
     except ValueError:  # well-formed but impossible: 2026-02-30

@@ -37,6 +37,12 @@ def test_since__anything_else_is_refused_naming_both_forms(text):
         events_query.parse_since(text, NOW)
 
 
+@pytest.mark.parametrize("text", ["999999999w", "999999999d"])
+def test_since__an_age_past_the_calendar_is_refused(text):
+    with pytest.raises(InvalidEventFilter, match="before the year 1"):
+        events_query.parse_since(text, NOW)
+
+
 @pytest.mark.parametrize("value", ["0", "-3", "abc", "1.5", str(2**63)])
 def test_run__only_a_positive_bigint(value):
     with pytest.raises(InvalidEventFilter, match="is not a run id"):
