@@ -478,6 +478,14 @@ def test_cli__as_user_acts_inside_the_users_scope(world):
         cli("resume", "--definition", definition.definition_hash, "--as-user",
             a.user.username)
         assert footprint(b.runs) == before
+        # The event log: a's events only, whichever filter; none of b's run named outright.
+        for extra in ((), ("--workflow", name), ("--run", str(b.runs[0]))):
+            out = StringIO()
+            call_command("queuety", "log", "--json", "--limit", "10000", *extra,
+                         "--as-user", a.user.username, stdout=out)
+            seen = {json.loads(line)["run_id"] for line in out.getvalue().splitlines()}
+            assert not seen & set(b.runs), (extra, sorted(seen & set(b.runs)))
+            assert "--run" in extra or set(a.runs[:2]) <= seen, (extra, sorted(seen))
         # Without --as-user the command is the operator's, with full access.
         assert str(b.runs[0]) in cli("status", str(b.runs[0]), "--format", "json")
         with pytest.raises(CommandError, match="No user is named 'nobody-"):
