@@ -121,17 +121,20 @@ def _follow(filters: events_query.EventFilters, user: Any, shown: list[dict[str,
     seen = dict(matching.filter(created_at__gte=last[0] - FOLLOW_OVERLAP,
                                 created_at__lte=last[0]).values_list("pk", "created_at"))
     while True:
-        # Late commits inside the overlap first (rare, and few), then on from the newest.
+        # Late commits inside the overlap first (rare, and few), then on from the newest. The
+        # keyset moves over the rows read, shown or not (RUN_ACCESS may leave some out).
         window = matching.filter(created_at__gte=last[0] - FOLLOW_OVERLAP,
                                  created_at__lte=last[0]).exclude(pk__in=list(seen))
-        late = events_query.rows(window.order_by("created_at", "id")[:FOLLOW_BATCH], user)
-        new = events_query.rows(events_query.after(matching, *last)[:FOLLOW_BATCH], user)
-        if late or new:
-            show(late + new)
+        late = list(window.order_by("created_at", "id")[:FOLLOW_BATCH])
+        new = list(events_query.after(matching, *last)[:FOLLOW_BATCH])
+        late = [event for event in late if event.pk not in {each.pk for each in new}]
+        found = events_query.rows(late + new, user)
+        if found:
+            show(found)
             flush()
         if new:
-            last = (new[-1]["created_at"], new[-1]["id"])
-        seen.update((row["id"], row["created_at"]) for row in late + new)
+            last = (new[-1].created_at, new[-1].pk)
+        seen.update((event.pk, event.created_at) for event in late + new)
         seen = {pk: at for pk, at in seen.items() if at >= last[0] - FOLLOW_OVERLAP}
         if len(new) < FOLLOW_BATCH:
             time.sleep(interval)
