@@ -10,7 +10,8 @@ from typing import ClassVar
 
 from django.core.exceptions import ValidationError
 from django.db import models
-from django.db.models import Q
+from django.db.models import F, Q
+from django.db.models.fields.json import KeyTextTransform, KeyTransform
 
 from queuety.conf import settings
 from queuety.core import addresses
@@ -299,6 +300,12 @@ class ApiReply(models.Model):
         return f"{self.method} {self.path} [{self.key}] -> {self.status_code}"
 
 
+#: The exception type an event's error records (``data["error"]["type"]``, as
+#: ``core.engine.describe_error`` writes it): the expression the error-type index holds and
+#: the log's ``error_type`` filter compares, so the planner matches the two.
+ERROR_TYPE = KeyTextTransform("type", KeyTransform("error", "data"))
+
+
 class Event(models.Model):
     """An entry of a run's append-only timeline."""
 
@@ -316,7 +323,16 @@ class Event(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
-        indexes = [models.Index(fields=["run", "id"], name="queuety_event_run")]
+        indexes = [
+            models.Index(fields=["run", "id"], name="queuety_event_run"),
+            # The cross-run log (queuety.events_query) reads newest first by (created_at, id),
+            # each filter from an index that ends with that order (migration 0019).
+            models.Index(fields=["created_at", "id"], name="queuety_event_created"),
+            models.Index(fields=["kind", "created_at", "id"], name="queuety_event_kind"),
+            models.Index(fields=["run", "created_at", "id"], name="queuety_event_run_created"),
+            models.Index(ERROR_TYPE, F("created_at"), F("id"), name="queuety_event_error_type",
+                         condition=Q(data__has_key="error")),
+        ]
 
     def __str__(self) -> str:
         return f"run {self.run_id}: {self.kind}"

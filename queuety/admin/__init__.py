@@ -23,8 +23,10 @@ Pages:
   its outcome and the run it started or signalled, read-only (``admin/inbound.py``).
 - the jobs changelist: Django tasks run as jobs, by task, queue and status, with their result
   or error, each linking to its run's page (``admin/jobs.py``).
+- the events list: every run's events newest first, by kind, workflow, age, run or error
+  type, each linking to its run's page, read-only (``admin/events.py``).
 """
 
-from queuety.admin import definitions, groups, inbound, jobs, runs, webhooks
+from queuety.admin import definitions, events, groups, inbound, jobs, runs, webhooks
 
-__all__ = ["definitions", "groups", "inbound", "jobs", "runs", "webhooks"]
+__all__ = ["definitions", "events", "groups", "inbound", "jobs", "runs", "webhooks"]

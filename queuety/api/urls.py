@@ -2,7 +2,7 @@
 
 from django.urls import path, re_path
 
-from queuety.api import artifacts, control, hooks, jobs, views
+from queuety.api import artifacts, control, events, hooks, jobs, views
 
 app_name = "queuety"
 
@@ -33,6 +33,7 @@ urlpatterns = [
     path("runs/<int:pk>/steps/<str:step>/chunks/stream/", artifacts.ChunkStreamView.as_view(),
          name="run-step-chunk-stream"),
     path("waits/", views.WaitsView.as_view(), name="waits"),
+    path("events/", events.EventListView.as_view(), name="event-list"),
     path("approvals/<str:token>/", views.ApprovalPageView.as_view(), name="approval-page"),
     path("schema/", views.SchemaView.as_view(), name="schema"),
     path("jobs/", jobs.JobListView.as_view(), name="job-list"),

@@ -233,6 +233,18 @@ def test_api__every_endpoint_keeps_the_tenants_apart(world, figures):
                 own = set(me.runs[:2] if "workflow=" in query else me.runs)
                 expect(f"{me.name}: GET runs/{query}", not listed & set(other.runs)
                        and own <= listed, (sorted(listed & set(other.runs)), sorted(listed)))
+            # The event log: the events of one's own runs, never the other's, whichever
+            # filter (one naming the other's run included).
+            covered.add(("event-list", "GET"))
+            for query in ("", f"&workflow={name}", "&event=workflow_started",
+                          f"&run={other.runs[0]}", "&since=1h"):
+                rows = api.get(f"{API}/events/?page_size=500{query}").json()["results"]
+                runs_seen = {row["run_id"] for row in rows}
+                own = set() if "run=" in query else set(
+                    me.runs[:2] if "workflow=" in query else me.runs)
+                expect(f"{me.name}: GET events/{query}", not runs_seen & set(other.runs)
+                       and own <= runs_seen, (sorted(runs_seen & set(other.runs)),
+                                              sorted(own - runs_seen)))
             covered.add(("waits", "GET"))
             listed = _listed(api.get(f"{API}/waits/"))
             expect(f"{me.name}: GET waits/", not listed & set(other.runs)
@@ -410,6 +422,11 @@ def test_admin__lists_pages_counts_and_bulk_actions_keep_the_tenants_apart(world
                 page = browser.get(f"{ADMIN}/workflowdefinition/{definition}/change/")
                 expect(f"{me.name}: definition page", page.status_code == 200 and
                        f"?definition={definition}" in page.content.decode())
+                for query in ("", f"?workflow={name}", f"?q={other.runs[0]}"):
+                    shown = {row.run_id for row in browser.get(
+                        f"{ADMIN}/event/{query}").context["cl"].result_list}
+                    expect(f"{me.name}: events list {query}", not shown & set(other.runs)
+                           and (bool(shown) or "q=" in query), sorted(shown))
                 response = browser.get(f"{ADMIN}/webhookdelivery/")
                 shown = {row.pk for row in response.context["cl"].result_list}
                 expect(f"{me.name}: delivery log", deliveries[me.name] in shown
@@ -461,6 +478,14 @@ def test_cli__as_user_acts_inside_the_users_scope(world):
         cli("resume", "--definition", definition.definition_hash, "--as-user",
             a.user.username)
         assert footprint(b.runs) == before
+        # The event log: a's events only, whichever filter; none of b's run named outright.
+        for extra in ((), ("--workflow", name), ("--run", str(b.runs[0]))):
+            out = StringIO()
+            call_command("queuety", "log", "--json", "--limit", "10000", *extra,
+                         "--as-user", a.user.username, stdout=out)
+            seen = {json.loads(line)["run_id"] for line in out.getvalue().splitlines()}
+            assert not seen & set(b.runs), (extra, sorted(seen & set(b.runs)))
+            assert "--run" in extra or set(a.runs[:2]) <= seen, (extra, sorted(seen))
         # Without --as-user the command is the operator's, with full access.
         assert str(b.runs[0]) in cli("status", str(b.runs[0]), "--format", "json")
         with pytest.raises(CommandError, match="No user is named 'nobody-"):
