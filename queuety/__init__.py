@@ -284,11 +284,17 @@ def signal_or_start(workflow: str | WorkflowBuilder, key: str, signal: str,
 
 
 def inbound(name: str, *, verify: Verifier, start: Any = None, signal: str | None = None,
-            run: Any = None, key: Any = None, payload: Any = None) -> InboundHook:
+            run: Any = None, key: Any = None, payload: Any = None, event_id: Any = None,
+            debounce: float | None = None, singleton: bool = False,
+            on_conflict: str | None = None, batch: Batch | None = None) -> InboundHook:
     """Declare inbound webhook ``name``, served at ``POST hooks/<name>/`` under the API's
     URLs: each delivery signed as ``verify`` checks starts workflow ``start`` (a registered
-    name or a builder) with the event, or sends signal ``signal`` to the run ``run(event)``
-    names. The provider's delivery id (or ``key(event)``) deduplicates its retries.
+    name or a builder) with the event, sends signal ``signal`` to the run ``run(event)``
+    names, or (``signal=`` with ``start=`` and ``key=``) to the live run of its key, started
+    first if none is live. ``key(event)`` is the run's key, for signal-with-start and the
+    flow control ``debounce=``, ``singleton=``/``on_conflict=`` and ``batch=`` (as
+    :func:`start` takes them). The provider's delivery id (or ``event_id(event)``)
+    deduplicates its retries.
 
     Declare hooks in an app's ``workflows.py``; see docs/guide/triggers-and-events.md.
 
@@ -299,7 +305,8 @@ def inbound(name: str, *, verify: Verifier, start: Any = None, signal: str | Non
     from queuety.hooks import declare
 
     return declare.inbound(name, verify=verify, start=start, signal=signal, run=run, key=key,
-                           payload=payload)
+                           payload=payload, event_id=event_id, debounce=debounce,
+                           singleton=singleton, on_conflict=on_conflict, batch=batch)
 
 
 def trigger(model: Any, *, on: str, start: Any = None, signal: str | None = None,
@@ -310,7 +317,8 @@ def trigger(model: Any, *, on: str, start: Any = None, signal: str | None = None
     ``start`` (a registered name or a builder), or sends signal ``signal`` to the run
     ``run(instance)`` names, in the save's own transaction. ``payload(instance)``,
     ``key(instance)`` and ``when(instance)`` shape, key and filter it; ``debounce=``,
-    ``singleton=``, ``on_conflict=`` and ``batch=`` are passed to :func:`start`.
+    ``singleton=``, ``on_conflict=`` and ``batch=`` are flow control per key, as
+    :func:`start` takes them.
 
     Declare triggers in an app's ``workflows.py``; see docs/guide/triggers-and-events.md.
 

@@ -29,8 +29,9 @@ from typing import Any
 
 from django.db import DatabaseError, IntegrityError, transaction
 
-from queuety import dispatch, exceptions, inbox, registry
+from queuety import dispatch, exceptions, inbox, keyed, registry
 from queuety.conf import settings
+from queuety.core import keyed as keyed_rules
 from queuety.hooks import declare
 from queuety.models import InboundDelivery
 
@@ -147,6 +148,8 @@ def _act(hook: declare.InboundHook, event: Any, event_id: str) -> tuple[int, str
     """Start the hook's workflow or send its signal; return the run's id and the outcome."""
     data = hook.payload(event) if hook.payload is not None else event
     key = dedupe_key(hook.name, event_id)
+    if hook.signal_or_start or hook.flow or hook.key is not None:
+        return _act_keyed(hook, event, data, key)
     if hook.signal is not None:
         assert hook.run is not None  # declare.inbound requires it with signal=
         run_id = hook.run(event)
@@ -164,6 +167,37 @@ def _act(hook: declare.InboundHook, event: Any, event_id: str) -> tuple[int, str
     assert hook.start is not None
     run_id, _ = registry.start_run(hook.start, data, idempotency_key=key)
     return run_id, InboundDelivery.STARTED
+
+
+def _act_keyed(hook: declare.InboundHook, event: Any, data: Any,
+               idempotency: str) -> tuple[int, str]:
+    """A hook with a run key: signal-with-start, flow control, or a start that stores it."""
+    assert hook.key is not None  # declare.inbound requires it for these
+    run_key = _run_key(hook, event)
+    spec = hook.spec if hook.spec is not None else registry.get(str(hook.start)).spec
+    if hook.signal_or_start:
+        assert hook.signal is not None
+        done = keyed.signal_or_start(spec, run_key, hook.signal, data, sent_by=f"hook:{hook.name}")
+        return done.run_id, (InboundDelivery.STARTED if done.started
+                             else InboundDelivery.SIGNALLED)
+    options = keyed_rules.flow_options(spec.name, key=run_key, **hook.flow)
+    assert options is not None  # a key is given
+    # The delivery's row already dedupes the provider's retries; a flow's start folds into
+    # a pending or live run, which an idempotency key would refuse to combine with.
+    started = keyed.start_run(spec, data, options,
+                              idempotency_key=None if options.mode else idempotency)
+    return started.run_id, (InboundDelivery.SIGNALLED if started.reused and options.mode
+                            else InboundDelivery.STARTED)
+
+
+def _run_key(hook: declare.InboundHook, event: Any) -> str:
+    assert hook.key is not None
+    found = hook.key(event)
+    if isinstance(found, bool) or not isinstance(found, str | int) or not str(found).strip():
+        raise exceptions.InvalidPayload(
+            f"key= of hook {hook.name!r} returned {found!r:.80}; it must return a non-blank "
+            "string, the key of the event's run (such as the order's id).")
+    return str(found).strip()
 
 
 def dedupe_key(hook: str, event_id: str) -> str:
@@ -193,20 +227,20 @@ def _event_id(hook: declare.InboundHook, headers: Mapping[str, str], event: Any,
 
 def _find_event_id(hook: declare.InboundHook, headers: Mapping[str, str], event: Any,
                    body: bytes) -> str:
-    """The delivery's id: ``key(event)``, else the verifier's, else a hash of the body (so
-    byte-identical retries still dedupe)."""
-    if hook.key is not None:
+    """The delivery's id: ``event_id(event)``, else the verifier's, else a hash of the body
+    (so byte-identical retries still dedupe)."""
+    if hook.event_id is not None:
         try:
-            found = hook.key(event)
+            found = hook.event_id(event)
         except Exception as error:
             raise MalformedDelivery(
-                f"key= of hook {hook.name!r} raised {type(error).__name__}: {error}; it must "
+                f"event_id= of hook {hook.name!r} raised {type(error).__name__}: {error}; it must "
                 "return the delivery's id for every event the provider sends. Nothing was "
                 "stored (the provider's retry will be taken once it is fixed).") from None
         if not isinstance(found, str | int) or isinstance(found, bool) or not str(found).strip():
             raise MalformedDelivery(
-                f"key= of hook {hook.name!r} returned {found!r:.80}; it must return a non-blank "
-                "string (the delivery's id). Nothing was stored.")
+                f"event_id= of hook {hook.name!r} returned {found!r:.80}; it must return a "
+                "non-blank string (the delivery's id). Nothing was stored.")
         return str(found).strip()
     found = hook.verify.event_id(headers, event)
     if found:

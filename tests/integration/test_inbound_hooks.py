@@ -17,7 +17,7 @@ from django.test import Client, override_settings
 import queuety
 from queuety.hooks import declare, receive
 from queuety.models import DispatchKey, InboundDelivery, Signal, WorkflowRun
-from tests import workflows
+from tests import keyed_steps, workflows
 from tests.integration.conftest import wait_for
 from tests.settings import QUEUETY as TEST_QUEUETY
 
@@ -187,13 +187,13 @@ def test_signal__a_refused_signal_is_stored_as_failed_with_the_error(hook_name, 
     assert response.status_code == 200 and response.json()["outcome"] == "failed"
     row = InboundDelivery.objects.get(hook=hook_name)
     assert row.outcome == "failed" and "RunNotFound" in row.error and row.run_id is None
-    # No event id from the verifier nor key=: a hash of the body still dedupes retries.
+    # No event id from the verifier nor event_id=: a hash of the body still dedupes retries.
     assert row.event_id.startswith("sha256:")
 
 
-def test_key__a_custom_key_dedupes(hook_name, token):
+def test_event_id__a_custom_delivery_id_dedupes(hook_name, token):
     queuety.inbound(hook_name, verify=queuety.verifiers.stripe(SECRET), start=PARKED,
-                    key=lambda e: e["data"]["order"])
+                    event_id=lambda e: e["data"]["order"])
     first, second = (json.dumps({"id": f"evt_{n}_{token}", "token": token,
                                  "data": {"order": 17}}).encode() for n in (1, 2))
     assert post(hook_name, first, stripe_headers(first)).status_code == 202
@@ -234,11 +234,17 @@ def test_registered_workflow__started_by_name_completes_on_a_real_worker(
 
 
 @pytest.mark.parametrize("options, message", [
-    ({"start": PARKED, "signal": "go", "run": int}, "exactly one of start="),
-    ({}, "exactly one of start="),
+    ({"start": PARKED, "signal": "go", "run": int}, "not both or neither"),
+    ({}, "needs start="),
     ({"signal": "go"}, "comes with run="),
     ({"start": 5}, "start= must be"),
     ({"start": PARKED, "key": "id"}, "key= must be a function"),
+    ({"start": PARKED, "event_id": "id"}, "event_id= must be a function"),
+    ({"start": PARKED, "signal": "go"}, "are per key: pass key="),
+    ({"start": PARKED, "debounce": 5}, "are per key: pass key="),
+    ({"start": PARKED, "key": str, "debounce": 5, "singleton": True}, "use one flow control"),
+    ({"start": PARKED, "key": str, "debounce": -1}, "debounce"),
+    ({"signal": "go", "run": int, "debounce": 5}, "applies to the runs start= starts"),
 ])
 def test_declaration__mistakes_are_errors_at_start_up(options, message):
     with pytest.raises(queuety.WorkflowDefinitionError, match=message):
@@ -364,3 +370,37 @@ def test_a_secret_function_returning_no_secret__500_naming_it_and_nothing_stored
     assert response.status_code == 500 and response.json()["code"] == "hook_misconfigured"
     assert "secret function returned" in response.json()["detail"]
     _nothing_stored(hook_name, token)
+
+
+# -- with a run key: signal-with-start and flow control (queuety.keyed) -------------------------
+
+def test_signal_with_start__deliveries_of_one_key_go_to_one_run_in_order(hook_name, token):
+    inbox = keyed_steps.inbox(f"hook_inbox_{token}")
+    queuety.inbound(hook_name, verify=queuety.verifiers.stripe(SECRET), start=inbox,
+                    signal="event", key=lambda e: e["order"])
+    bodies = [event(token=token, order=f"o-{token}", n=n) for n in range(3)]
+
+    answers = [post(hook_name, body, stripe_headers(body)).json() for body in bodies]
+
+    assert [a["outcome"] for a in answers] == ["started", "signalled", "signalled"]
+    [run_id] = {a["run_id"] for a in answers}
+    assert WorkflowRun.objects.get(pk=run_id).key == f"o-{token}"
+    assert [s.payload["n"] for s in Signal.objects.filter(run_id=run_id).order_by("pk")] \
+        == [0, 1, 2]
+    queuety.cancel(run_id)
+
+
+def test_debounce__a_burst_of_deliveries_of_one_key_is_one_pending_run_with_the_last(
+        hook_name, token):
+    queuety.inbound(hook_name, verify=queuety.verifiers.stripe(SECRET),
+                    start=keyed_steps.plain(f"hook_debounced_{token}"),
+                    key=lambda e: e["order"], debounce=60)
+    bodies = [event(token=token, order=f"o-{token}", n=n) for n in range(5)]
+
+    answers = [post(hook_name, body, stripe_headers(body)) for body in bodies]
+
+    assert [a.status_code for a in answers] == [202] * 5  # each a new delivery, stored
+    assert [a.json()["outcome"] for a in answers] == ["started"] + ["signalled"] * 4
+    [run] = WorkflowRun.objects.filter(key=f"o-{token}")
+    assert run.state["n"] == 4 and InboundDelivery.objects.filter(hook=hook_name).count() == 5
+    queuety.cancel(run.pk)
