@@ -116,9 +116,10 @@ class WorkflowRun(models.Model):
             models.Index(fields=["wait_expires_at"], name="queuety_run_workflow_expiry",
                          condition=Q(status="waiting_for_workflows",
                                      wait_expires_at__isnull=False)),
-            # The sweeper's reminder scan reads only runs with a reminder due some day.
+            # The sweeper's reminder scan reads only parked runs with a reminder due some day.
             models.Index(fields=["remind_at"], name="queuety_run_remind",
-                         condition=Q(remind_at__isnull=False)),
+                         condition=Q(status__in=["waiting_for_signal", "waiting_for_workflows"],
+                                     remind_at__isnull=False)),
         ]
         permissions = [
             ("signal_workflowrun", "Can send signals, approvals and input to workflow runs"),

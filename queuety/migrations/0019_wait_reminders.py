@@ -43,7 +43,10 @@ class Migration(migrations.Migration):
         ),
         AddIndexOnline(
             model_name="workflowrun",
-            index=models.Index(condition=models.Q(("remind_at__isnull", False)),
-                               fields=["remind_at"], name="queuety_run_remind"),
+            index=models.Index(
+                condition=models.Q(("remind_at__isnull", False),
+                                   ("status__in", ["waiting_for_signal",
+                                                   "waiting_for_workflows"])),
+                fields=["remind_at"], name="queuety_run_remind"),
         ),
     ]
