@@ -86,7 +86,7 @@ class WorkflowRun(models.Model):
     # reminder by a compare-and-set of remind_at, so it is sent once however many sweep.
     remind_at = models.DateTimeField(null=True, blank=True)
     waiting_since = models.DateTimeField(null=True, blank=True)
-    reminders = models.PositiveIntegerField(default=0, db_default=0)
+    reminders = models.IntegerField(default=0, db_default=0)
     # The W3C trace context (traceparent) of the span that dispatched the run, when tracing
     # is on: each step attempt's span joins that trace, whichever process runs it and when.
     trace_context = models.CharField(max_length=512, blank=True, default="", db_default="")

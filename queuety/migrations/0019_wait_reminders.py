@@ -32,7 +32,7 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name="workflowrun",
             name="reminders",
-            field=models.PositiveIntegerField(db_default=0, default=0),
+            field=models.IntegerField(db_default=0, default=0),
         ),
         AddIndexOnline(
             model_name="workflowrun",
