@@ -81,13 +81,16 @@ def remind(run: Due, now: datetime) -> bool:
     timing = None if step is None else timing_of(step)
     if step is None or timing is None or run.waiting_since is None:
         return False
+    claim = WorkflowRun.objects.filter(pk=run.pk, status=run.status, current_step=index,
+                                       remind_at=run.remind_at, reminders=run.reminders)
+    if waits.first_reminder(timing.remind_after, timing.remind_every) is None:
+        # Moved in place onto a wait that does not remind (migrate_runs()): nothing to send,
+        # and the due time goes, so the scan does not meet it again.
+        claim.update(remind_at=None)
+        return False
     following = waits.next_reminder(run.remind_at, now, timing.remind_every)
     with transaction.atomic():
-        claimed = WorkflowRun.objects.filter(
-            pk=run.pk, status=run.status, current_step=index, remind_at=run.remind_at,
-            reminders=run.reminders,
-        ).update(remind_at=following, reminders=F("reminders") + 1)
-        if not claimed:
+        if not claim.update(remind_at=following, reminders=F("reminders") + 1):
             return False  # another sweep sent it, or the wait ended meanwhile
         _record(spec, run, step, run.waiting_since, now, following)
     return True
