@@ -39,6 +39,8 @@ def test_signal_wait__reminds_at_the_interval_and_never_after_the_signal(worker,
     wait_for(run_id, ("waiting_for_signal",), worker=worker)
     parked = WorkflowRun.objects.get(pk=run_id)
     assert parked.waiting_since is not None and parked.reminders == 0
+    details = queuety.workflow_status(run_id).wait_details
+    assert details["remind_at"] == parked.remind_at.isoformat()
     assert parked.remind_at == parked.waiting_since + timedelta(seconds=1)
     deadline = time.monotonic() + 20
     while len(reminder_events(run_id)) < 3:
@@ -164,7 +166,10 @@ def test_workflow_wait_timeout_continue__moves_on_and_the_children_keep_running(
               .then(workflows.step_b)
               .dispatch({"token": token, "kids": [4]}))
     parked = wait_for(run_id, ("waiting_for_workflows",), worker=worker)
-    assert WorkflowRun.objects.get(pk=run_id).wait_expires_at is not None
+    expires = WorkflowRun.objects.get(pk=run_id).wait_expires_at
+    assert expires is not None
+    assert parked.wait_details["expires_at"] == expires.isoformat()
+    assert parked.wait_details["on_timeout"] == "continue"
     done = wait_for(run_id, timeout=20, worker=worker)
     assert done.status == "completed" and done.state["children"] is None
     assert done.state["done_b"] is True
