@@ -269,3 +269,11 @@ def test_first_reminder():
     assert waits.first_reminder(5.0, None) == 5.0
     assert waits.first_reminder(None, 7.0) == 7.0
     assert waits.first_reminder(5.0, 7.0) == 5.0
+
+
+def test_delay_until__its_callable_is_a_handler_reference_checked_at_deploy():
+    from queuety.core.handler_refs import Need, handler_refs
+
+    refs = handler_refs(delay_spec(tomorrow_noon))
+    assert [(r.path, r.need) for r in refs if "delay_until" in r.where] == [
+        (f"{__name__}.tomorrow_noon", Need.CONDITION)]
