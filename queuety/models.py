@@ -86,6 +86,12 @@ class WorkflowRun(models.Model):
     state_writes = models.JSONField(default=dict, blank=True, db_default={})
     # While the run is parked at a wait with a timeout: when the sweeper settles it by timeout.
     wait_expires_at = models.DateTimeField(null=True, blank=True)
+    # While the run is parked at a wait with reminders: when the next reminder is due (None:
+    # none left), when the run parked there, and how many were sent. The sweeper claims each
+    # reminder by a compare-and-set of remind_at, so it is sent once however many sweep.
+    remind_at = models.DateTimeField(null=True, blank=True)
+    waiting_since = models.DateTimeField(null=True, blank=True)
+    reminders = models.IntegerField(default=0, db_default=0)
     # The W3C trace context (traceparent) of the span that dispatched the run, when tracing
     # is on: each step attempt's span joins that trace, whichever process runs it and when.
     trace_context = models.CharField(max_length=512, blank=True, default="", db_default="")
@@ -114,6 +120,14 @@ class WorkflowRun(models.Model):
             # A keyed start reads only the live runs of its key.
             models.Index(fields=["name", "key", "id"], name="queuety_run_key_live",
                          condition=Q(key__isnull=False, status__in=list(UNFINISHED))),
+            # The same for runs parked at a workflow wait with a timeout.
+            models.Index(fields=["wait_expires_at"], name="queuety_run_workflow_expiry",
+                         condition=Q(status="waiting_for_workflows",
+                                     wait_expires_at__isnull=False)),
+            # The sweeper's reminder scan reads only parked runs with a reminder due some day.
+            models.Index(fields=["remind_at"], name="queuety_run_remind",
+                         condition=Q(status__in=["waiting_for_signal", "waiting_for_workflows"],
+                                     remind_at__isnull=False)),
         ]
         permissions = [
             ("signal_workflowrun", "Can send signals, approvals and input to workflow runs"),

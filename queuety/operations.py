@@ -82,7 +82,7 @@ def cancel(run_id: int, *, actor: str = "") -> None:
         rows.stop_live_steps(run.pk, now)
         WorkflowRun.objects.filter(pk=run.pk).update(
             status=RunStatus.CANCELLED, finished_at=now, updated_at=now,
-            revision=F("revision") + 1, migration=None)
+            revision=F("revision") + 1, migration=None, remind_at=None)
         _event(run, "workflow_cancelled", actor, previous_status=previous)
         signals.emit("run_cancelled", run_id=run.pk, workflow=run.name, actor=actor,
                      previous_status=previous)
@@ -214,7 +214,8 @@ def retry(run_id: int, *, actor: str = "") -> None:
         WorkflowRun.objects.filter(pk=run.pk).update(
             status=RunStatus.PAUSED, error=None, finished_at=None, updated_at=now,
             deadline_at=deadline, revision=F("revision") + 1,
-            wait_expires_at=None)  # a timed wait retried waits its whole timeout again
+            # A timed wait retried waits its whole timeout again, and reminds afresh.
+            wait_expires_at=None, remind_at=None, waiting_since=None, reminders=0)
         kind = spec.steps[run.current_step].kind
         if kind in ("parallel", "for_each"):
             # Only the branches or items that did not succeed run again.
@@ -266,7 +267,7 @@ def rewind(run_id: int, step: int | str, *, actor: str = "") -> None:
         WorkflowRun.objects.filter(pk=run.pk).update(
             state=state, current_step=target, status=RunStatus.PAUSED, error=None,
             finished_at=None, transitions=F("transitions") + 1, updated_at=now,
-            wait_expires_at=None,
+            wait_expires_at=None, remind_at=None, waiting_since=None, reminders=0,
             revision=F("revision") + 1)
         run.refresh_from_db()
         _continue(run, spec, now, paused=was_paused)

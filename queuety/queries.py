@@ -14,6 +14,7 @@ from queuety.conf import settings
 from queuety.core import budget as budgets
 from queuety.core import resources, waits
 from queuety.core.definition import ChildStep, WaitStep, WaitWorkflowsStep, WorkflowSpec
+from queuety.core.dependencies import WaitWorkflowsSpec
 from queuety.core.progress import progress_text
 from queuety.core.status import FINISHED, WorkflowStatus
 from queuety.models import RunStatus, Signal, StepRun, StepStatus, WorkflowDefinition, WorkflowRun
@@ -50,7 +51,8 @@ def wait_info(run: WorkflowRun, spec: WorkflowSpec) -> dict[str, Any]:
                    "group_key": wait_on.group, "state_key": wait_on.state_key,
                    "result_key": wait_on.result_key,
                    **({} if result is None else {k: [str(i) for i in v]
-                                                 for k, v in result.details.items()})}
+                                                 for k, v in result.details.items()}),
+                   **_timing_details(run, wait_on)}
         return {"wait_type": "workflow", "waiting_for": [str(i) for i in ids_found],
                 "wait_mode": wait_on.mode,
                 "wait_details": {k: v for k, v in details.items() if v is not None}}
@@ -67,14 +69,25 @@ def wait_info(run: WorkflowRun, spec: WorkflowSpec) -> dict[str, Any]:
         "remaining": progress.remaining, "correlation_key": wait.correlation_key,
         "correlation_value": run.state.get(wait.correlation_key)
         if wait.correlation_key else None,
-        "wait_mode": wait.mode, "schema": wait.schema,
-        **({} if wait.timeout is None else {
-            "expires_at": None if run.wait_expires_at is None
-            else run.wait_expires_at.isoformat(),
-            "timeout_seconds": wait.timeout, "on_timeout": wait.on_timeout}),
+        "wait_mode": wait.mode, "schema": wait.schema, **_timing_details(run, wait),
     }
     return {"wait_type": "signal", "waiting_for": list(wait.signals), "wait_mode": wait.mode,
             "wait_details": {k: v for k, v in signal_details.items() if v is not None}}
+
+
+def _timing_details(run: WorkflowRun, wait: waits.WaitSpec | WaitWorkflowsSpec
+                    ) -> dict[str, Any]:
+    """A wait's timeout (its expiry, as the run row holds it) and reminders (the next one
+    due and how many were sent), for the options it has."""
+    details: dict[str, Any] = {}
+    if wait.timeout is not None:
+        details.update(expires_at=None if run.wait_expires_at is None
+                       else run.wait_expires_at.isoformat(),
+                       timeout_seconds=wait.timeout, on_timeout=wait.on_timeout)
+    if waits.first_reminder(wait.remind_after, wait.remind_every) is not None:
+        details.update(remind_at=None if run.remind_at is None else run.remind_at.isoformat(),
+                       reminders_sent=run.reminders)
+    return details
 
 
 def step_progress(run: WorkflowRun) -> dict[str, Any] | None:

@@ -1,5 +1,5 @@
-"""Django signals for what runs do: started, completed, failed, cancelled, waiting, a step
-attempt failed, a budget exceeded, throttled.
+"""Django signals for what runs do: started, completed, failed, cancelled, waiting, reminded
+at a wait, a step attempt failed, a budget exceeded, throttled.
 
 Each is sent once per event, after the transaction that caused it commits (nothing is sent
 for a transaction that rolls back), with ``sender=WorkflowRun`` and keyword arguments named in
@@ -47,6 +47,7 @@ run_completed = Signal()
 run_failed = Signal()
 run_cancelled = Signal()
 run_waiting = Signal()
+run_reminder = Signal()
 step_failed = Signal()
 budget_exceeded = Signal()
 run_throttled = Signal()
@@ -75,6 +76,8 @@ EVENTS: dict[str, EventKind] = {
                                ("run_id", "workflow", "actor", "previous_status")),
     "run_waiting": EventKind(run_waiting, "run.waiting",
                              ("run_id", "workflow", "step", "waiting_for", "kind")),
+    "run_reminder": EventKind(run_reminder, "wait.reminder", (
+        "run_id", "workflow", "step", "kind", "count", "waited_seconds")),
     "step_failed": EventKind(step_failed, "step.failed", (
         "run_id", "workflow", "step", "step_run_id", "attempt", "max_attempts", "error",
         "will_retry", "retry_in")),

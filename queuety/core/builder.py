@@ -7,10 +7,11 @@ runs come from ``builder_runs``, the signal waits from ``builder_signals``.
 from __future__ import annotations
 
 from dataclasses import replace
+from datetime import UTC, datetime
 from typing import Any
 
 from queuety import exceptions
-from queuety.core import engine, resources
+from queuety.core import engine, flow, resources
 from queuety.core.budget import Budget
 from queuety.core.builder_runs import RunSteps
 from queuety.core.builder_signals import SignalSteps
@@ -207,6 +208,33 @@ class WorkflowBuilder(RunSteps, SignalSteps):
         count = sum(1 for s in self._steps if s.kind == "delay")
         spec = DelayStep(name=name or f"delay_{count}", cost_units=0,
                         delay_seconds=float(total))
+        return self._append(spec)
+
+    def delay_until(self, when: Any, *, name: str | None = None) -> WorkflowBuilder:
+        """Sleep durably until ``when``: an aware ``datetime``, or a callable (or its dotted
+        path) that returns one from the run's state when the run gets here.
+
+        The due time lives in the database, like :meth:`delay`'s; a time already past lets
+        the run go on at once.
+
+        Raises:
+            WorkflowDefinitionError: ``when`` is a naive datetime (it names no instant), or
+                neither a datetime nor a callable. A callable that returns a naive datetime
+                fails the step before it (``InvalidStepOutput``), as a bad output does.
+        """
+        count = sum(1 for s in self._steps if s.kind == "delay")
+        step_name = name or f"delay_{count}"
+        if isinstance(when, datetime):
+            at = flow.aware_time(when, f"delay_until({step_name!r})'s time")
+            spec = DelayStep(name=step_name, cost_units=0, delay_seconds=0.0,
+                             until=at.astimezone(UTC).isoformat())
+        elif callable(when) or isinstance(when, str):
+            spec = DelayStep(name=step_name, cost_units=0, delay_seconds=0.0,
+                             until_from=resolve_handler(when)[0])
+        else:
+            raise exceptions.WorkflowDefinitionError(
+                f"delay_until() takes an aware datetime or a callable(state) returning one "
+                f"(got {when!r}).")
         return self._append(spec)
 
     # -- loops ---------------------------------------------------------------------------------

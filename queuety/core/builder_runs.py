@@ -11,6 +11,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Self
 
 from queuety import exceptions
+from queuety.core import waits
 from queuety.core.definition import (
     ChildStep,
     StartStep,
@@ -96,15 +97,20 @@ class RunSteps:
         return self.start_workflows(items_key, child, result_key, payload_key, inherit_state,
                                     name or "start_agents", group_key)
 
-    def _wait_workflows(self, default_name: str, name: str | None,
+    def _wait_workflows(self, default_name: str, name: str | None, timing: dict[str, Any],
                         **options: Any) -> Self:
-        step = WaitWorkflowsStep(name=name or default_name, cost_units=0,
-                                 workflows=WaitWorkflowsSpec(**options))
+        step_name = name or default_name
+        timed = waits.wait_timing(step_name, timing.get("timeout"), timing.get("on_timeout"),
+                                  timing.get("remind_after"), timing.get("remind_every"))
+        step = WaitWorkflowsStep(name=step_name, cost_units=0,
+                                 workflows=WaitWorkflowsSpec(**options, **timed))
         return self._append(step)
 
     def wait_for_workflows(self, workflows: list[int] | str, mode: str = "all",
                            result_key: str | None = None, name: str | None = None,
-                           quorum: int | None = None) -> Self:
+                           quorum: int | None = None, *, timeout: waits.Timeout = None,
+                           on_timeout: str | None = None, remind_after: waits.Timeout = None,
+                           remind_every: waits.Timeout = None) -> Self:
         """Park the run until other runs finish: ``all`` completed, ``any`` one, a
         ``quorum`` of ``n``, or ``settled``: every one finished, whatever its outcome.
 
@@ -119,6 +125,12 @@ class RunSteps:
         wait fails this run at once (likewise ``any``/``quorum`` once too few can complete).
         ``settled`` never fails: it goes on when the last one finished, merging nothing (with
         ``result_key``, the completed runs' states go under it).
+
+        ``timeout``/``on_timeout`` are those of the signal waits (``fail``, ``continue`` or a
+        step name; ``result_key`` is set to ``None`` when the timeout moves the run on); the
+        awaited runs are not touched by a timeout and keep running. ``remind_after`` and
+        ``remind_every`` send reminders while the run waits, as on signal waits (see
+        :meth:`wait_for_signal`).
         """
         if isinstance(workflows, str):
             source: dict[str, Any] = {"state_key": workflows}
@@ -128,36 +140,51 @@ class RunSteps:
             raise exceptions.WorkflowDefinitionError(
                 f"wait_for_workflows() takes a list of run ids or a state key (got "
                 f"{workflows!r}).")
-        return self._wait_workflows(f"wait_for_workflows_{len(self._steps)}", name, mode=mode,
-                                    quorum=quorum, result_key=result_key, **source)
+        timing = {"timeout": timeout, "on_timeout": on_timeout, "remind_after": remind_after,
+                  "remind_every": remind_every}
+        return self._wait_workflows(f"wait_for_workflows_{len(self._steps)}", name, timing,
+                                    mode=mode, quorum=quorum, result_key=result_key, **source)
 
     def wait_for_workflow(self, workflow: int | str, result_key: str | None = None,
-                          name: str | None = None) -> Self:
+                          name: str | None = None, *, timeout: waits.Timeout = None,
+                          on_timeout: str | None = None, remind_after: waits.Timeout = None,
+                          remind_every: waits.Timeout = None) -> Self:
         """Park the run until the run ``workflow`` (an id, or a state key holding one)
-        completes; see :meth:`wait_for_workflows`."""
+        completes; see :meth:`wait_for_workflows` (and its ``timeout`` and reminders)."""
         workflows = workflow if isinstance(workflow, str) else [workflow]
         return self.wait_for_workflows(workflows, result_key=result_key,
-                                       name=name or "wait_for_workflow")
+                                       name=name or "wait_for_workflow", timeout=timeout,
+                                       on_timeout=on_timeout, remind_after=remind_after,
+                                       remind_every=remind_every)
 
     def wait_for_workflow_group(self, group_key: str, mode: str = "all",
                                 quorum: int | None = None, result_key: str | None = None,
-                                name: str | None = None) -> Self:
+                                name: str | None = None, *, timeout: waits.Timeout = None,
+                                on_timeout: str | None = None,
+                                remind_after: waits.Timeout = None,
+                                remind_every: waits.Timeout = None) -> Self:
         """Park the run until the runs it started with ``start_workflows(group_key=...)``
-        finish, by ``mode``; see :meth:`wait_for_workflows`."""
+        finish, by ``mode``; see :meth:`wait_for_workflows` (and its ``timeout`` and
+        reminders)."""
+        timing = {"timeout": timeout, "on_timeout": on_timeout, "remind_after": remind_after,
+                  "remind_every": remind_every}
         return self._wait_workflows(f"wait_for_workflow_group_{len(self._steps)}", name,
-                                    group=group_key, mode=mode, quorum=quorum,
+                                    timing, group=group_key, mode=mode, quorum=quorum,
                                     result_key=result_key)
 
     def wait_for_agents(self, workflows: list[int] | str = "agent_workflow_ids",
                         mode: str = "all", result_key: str | None = "agent_results",
-                        name: str | None = None, quorum: int | None = None) -> Self:
-        """:meth:`wait_for_workflows` with the defaults of :meth:`start_agents`."""
+                        name: str | None = None, quorum: int | None = None,
+                        **timing: Any) -> Self:
+        """:meth:`wait_for_workflows` with the defaults of :meth:`start_agents` (``timing``:
+        its ``timeout``, ``on_timeout``, ``remind_after`` and ``remind_every``)."""
         return self.wait_for_workflows(workflows, mode, result_key, name or "wait_for_agents",
-                                       quorum)
+                                       quorum, **timing)
 
     def wait_for_agent_group(self, group_key: str = "agents", mode: str = "all",
                              quorum: int | None = None, result_key: str | None = "agent_results",
-                             name: str | None = None) -> Self:
-        """:meth:`wait_for_workflow_group` with agent-flavoured defaults."""
+                             name: str | None = None, **timing: Any) -> Self:
+        """:meth:`wait_for_workflow_group` with agent-flavoured defaults (``timing``: as
+        :meth:`wait_for_agents`)."""
         return self.wait_for_workflow_group(group_key, mode, quorum, result_key,
-                                            name or "wait_for_agent_group")
+                                            name or "wait_for_agent_group", **timing)

@@ -33,8 +33,9 @@ class SignalSteps:
                 f"Wait step names must be non-blank strings (got {name!r})."
             )
         signals = options.pop("signals")
-        options.update(waits.wait_timeout(step_name, options.pop("timeout", None),
-                                    options.pop("on_timeout", None)))
+        options.update(waits.wait_timing(
+            step_name, options.pop("timeout", None), options.pop("on_timeout", None),
+            options.pop("remind_after", None), options.pop("remind_every", None)))
         if isinstance(signals, str) or not all(isinstance(s, str) for s in signals):
             raise exceptions.WorkflowDefinitionError(
                 f"Signal names must be a list of strings (got {signals!r})."
@@ -47,7 +48,8 @@ class SignalSteps:
                         match_payload: dict[str, Any] | None = None,
                         correlation_key: str | None = None,
                         name: str | None = None, timeout: waits.Timeout = None,
-                        on_timeout: str | None = None) -> Self:
+                        on_timeout: str | None = None, remind_after: waits.Timeout = None,
+                        remind_every: waits.Timeout = None) -> Self:
         """Park the run until the signal ``signal`` arrives (or was already sent).
 
         Args:
@@ -60,36 +62,49 @@ class SignalSteps:
             on_timeout: what the timeout does: ``"fail"`` the run (the default),
                 ``"continue"`` to the next step, or the name of a step to jump to. A
                 signal or reply after the timeout is refused with ``WaitExpired``.
+            remind_after: a ``timedelta`` (or seconds) after which, the run still waiting,
+                the sweeper sends a reminder (the ``run_reminder`` signal, the
+                ``wait.reminder`` webhook event and a ``wait_reminder`` timeline event);
+                alone, that is the one reminder. Every ``wait_for_*`` method takes it.
+            remind_every: repeat the reminder at this interval while the run waits (the
+                first one after ``remind_after``, or after ``remind_every`` without it).
+                No reminder is sent once the wait has ended.
         """
         return self._wait(f"wait_for_{signal}", name, signals=[signal], result_key=result_key,
                           match_payload=match_payload, correlation_key=correlation_key, timeout=timeout,
-                          on_timeout=on_timeout)
+                          on_timeout=on_timeout, remind_after=remind_after,
+                          remind_every=remind_every)
 
     def wait_for_signals(self, signals: list[str], mode: str = "all",
                          result_key: str | None = None, *,
                          match_payload: dict[str, Any] | None = None,
                          correlation_key: str | None = None,
                          name: str | None = None, timeout: waits.Timeout = None,
-                         on_timeout: str | None = None) -> Self:
+                         on_timeout: str | None = None, remind_after: waits.Timeout = None,
+                        remind_every: waits.Timeout = None) -> Self:
         """Park the run until ``all`` (or ``any``) of ``signals`` arrived."""
         return self._wait(f"wait_for_signals_{len(self._steps)}", name, signals=list(signals),
                           mode=mode, result_key=result_key, match_payload=match_payload,
                           correlation_key=correlation_key, timeout=timeout,
-                          on_timeout=on_timeout)
+                          on_timeout=on_timeout, remind_after=remind_after,
+                          remind_every=remind_every)
 
     def wait_for_approval(self, signal: str = waits.DEFAULT_APPROVE_SIGNAL,
                           result_key: str | None = "approval", *,
                           name: str | None = None, timeout: waits.Timeout = None,
-                          on_timeout: str | None = None) -> Self:
+                          on_timeout: str | None = None, remind_after: waits.Timeout = None,
+                        remind_every: waits.Timeout = None) -> Self:
         """Park the run until a person approves it (``queuety.approve()`` or the API)."""
         return self._wait("wait_for_approval", name, signals=[signal], result_key=result_key,
-                          human=waits.APPROVAL, timeout=timeout, on_timeout=on_timeout)
+                          human=waits.APPROVAL, timeout=timeout, on_timeout=on_timeout,
+                          remind_after=remind_after, remind_every=remind_every)
 
     def wait_for_decision(self, approve_signal: str = waits.DEFAULT_APPROVE_SIGNAL,
                           reject_signal: str = waits.DEFAULT_REJECT_SIGNAL,
                           result_key: str | None = "decision", *,
                           name: str | None = None, timeout: waits.Timeout = None,
-                          on_timeout: str | None = None) -> Self:
+                          on_timeout: str | None = None, remind_after: waits.Timeout = None,
+                        remind_every: waits.Timeout = None) -> Self:
         """Park the run until a person approves or rejects it.
 
         Merges ``{result_key: {"outcome": "approved"|"rejected", "signal": ..., "data": ...}}``.
@@ -98,13 +113,15 @@ class SignalSteps:
         return self._wait("wait_for_decision", name, signals=[approve_signal, reject_signal],
                           mode=waits.ANY, result_key=result_key, human=waits.DECISION,
                           decision={approve_signal: "approved", reject_signal: "rejected"},
-                          timeout=timeout, on_timeout=on_timeout)
+                          timeout=timeout, on_timeout=on_timeout, remind_after=remind_after,
+                          remind_every=remind_every)
 
     def wait_for_input(self, schema: dict[str, Any] | None = None,
                        signal: str = waits.DEFAULT_INPUT_SIGNAL,
                        result_key: str | None = "input", *,
                        name: str | None = None, timeout: waits.Timeout = None,
-                       on_timeout: str | None = None) -> Self:
+                       on_timeout: str | None = None, remind_after: waits.Timeout = None,
+                        remind_every: waits.Timeout = None) -> Self:
         """Park the run until a person submits input (``queuety.submit_input()``).
 
         Args:
@@ -113,4 +130,5 @@ class SignalSteps:
         """
         return self._wait("wait_for_input", name, signals=[signal], result_key=result_key,
                           human=waits.INPUT, schema=schema, timeout=timeout,
-                          on_timeout=on_timeout)
+                          on_timeout=on_timeout, remind_after=remind_after,
+                          remind_every=remind_every)

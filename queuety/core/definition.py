@@ -107,6 +107,17 @@ class StepSpec:
         return None
 
     @property
+    def until(self) -> str | None:
+        """For ``delay_until()`` steps: the aware time (ISO 8601, in UTC) the run sleeps to."""
+        return None
+
+    @property
+    def until_from(self) -> str | None:
+        """For ``delay_until()`` steps: dotted path of the callable that returns, from the
+        run's state, the aware time the run sleeps to."""
+        return None
+
+    @property
     def fanout(self) -> FanOutSpec | None:
         """For ``parallel`` and ``for_each`` steps: what they fan out to."""
         return None
@@ -149,6 +160,9 @@ class StepSpec:
             **({} if self.routes is None else {"routes": self.routes,
                                                 "default_route": self.default_route}),
             **({} if self.delay_seconds is None else {"delay_seconds": self.delay_seconds}),
+            **{key: value for key, value in (("until", self.until),
+                                             ("until_from", self.until_from))
+               if value is not None},
             **({} if self.fanout is None else {"fanout": self.fanout.to_dict()}),
             **({} if self.repeat is None else {"repeat": self.repeat}),
             **({} if self.child is None else {"child": self.child}),
@@ -227,10 +241,13 @@ class WaitStep(StepSpec):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DelayStep(StepSpec):
-    """The run sleeps (durably) ``delay_seconds`` here (``delay()``)."""
+    """The run sleeps (durably) ``delay_seconds`` here (``delay()``), or until the time
+    :attr:`until` names or :attr:`until_from` returns (``delay_until()``)."""
 
     kind: ClassVar[str] = "delay"
     delay_seconds: float
+    until: str | None = None
+    until_from: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -292,6 +309,14 @@ class WaitWorkflowsStep(StepSpec):
 
 S = TypeVar("S", bound=StepSpec)
 
+
+def timing_of(step: StepSpec) -> WaitSpec | WaitWorkflowsSpec | None:
+    """The options of a wait step that say when it times out and reminds (a signal wait's
+    or a workflow wait's, which have the same ones); ``None`` for a step that is no wait."""
+    if step.wait is not None:
+        return step.wait
+    return step.workflows
+
 #: The class of each step kind.
 STEP_KINDS: dict[str, type[StepSpec]] = {cls.kind: cls for cls in (
     TaskStep, WaitStep, DelayStep, ParallelStep, ForEachStep, RepeatStep, ChildStep, StartStep,
@@ -301,7 +326,7 @@ STEP_KINDS: dict[str, type[StepSpec]] = {cls.kind: cls for cls in (
 _OWN: dict[str, frozenset[str]] = {
     kind: frozenset(f.name for f in fields(cls)) - {f.name for f in fields(StepSpec)}
     for kind, cls in STEP_KINDS.items()}
-_OPTIONAL = frozenset({"routes", "default_route"})
+_OPTIONAL = frozenset({"routes", "default_route", "until", "until_from"})
 
 
 def _kind_fields(data: dict[str, Any]) -> dict[str, Any]:
@@ -314,6 +339,8 @@ def _kind_fields(data: dict[str, Any]) -> dict[str, Any]:
         "routes": data.get("routes"),
         "default_route": data.get("default_route"),
         "delay_seconds": data.get("delay_seconds"),
+        "until": data.get("until"),
+        "until_from": data.get("until_from"),
         "fanout": FanOutSpec.from_dict(fanout_) if fanout_ else None,
         "repeat": data.get("repeat"),
         "child": data.get("child"),
@@ -376,7 +403,8 @@ class WorkflowSpec:
     def _check_routes(self) -> None:
         """Refuse route targets that name no step, and steps no path can reach."""
         for step in self.steps:
-            target = step.wait.timeout_target if step.wait is not None else None
+            timed = timing_of(step)
+            target = None if timed is None else timed.timeout_target
             if target is not None and target not in self._index:
                 raise exceptions.WorkflowDefinitionError(
                     f"Wait {step.name!r} of workflow {self.name!r} has on_timeout={target!r}, "
@@ -408,8 +436,9 @@ class WorkflowSpec:
                 continue
             reached.add(position)
             step = self.steps[position]
-            if step.wait is not None and step.wait.timeout_target is not None:
-                todo.append(self._index[step.wait.timeout_target])
+            timed = timing_of(step)
+            if timed is not None and timed.timeout_target is not None:
+                todo.append(self._index[timed.timeout_target])
             if step.routes is not None:
                 todo += [self._index[t] for t in step.routes.values()]
                 if step.default_route:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from queuety import exceptions
-from queuety.core import fanout
+from queuety.core import fanout, waits
 from queuety.core.status import RunStatus
 
 ALL, ANY, QUORUM = "all", "any", "quorum"
@@ -99,8 +99,19 @@ class WaitWorkflowsSpec:
     mode: str = ALL
     quorum: int | None = None
     result_key: str | None = None
+    timeout: float | None = None
+    """Seconds the run waits before the sweeper settles the wait by timeout (None: forever);
+    the runs it waited for go on either way."""
+    on_timeout: str = waits.ON_TIMEOUT_FAIL
+    """What a timeout does: ``fail`` the run, ``continue`` to the next step, or a step name
+    to jump to (as on signal waits)."""
+    remind_after: float | None = None
+    """Seconds after the run parks here before its first reminder."""
+    remind_every: float | None = None
+    """Seconds between reminders while the run stays parked here."""
 
     def __post_init__(self) -> None:
+        waits.check_timing(self.timeout, self.on_timeout, self.remind_after, self.remind_every)
         sources = [s for s in (self.ids, self.state_key, self.group) if s is not None]
         if len(sources) != 1:
             raise exceptions.WorkflowDefinitionError(
@@ -129,7 +140,14 @@ class WaitWorkflowsSpec:
         """Return the JSON form."""
         return {"ids": None if self.ids is None else list(self.ids),
                 "state_key": self.state_key, "group": self.group, "mode": self.mode,
-                "quorum": self.quorum, "result_key": self.result_key}
+                "quorum": self.quorum, "result_key": self.result_key,
+                **waits.timing_dict(self.timeout, self.on_timeout, self.remind_after,
+                                    self.remind_every)}
+
+    @property
+    def timeout_target(self) -> str | None:
+        """The step a timeout jumps to, when ``on_timeout`` names one."""
+        return waits.jump_target(self.on_timeout)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> WaitWorkflowsSpec:

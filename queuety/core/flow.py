@@ -9,6 +9,7 @@ budget, when a failed child run is started again, and the one shape of a failed 
 from __future__ import annotations
 
 from dataclasses import replace
+from datetime import datetime
 from typing import Any
 
 from queuety import exceptions
@@ -159,3 +160,43 @@ def child_restart_delay(step: StepSpec, child_status: str, child_error: dict[str
             (child_error or {}).get("type") in FINAL_CHILD_ERRORS:
         return None
     return retry_delay(step.retry, failure, child_attempt)
+
+
+def aware_time(when: Any, what: str) -> datetime:
+    """Return ``when`` if it is a time-zone-aware datetime (``what`` says where it came from,
+    for the error).
+
+    Raises:
+        WorkflowDefinitionError: ``when`` is naive, or no datetime at all.
+    """
+    if not isinstance(when, datetime):
+        raise exceptions.WorkflowDefinitionError(
+            f"{what} must be a datetime with a time zone (got {type(when).__name__} "
+            f"{when!r}).")
+    if when.tzinfo is None or when.utcoffset() is None:
+        raise exceptions.WorkflowDefinitionError(
+            f"{what} is the naive datetime {when.isoformat()}, which names no instant; give "
+            "it a time zone (datetime(..., tzinfo=ZoneInfo('Europe/Paris')), "
+            "django.utils.timezone.make_aware(...) or datetime.now(UTC)).")
+    return when
+
+
+def delay_seconds(step: StepSpec, state: dict[str, Any], now: datetime, run_id: int) -> float:
+    """How long a run landing on the ``delay`` step ``step`` at ``now`` sleeps there: its
+    ``delay()`` duration, or the time until its ``delay_until()`` time (0 when that has
+    passed), which its callable computes from the run's public ``state``.
+
+    Raises:
+        InvalidStepOutput: the callable returned no aware datetime.
+    """
+    if step.until is not None:
+        return max(0.0, (datetime.fromisoformat(step.until) - now).total_seconds())
+    if step.until_from is None:
+        return float(step.delay_seconds or 0.0)
+    returned = import_path(step.until_from)(dict(state))
+    try:
+        when = aware_time(returned, f"The time {step.until_from}(state) returned for "
+                                    f"delay_until step {step.name!r} of run {run_id}")
+    except exceptions.WorkflowDefinitionError as error:
+        raise exceptions.InvalidStepOutput(str(error)) from None
+    return max(0.0, (when - now).total_seconds())

@@ -142,6 +142,9 @@ def handler_refs(spec: WorkflowSpec, within: str = "") -> list[HandlerRef]:
         elif step.repeat is not None and step.repeat.get("condition"):
             refs.append(HandlerRef(step.repeat["condition"], Need.CONDITION,
                                    f"The condition of repeat step {name}{within}"))
+        elif step.until_from is not None:  # called as callable(state), as a condition is
+            refs.append(HandlerRef(step.until_from, Need.CONDITION,
+                                   f"The time of delay_until step {name}{within}"))
         if step.compensation:
             refs.append(HandlerRef(step.compensation, Need.CLEANUP,
                                    f"The compensation of step {name}{within}"))

@@ -43,6 +43,7 @@ from queuety.core.definition import (
     WaitStep,
     WaitWorkflowsStep,
     WorkflowSpec,
+    timing_of,
 )
 from queuety.core.status import RunStatus
 from queuety.core.transition import Transition, transition
@@ -83,6 +84,8 @@ class RunView:
     migration: dict[str, Any] | None = None
     """A move onto another definition asked for while the run was mid-step (the row's
     ``migration``): the applier makes it before planning (``queuety.runtime.moves``)."""
+    reminder: Reminder | None = None
+    """The reminders of the wait the run is parked (or paused) at, as locked."""
 
     def after(self, moved: Transition) -> RunView:
         """This view with the state and counters of the caller's transition."""
@@ -124,6 +127,18 @@ def mode_of(status: str) -> Mode:
 
 
 # -- what the plan decides --------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class Reminder:
+    """The reminders of the wait a run is parked at: the run row's ``remind_at``,
+    ``waiting_since`` and ``reminders`` (how many were sent)."""
+
+    due: datetime | None
+    """When the next one is due (``None``: none is left to send)."""
+    since: datetime
+    """When the run parked at the wait."""
+    sent: int = 0
+
 
 @dataclass(frozen=True, slots=True)
 class Note:
@@ -240,6 +255,9 @@ class Landing:
     entry: Entry | None
     failure: FailAtWait | None = None
     """When set, the run fails at a wait instead (the effects before it still apply)."""
+    reminder: Reminder | None = None
+    """The reminders of the wait the run parks (or stays paused) at; ``None`` clears them,
+    in the write that ends the wait."""
 
 
 # -- the plan ---------------------------------------------------------------------------------
@@ -259,6 +277,7 @@ class _Cursor:
     groups: dict[str, list[int]] | None = None
     status: str = RunStatus.RUNNING
     expires_at: datetime | None = None
+    reminder: Reminder | None = None
     items: list[Any] | None = None
     notes: list[Note] = field(default_factory=list)
     effects: list[Effect] = field(default_factory=list)
@@ -341,7 +360,7 @@ def _landing(spec: WorkflowSpec, cursor: _Cursor, failure: FailAtWait | None = N
     entry = None if failure is not None else _entry(spec, cursor)
     return Landing(cursor.status, cursor.index, cursor.state, cursor.usage, cursor.writes,
                    cursor.loops, cursor.groups, _expiry(spec, cursor), tuple(cursor.notes),
-                   tuple(cursor.effects), entry, failure)
+                   tuple(cursor.effects), entry, failure, _reminder(spec, cursor))
 
 
 def _entry(spec: WorkflowSpec, cursor: _Cursor) -> Entry | None:
@@ -359,27 +378,69 @@ def _entry(spec: WorkflowSpec, cursor: _Cursor) -> Entry | None:
         case ParallelStep() | ForEachStep():
             return FanOut(cursor.index, None if cursor.items is None else tuple(cursor.items))
         case DelayStep():
-            return DelayRow(cursor.index, step.delay_seconds)
+            return DelayRow(cursor.index, flow.delay_seconds(step, cursor.state, cursor.now,
+                                                             cursor.view.run_id))
     return TaskRow(cursor.index, published=True)
 
 
-def timed_wait(spec: WorkflowSpec, index: int | None) -> float | None:
-    """The timeout of the wait at ``index``, if it is a signal wait with a timeout."""
+def _timing(spec: WorkflowSpec, index: int | None
+            ) -> waits.WaitSpec | dependencies.WaitWorkflowsSpec | None:
+    """The timeout and reminder options of the wait at ``index`` (``None``: no wait)."""
     if index is None or index >= len(spec.steps):
         return None
-    step = spec.steps[index]
-    return step.wait.timeout if isinstance(step, WaitStep) else None
+    return timing_of(spec.steps[index])
+
+
+def timed_wait(spec: WorkflowSpec, index: int | None) -> float | None:
+    """The timeout of the wait at ``index``, if it is a wait (on signals or on runs) with a
+    timeout."""
+    timing = _timing(spec, index)
+    return None if timing is None else timing.timeout
+
+
+#: The statuses of a run parked at a wait.
+_PARKED = (RunStatus.WAITING_FOR_SIGNAL, RunStatus.WAITING_FOR_WORKFLOWS)
 
 
 def _expiry(spec: WorkflowSpec, cursor: _Cursor) -> datetime | None:
     """The run's ``wait_expires_at``: its timed wait's, when parked at one; a paused run keeps
     the expiry of the timed wait it is paused at (resume parks it there again, and a timeout
     that passed meanwhile then fires); any other run has none."""
-    if cursor.status == RunStatus.WAITING_FOR_SIGNAL:
+    if cursor.status in _PARKED:
         return cursor.expires_at
     if cursor.status != RunStatus.PAUSED or timed_wait(spec, cursor.index) is None:
         return None
     return cursor.view.wait_expires_at
+
+
+def _reminder(spec: WorkflowSpec, cursor: _Cursor) -> Reminder | None:
+    """The run's reminders, as :func:`_expiry` its expiry: those of the wait it parks at; a
+    paused run keeps those of the wait it is paused at (no reminder is sent while it is
+    paused: the sweeper reminds parked runs only); any other run has none."""
+    if cursor.status in _PARKED:
+        return cursor.reminder
+    timing = _timing(spec, cursor.index)
+    if cursor.status != RunStatus.PAUSED or timing is None \
+            or waits.first_reminder(timing.remind_after, timing.remind_every) is None:
+        return None
+    return cursor.view.reminder
+
+
+def _park_timing(spec: WorkflowSpec, cursor: _Cursor, staying: bool) -> None:
+    """Set the expiry and the reminders of the wait the cursor parks at: a run that stays
+    at its wait keeps them (a signal that did not settle it, a resume, one of several runs
+    finishing); one that arrives there starts them afresh."""
+    timing = _timing(spec, cursor.at)
+    if timing is None:
+        return
+    if timing.timeout is not None:
+        kept = cursor.view.wait_expires_at if staying else None
+        cursor.expires_at = kept or cursor.now + timedelta(seconds=timing.timeout)
+    first = waits.first_reminder(timing.remind_after, timing.remind_every)
+    if first is not None:
+        kept_reminder = cursor.view.reminder if staying else None
+        cursor.reminder = kept_reminder or Reminder(cursor.now + timedelta(seconds=first),
+                                                    cursor.now)
 
 
 # -- the visits, one per no-worker kind ------------------------------------------------------
@@ -471,10 +532,13 @@ def _visit_workflow_wait(spec: WorkflowSpec, cursor: _Cursor, facts: Facts,
     except exceptions.InvalidStepOutput as error:
         return _fail_at(cursor, step, error)
     if found.verdict == fanout.PENDING:
+        _park_timing(spec, cursor, _staying(cursor))
         cursor.status = RunStatus.WAITING_FOR_WORKFLOWS
         cursor.effects.append(Depend(index, tuple(found.remaining)))
+        expires = {} if cursor.expires_at is None else {
+            "expires_at": cursor.expires_at.isoformat()}
         cursor.note("workflow_waiting", step, {"waiting_for": [str(i) for i in ids],
-                                               **found.details})
+                                               **found.details, **expires})
         cursor.effects.append(_waiting(spec, cursor, step, list(ids), "workflows"))
         return _STOP
     if found.verdict == fanout.IMPOSSIBLE:
@@ -519,10 +583,7 @@ def _park_at_signal(spec: WorkflowSpec, cursor: _Cursor, step: WaitStep,
     wait = step.wait
     cursor.status = RunStatus.WAITING_FOR_SIGNAL
     staying = _staying(cursor)
-    timeout = timed_wait(spec, cursor.at)
-    if timeout is not None:
-        kept = cursor.view.wait_expires_at if staying else None
-        cursor.expires_at = kept or cursor.now + timedelta(seconds=timeout)
+    _park_timing(spec, cursor, staying)
     expires = {} if cursor.expires_at is None else {"expires_at": cursor.expires_at.isoformat()}
     cursor.note("workflow_waiting", step, {"waiting_for": list(wait.signals),
                                            "matched": result.matched, **expires})
@@ -539,7 +600,7 @@ def _staying(cursor: _Cursor) -> bool:
     a timeout jumping to it, its first visit."""
     view = cursor.view
     return (view.current_step == cursor.index and view.transitions == cursor.usage.transitions
-            and view.status in (RunStatus.WAITING_FOR_SIGNAL, RunStatus.PAUSED))
+            and view.status in (*_PARKED, RunStatus.PAUSED))
 
 
 def _settle_wait(spec: WorkflowSpec, cursor: _Cursor, step: StepSpec, output: dict[str, Any],

@@ -12,7 +12,7 @@ import json
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import jsonschema
@@ -61,6 +61,10 @@ class WaitSpec:
     on_timeout: str = ON_TIMEOUT_FAIL
     """What a timeout does: ``fail`` the run, ``continue`` to the next step, or a step name
     to jump to."""
+    remind_after: float | None = None
+    """Seconds after the run parks here before its first reminder (see :func:`first_reminder`)."""
+    remind_every: float | None = None
+    """Seconds between reminders while the run stays parked here."""
 
     def __post_init__(self) -> None:
         if not self.signals or not all(isinstance(s, str) and s.strip() for s in self.signals):
@@ -81,25 +85,12 @@ class WaitSpec:
             )
         if self.schema is not None:
             check_schema(self.schema)
-        if self.timeout is not None and (isinstance(self.timeout, bool) or not isinstance(
-                self.timeout, int | float) or not 0 < self.timeout < math.inf):
-            raise exceptions.WorkflowDefinitionError(
-                f"A wait's timeout must be a positive number of seconds or a timedelta "
-                f"(got {self.timeout!r}).")
-        if not isinstance(self.on_timeout, str) or not self.on_timeout.strip():
-            raise exceptions.WorkflowDefinitionError(
-                f"on_timeout must be 'fail', 'continue' or the name of a step (got "
-                f"{self.on_timeout!r}).")
-        if self.timeout is None and self.on_timeout != ON_TIMEOUT_FAIL:
-            raise exceptions.WorkflowDefinitionError(
-                f"on_timeout={self.on_timeout!r} is given without a timeout; add "
-                "timeout=timedelta(...) to the wait, or drop on_timeout.")
+        check_timing(self.timeout, self.on_timeout, self.remind_after, self.remind_every)
 
     @property
     def timeout_target(self) -> str | None:
         """The step a timeout jumps to, when ``on_timeout`` names one."""
-        return None if self.on_timeout in (ON_TIMEOUT_FAIL, ON_TIMEOUT_CONTINUE) \
-            else self.on_timeout
+        return jump_target(self.on_timeout)
 
     def to_dict(self) -> dict[str, Any]:
         """Return the JSON form stored in the definition."""
@@ -107,8 +98,8 @@ class WaitSpec:
             "signals": list(self.signals), "mode": self.mode, "result_key": self.result_key,
             "match_payload": self.match_payload, "correlation_key": self.correlation_key,
             "human": self.human, "decision": dict(self.decision), "schema": self.schema}
-        if self.timeout is not None:  # absent otherwise: older definitions keep their hash
-            data.update(timeout=self.timeout, on_timeout=self.on_timeout)
+        data.update(timing_dict(self.timeout, self.on_timeout, self.remind_after,
+                                self.remind_every))
         return data
 
     @classmethod
@@ -119,6 +110,93 @@ class WaitSpec:
 
 #: What ``timeout=`` takes: a timedelta, seconds, or None for no timeout.
 Timeout = timedelta | float | int | None
+
+
+def _positive_seconds(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, int | float) \
+        and 0 < value < math.inf
+
+
+def jump_target(on_timeout: str) -> str | None:
+    """The step a wait's timeout jumps to, when ``on_timeout`` names one."""
+    return None if on_timeout in (ON_TIMEOUT_FAIL, ON_TIMEOUT_CONTINUE) else on_timeout
+
+
+def check_timing(timeout: float | None, on_timeout: str, remind_after: float | None,
+                 remind_every: float | None) -> None:
+    """Refuse a wait's timeout and reminder options that cannot work (every wait kind has
+    them: signal waits and workflow waits alike).
+
+    Raises:
+        WorkflowDefinitionError: a duration is not a positive number of seconds, or
+            ``on_timeout`` is blank or given without a timeout.
+    """
+    for option, value in (("timeout", timeout), ("remind_after", remind_after),
+                          ("remind_every", remind_every)):
+        if value is not None and not _positive_seconds(value):
+            raise exceptions.WorkflowDefinitionError(
+                f"A wait's {option} must be a positive number of seconds or a timedelta "
+                f"(got {value!r}).")
+    if not isinstance(on_timeout, str) or not on_timeout.strip():
+        raise exceptions.WorkflowDefinitionError(
+            f"on_timeout must be 'fail', 'continue' or the name of a step (got "
+            f"{on_timeout!r}).")
+    if timeout is None and on_timeout != ON_TIMEOUT_FAIL:
+        raise exceptions.WorkflowDefinitionError(
+            f"on_timeout={on_timeout!r} is given without a timeout; add "
+            "timeout=timedelta(...) to the wait, or drop on_timeout.")
+
+
+def timing_dict(timeout: float | None, on_timeout: str, remind_after: float | None,
+                remind_every: float | None) -> dict[str, Any]:
+    """The JSON of a wait's timeout and reminders: only the options that are set, so the
+    definitions that set none keep their hashes."""
+    data: dict[str, Any] = {}
+    if timeout is not None:
+        data.update(timeout=timeout, on_timeout=on_timeout)
+    if remind_after is not None:
+        data["remind_after"] = remind_after
+    if remind_every is not None:
+        data["remind_every"] = remind_every
+    return data
+
+
+def wait_timing(step_name: str, timeout: Timeout, on_timeout: str | None,
+                remind_after: Timeout = None, remind_every: Timeout = None) -> dict[str, Any]:
+    """The ``timeout``, ``on_timeout``, ``remind_after`` and ``remind_every`` options of a
+    wait (durations in seconds), from the builder's arguments; only those given.
+
+    Raises:
+        WorkflowDefinitionError: a duration is not a positive timedelta or number.
+    """
+    options = wait_timeout(step_name, timeout, on_timeout)
+    for option, value in (("remind_after", remind_after), ("remind_every", remind_every)):
+        if value is None:
+            continue
+        seconds = value.total_seconds() if isinstance(value, timedelta) else value
+        if not _positive_seconds(seconds):
+            raise exceptions.WorkflowDefinitionError(
+                f"{option} of wait {step_name!r} must be a positive timedelta or number of "
+                f"seconds (got {value!r}).")
+        options[option] = float(seconds)
+    return options
+
+
+def first_reminder(remind_after: float | None, remind_every: float | None) -> float | None:
+    """Seconds from parking to a wait's first reminder: ``remind_after``, else
+    ``remind_every``; ``None`` when the wait has no reminders."""
+    return remind_after if remind_after is not None else remind_every
+
+
+def next_reminder(due: datetime, now: datetime, remind_every: float | None
+                  ) -> datetime | None:
+    """When the reminder after the one due at ``due`` (sent at ``now``) is due: one
+    ``remind_every`` later, but never in the past (a sweep that came late sends one
+    reminder, not a burst); ``None`` when the wait does not repeat them."""
+    if remind_every is None:
+        return None
+    following = due + timedelta(seconds=remind_every)
+    return following if following > now else now + timedelta(seconds=remind_every)
 
 
 def wait_timeout(step_name: str, timeout: Timeout, on_timeout: str | None) -> dict[str, Any]:

@@ -11,6 +11,7 @@ one floor do not import each other):
 - ``recovery``: a dead worker's attempt (recorded by the worker's main process; the sweeper
   uses its ``interruption`` to say why it recovers a lost one);
 - ``expiry``: a wait whose timeout passed, settled exactly once (sweeper and replies);
+- ``reminders``: a wait's due reminder, sent once (a compare-and-set claim of the run row);
 - ``outcome``: record a success (one statement, transient errors retried) or a failure;
 - ``settle``: fan-out joins, and runs woken because the runs they wait for finished;
 - ``lane``: the I/O lane: step bodies on a shared event loop or in abandoned threads;

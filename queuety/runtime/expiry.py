@@ -14,14 +14,21 @@ from __future__ import annotations
 
 import logging
 from datetime import datetime
+from typing import Any
 
 from django.db import transaction
 
 from queuety import exceptions
 from queuety.core import flow, waits
-from queuety.core.definition import WaitStep, WorkflowSpec
+from queuety.core.definition import (
+    StepSpec,
+    WaitStep,
+    WaitWorkflowsStep,
+    WorkflowSpec,
+    timing_of,
+)
 from queuety.core.transition import transition
-from queuety.models import Event, RunStatus, WorkflowRun
+from queuety.models import Event, RunStatus, WorkflowDependency, WorkflowRun
 from queuety.runtime.finish import fail_at_wait
 from queuety.runtime.landing import land
 from queuety.store import rows
@@ -31,12 +38,14 @@ logger = logging.getLogger("queuety")
 
 #: The run columns a timeout reads under the lock.
 EXPIRY_FIELDS = rows.RUN_VIEW_FIELDS
+#: The statuses of a run parked at a wait that may time out: on signals, or on other runs.
+TIMED_STATUSES = (RunStatus.WAITING_FOR_SIGNAL, RunStatus.WAITING_FOR_WORKFLOWS)
 
 
 def is_expired(run: WorkflowRun, now: datetime) -> bool:
     """True if ``run`` (read with :data:`EXPIRY_FIELDS`) is parked at a wait whose timeout
     has passed."""
-    return (run.status == RunStatus.WAITING_FOR_SIGNAL and run.wait_expires_at is not None
+    return (run.status in TIMED_STATUSES and run.wait_expires_at is not None
             and run.wait_expires_at <= now)
 
 
@@ -58,20 +67,25 @@ def settle_by_timeout(spec: WorkflowSpec, run: WorkflowRun, now: datetime) -> st
     ``fail`` fails the run with :class:`WaitExpired`; ``continue`` and a step name settle the
     wait as a transition that merges :func:`queuety.core.waits.timeout_output` (and consumes
     no signal), then move to the next step or the named one. A ``wait_timed_out`` event
-    records it either way.
+    records it either way. A workflow wait's awaited runs are left alone: they keep running
+    (its dependency rows go, so their end no longer wakes this run).
     """
     index = run.current_step
-    step = spec.step_of(index, WaitStep)
-    wait = step.wait
-    assert wait.timeout is not None, f"step {step.name!r} has no timeout"
+    step = spec.steps[index]
+    wait = timing_of(step)
+    assert wait is not None and wait.timeout is not None, f"step {step.name!r} has no timeout"
+    if isinstance(step, WaitWorkflowsStep):
+        WorkflowDependency.objects.filter(run_id=run.pk).delete()
     expired_at = run.wait_expires_at
     details = {"expires_at": None if expired_at is None else expired_at.isoformat(),
                "timeout_seconds": wait.timeout, "on_timeout": wait.on_timeout}
     view = rows.run_view(run, now)
     usage = view.usage
     if wait.on_timeout == waits.ON_TIMEOUT_FAIL:
+        missing = "no reply came" if isinstance(step, WaitStep) \
+            else "the runs it waits for did not finish"
         error = exceptions.WaitExpired(
-            run.pk, f"Wait {step.name!r} of run {run.pk} timed out: no reply came within "
+            run.pk, f"Wait {step.name!r} of run {run.pk} timed out: {missing} within "
                     f"{wait.timeout:g}s (it expired at {details['expires_at']}), and its "
                     "on_timeout is 'fail'.")
         event = Event(run_id=run.pk, kind="wait_timed_out", step_index=index,
@@ -80,7 +94,7 @@ def settle_by_timeout(spec: WorkflowSpec, run: WorkflowRun, now: datetime) -> st
         return fail_at_wait(spec, run.pk, index, run.state, usage, now, [event],
                             flow.failure_record(error, step=step.name, step_index=index,
                                                 attempt=None, max_attempts=None, **details))
-    output = waits.timeout_output(wait)
+    output = _timeout_output(step)
     target = spec.next_index(index) if wait.timeout_target is None \
         else spec.index_of(wait.timeout_target)
     # Only the output's public keys are merged and counted, as when a signal settles the
@@ -106,11 +120,21 @@ def settle_by_timeout(spec: WorkflowSpec, run: WorkflowRun, now: datetime) -> st
                                                 attempt=None, max_attempts=None))
 
 
+def _timeout_output(step: StepSpec) -> dict[str, Any]:
+    """What a wait settled by its timeout merges: a signal wait's
+    :func:`~queuety.core.waits.timeout_output`; for a workflow wait, its ``result_key`` set to
+    ``None`` (nothing without one)."""
+    if isinstance(step, WaitStep):
+        return waits.timeout_output(step.wait)
+    result_key = step.workflows.result_key if step.workflows is not None else None
+    return {} if result_key is None else {result_key: None}
+
+
 def expire_due(now: datetime, limit: int = 100) -> int:
     """The sweeper's phase: settle up to ``limit`` expired waits, oldest first; return how
     many. One bad run never stops the others (it is logged and tried again next sweep)."""
     due = list(WorkflowRun.objects.filter(
-        status=RunStatus.WAITING_FOR_SIGNAL, wait_expires_at__lte=now,
+        status__in=TIMED_STATUSES, wait_expires_at__lte=now,
     ).order_by("wait_expires_at").values_list("pk", flat=True)[:limit])
     settled = 0
     for run_id in due:

@@ -78,7 +78,8 @@ def fail_run(spec: WorkflowSpec | None, run_id: int, error: dict[str, Any], now:
     # a retry runs the step again on the definition the run has.
     failed = WorkflowRun.objects.filter(pk=run_id, status__in=statuses).update(
         status=RunStatus.FAILED, error=error, finished_at=now, updated_at=now,
-        revision=F("revision") + 1, migration=None, **(changes or {}))
+        revision=F("revision") + 1, migration=None, remind_at=None,
+        **(changes or {}))
     if not failed:
         Event.objects.bulk_create(events)
         return False

@@ -173,12 +173,21 @@ def _columns(spec: WorkflowSpec, planned: landing.Landing, now: datetime) -> dic
         "cost_units": usage.cost_units, "started_workflows": usage.started_workflows,
         "revision": F("revision") + 1, "updated_at": now, "status": planned.status,
         "wait_expires_at": planned.wait_expires_at,
+        **_reminder_columns(planned.reminder),
         **({} if planned.loops is None else {"loops": planned.loops}),
         **({} if planned.groups is None else {"groups": planned.groups}),
         **({} if planned.writes is None else {"state_writes": planned.writes}),
         **({"current_step": planned.index} if planned.index is not None
            else {"current_step": len(spec.steps), "finished_at": now}),
     }
+
+
+def _reminder_columns(reminder: landing.Reminder | None) -> dict[str, Any]:
+    """The run row's reminder columns: cleared in the write that ends (or leaves) a wait."""
+    if reminder is None:
+        return {"remind_at": None, "waiting_since": None, "reminders": 0}
+    return {"remind_at": reminder.due, "waiting_since": reminder.since,
+            "reminders": reminder.sent}
 
 
 # -- the effects before the run row is written ------------------------------------------------

@@ -29,6 +29,7 @@ from queuety.runtime.expiry import expire_due
 from queuety.runtime.finish import fail_run, fail_unloadable
 from queuety.runtime.outcome import record_failure
 from queuety.runtime.recovery import interruption
+from queuety.runtime.reminders import remind_due
 from queuety.runtime.settle import resume_waiting
 from queuety.store import groups, rows
 from queuety.store.definitions import load_spec
@@ -47,7 +48,8 @@ LOCK_WAIT = 2.0
 def sweep(now: datetime | None = None,
           still_held: Callable[[], bool] | None = None) -> dict[str, int]:
     """Recover lost attempts and re-publish due steps whose message may be lost; also wake
-    runs whose wake-up was lost, settle waits whose timeout passed, fail runs past their
+    runs whose wake-up was lost, settle waits whose timeout passed, send the reminders of
+    waits that are due, fail runs past their
     deadline and purge old finished runs.
 
     ``still_held`` is asked before each phase (it renews the sweeper's lease): False stops
@@ -60,7 +62,8 @@ def sweep(now: datetime | None = None,
     phases: tuple[tuple[str, Callable[[datetime], int]], ...] = (
         ("workers", recover_lost_workers), ("recovered", recover_lost),
         ("throttled", wake_throttled), ("republished", republish_due),
-        ("parents", wake_parents), ("expired", expire_due), ("overdue", fail_overdue),
+        ("parents", wake_parents), ("expired", expire_due), ("reminded", remind_due),
+        ("overdue", fail_overdue),
         ("purged", purge_finished), ("webhooks", webhooks.recover))
     for name, phase in phases:
         if still_held is not None and not _held(still_held, name):

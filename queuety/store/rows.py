@@ -34,7 +34,7 @@ from django.db.models.functions import Now
 from queuety import exceptions
 from queuety.core.budget import Usage
 from queuety.core.definition import WorkflowSpec
-from queuety.core.landing import RunView
+from queuety.core.landing import Reminder, RunView
 from queuety.core.status import LIVE, LIVE_OR_HELD
 from queuety.models import RunStatus, StepRun, StepStatus, Worker, WorkflowRun
 from queuety.store import sql
@@ -308,7 +308,7 @@ BOUNDARY_FIELDS = ("name", "definition_id", "status", "state", "current_step", "
 
 #: The columns a landing reads of the run it moves (:func:`run_view`): lock with these.
 RUN_VIEW_FIELDS = (*BOUNDARY_FIELDS, "wait_expires_at", "state_writes", "loops", "groups",
-                   "migration")
+                   "migration", "remind_at", "waiting_since", "reminders")
 
 
 def run_view(run: WorkflowRun, now: datetime) -> RunView:
@@ -325,7 +325,14 @@ def run_view(run: WorkflowRun, now: datetime) -> RunView:
                          "landing reads; lock it with fields=rows.RUN_VIEW_FIELDS.")
     return RunView(run.pk, run.status, run.current_step, run.transitions, run.wait_expires_at,
                    run.state, usage_of(run), dict(run.state_writes or {}), dict(run.loops or {}),
-                   dict(run.groups or {}), now, run.migration)
+                   dict(run.groups or {}), now, run.migration, reminder_of(run))
+
+
+def reminder_of(run: WorkflowRun) -> Reminder | None:
+    """The reminders of the wait ``run`` is parked at, as its row holds them."""
+    if run.waiting_since is None:
+        return None
+    return Reminder(run.remind_at, run.waiting_since, run.reminders)
 
 
 def usage_of(run: WorkflowRun) -> Usage:
