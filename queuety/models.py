@@ -120,9 +120,10 @@ class WorkflowRun(models.Model):
             # A keyed start reads only the live runs of its key.
             models.Index(fields=["name", "key", "id"], name="queuety_run_key_live",
                          condition=Q(key__isnull=False, status__in=list(UNFINISHED))),
-            # The same for runs parked at a workflow wait with a timeout.
-            models.Index(fields=["wait_expires_at"], name="queuety_run_workflow_expiry",
-                         condition=Q(status="waiting_for_workflows",
+            # The sweeper's expiry scan reads parked runs of both timed waits in one query
+            # (its IN-list must match the predicate for PostgreSQL to use the index).
+            models.Index(fields=["wait_expires_at"], name="queuety_run_timed_expiry",
+                         condition=Q(status__in=["waiting_for_signal", "waiting_for_workflows"],
                                      wait_expires_at__isnull=False)),
             # The sweeper's reminder scan reads only parked runs with a reminder due some day.
             models.Index(fields=["remind_at"], name="queuety_run_remind",

@@ -187,13 +187,20 @@ def delay_seconds(step: StepSpec, state: dict[str, Any], now: datetime, run_id: 
     passed), which its callable computes from the run's public ``state``.
 
     Raises:
-        InvalidStepOutput: the callable returned no aware datetime.
+        InvalidStepOutput: the callable raised, or returned no aware datetime.
     """
+    if now.tzinfo is None:  # USE_TZ = False: the server's local time
+        now = now.astimezone()
     if step.until is not None:
         return max(0.0, (datetime.fromisoformat(step.until) - now).total_seconds())
     if step.until_from is None:
         return float(step.delay_seconds or 0.0)
-    returned = import_path(step.until_from)(dict(state))
+    try:
+        returned = import_path(step.until_from)(dict(state))
+    except Exception as error:  # the site's function: its failure is the run's, not a crash
+        raise exceptions.InvalidStepOutput(
+            f"The function {step.until_from}(state) of delay_until step {step.name!r} of run "
+            f"{run_id} raised {type(error).__name__}: {error}.") from error
     try:
         when = aware_time(returned, f"The time {step.until_from}(state) returned for "
                                     f"delay_until step {step.name!r} of run {run_id}")

@@ -37,9 +37,10 @@ class Migration(migrations.Migration):
         AddIndexOnline(
             model_name="workflowrun",
             index=models.Index(
-                condition=models.Q(("status", "waiting_for_workflows"),
+                condition=models.Q(("status__in", ["waiting_for_signal",
+                                                   "waiting_for_workflows"]),
                                    ("wait_expires_at__isnull", False)),
-                fields=["wait_expires_at"], name="queuety_run_workflow_expiry"),
+                fields=["wait_expires_at"], name="queuety_run_timed_expiry"),
         ),
         AddIndexOnline(
             model_name="workflowrun",

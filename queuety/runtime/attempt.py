@@ -248,6 +248,10 @@ def _execute_transactional(held: Claim, spec: WorkflowSpec, context: StepContext
     try:
         with exactly_once.atomic_attempt(held, step.name, step.timeout):
             output = _run_body(step.name, held, step.handler, dict(held.state), context)
+            # The timeout bounds the body's statements, not the transition's: its wait for
+            # the run's row (a signal or a pause holding it) is no fault of the body.
+            if step.timeout is not None:
+                rows.limit_statements(None, reset=True)
             outcome = engine.advance(spec, held.run_id, held.state, held.step_index, output)
             _check_budget(spec, held, outcome)
             took = _ms_since(started)

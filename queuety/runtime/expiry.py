@@ -29,6 +29,7 @@ from queuety.core.definition import (
 )
 from queuety.core.transition import transition
 from queuety.models import Event, RunStatus, WorkflowDependency, WorkflowRun
+from queuety.runtime import settle
 from queuety.runtime.finish import fail_at_wait
 from queuety.runtime.landing import land
 from queuety.store import rows
@@ -56,6 +57,14 @@ def expire_wait(run_id: int, now: datetime) -> bool:
         run = rows.lock_run(run_id, fields=EXPIRY_FIELDS)
         if not is_expired(run, now):
             return False  # answered, cancelled or moved meanwhile: the reply won
+        if run.status == RunStatus.WAITING_FOR_WORKFLOWS:
+            # The awaited runs may all have finished before the deadline, their wake-up of
+            # this run not yet done (it is sent on their commit, or by a sweep): they win.
+            if settle.resume_waiting(run_id) != RunStatus.WAITING_FOR_WORKFLOWS:
+                return False
+            run = rows.lock_run(run_id, fields=EXPIRY_FIELDS)
+            if not is_expired(run, now):
+                return False
         settle_by_timeout(load_spec(run.definition_id), run, now)
         return True
 

@@ -228,15 +228,19 @@ def is_transient(error: BaseException) -> bool:
         ("08", "57P"))
 
 
-def limit_statements(seconds: float | None) -> None:
+def limit_statements(seconds: float | None, *, reset: bool = False) -> None:
     """Bound each statement of the current transaction to ``seconds`` on PostgreSQL
     (``SET LOCAL statement_timeout``, at least 1 ms); nothing elsewhere (SQLite has no such
-    limit) or without ``seconds``. Call it inside ``transaction.atomic()``: the limit ends
-    with the transaction."""
-    if seconds is None or connection.vendor != "postgresql":
+    limit) or without ``seconds``. With ``reset``, put the session's own limit back for the
+    rest of the transaction. Call it inside ``transaction.atomic()``: the limit ends with the
+    transaction."""
+    if connection.vendor != "postgresql" or (seconds is None and not reset):
         return
     with connection.cursor() as cursor:
-        cursor.execute(f"SET LOCAL statement_timeout = {max(1, round(seconds * 1000))}")
+        if seconds is None:
+            cursor.execute("SET LOCAL statement_timeout = DEFAULT")
+        else:
+            cursor.execute(f"SET LOCAL statement_timeout = {max(1, round(seconds * 1000))}")
 
 
 # -- runs -------------------------------------------------------------------------------------

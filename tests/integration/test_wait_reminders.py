@@ -278,3 +278,26 @@ def test_delay_until__a_callable_returning_a_naive_time_fails_the_step(worker, t
 def test_delay_until__a_naive_datetime_is_refused_when_the_workflow_is_built():
     with pytest.raises(queuety.WorkflowDefinitionError, match="naive datetime"):
         queuety.workflow("until_refused").delay_until(datetime(2030, 1, 1, 12, 0))
+
+
+def test_workflow_wait_timeout__children_that_finished_before_it_win_over_the_timeout(
+        worker, token, no_sweeps):
+    from queuety.runtime import expiry
+
+    child = queuety.workflow("wf_race_child").wait_for_signal("go").dispatch({"token": token})
+    run_id = (queuety.workflow("wf_race_parent")
+              .wait_for_workflows("ids", result_key="children", timeout=60, on_timeout="fail")
+              .then(workflows.step_b)
+              .dispatch({"token": token, "ids": [child]}))
+    wait_for(run_id, ("waiting_for_workflows",), worker=worker)
+    # The child finished before the deadline, but its wake-up of the parent has not run
+    # yet (it is sent on the child's commit, or by a sweep) when the deadline passes.
+    now = django_timezone.now()
+    WorkflowRun.objects.filter(pk=child).update(status="completed", finished_at=now)
+    WorkflowRun.objects.filter(pk=run_id).update(wait_expires_at=now - timedelta(seconds=1))
+
+    assert expiry.expire_wait(run_id, now) is False
+
+    done = wait_for(run_id, worker=worker)
+    assert done.status == "completed" and done.state["done_b"] is True
+    assert "wait_timed_out" not in kinds(run_id)

@@ -277,3 +277,20 @@ def test_delay_until__its_callable_is_a_handler_reference_checked_at_deploy():
     refs = handler_refs(delay_spec(tomorrow_noon))
     assert [(r.path, r.need) for r in refs if "delay_until" in r.where] == [
         (f"{__name__}.tomorrow_noon", Need.CONDITION)]
+
+
+
+def raises_for_delay(state):
+    return state["missing"]
+
+
+def test_delay_until__a_callable_that_raises_fails_the_landing_as_invalid_output():
+    with pytest.raises(exceptions.InvalidStepOutput, match=r"raised KeyError: 'missing'"):
+        plan(delay_spec(raises_for_delay), view(), 1, Facts(), NOW)
+
+
+def test_delay_until__a_naive_now_is_the_servers_local_time_not_a_type_error():
+    # USE_TZ = False: Django's now() is naive local time.
+    naive_now = NOW.astimezone().replace(tzinfo=None)
+    step = delay_spec(NOW + timedelta(hours=2)).steps[1]
+    assert flow.delay_seconds(step, {}, naive_now, 7) == pytest.approx(7200.0)
