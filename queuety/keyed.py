@@ -73,12 +73,7 @@ def signal_or_start(spec: WorkflowSpec, key: str, signal: str, payload: Any = No
     """
     options = keyed.flow_options(spec.name, key=key)
     assert options is not None
-    if not any(isinstance(step, WaitStep) and signal in step.wait.signals
-               for step in spec.steps):
-        raise exceptions.InvalidPayload(
-            f"No wait of workflow {spec.name!r} listens for signal {signal!r}, so "
-            f"signal_or_start() for key {key!r} would start a run that never uses it; nothing "
-            "was started.")
+    _check_listens(spec, key, signal)
     with transaction.atomic():
         keys.lock_key(spec.name, options.key)
         live = _active(spec.name, options.key)
@@ -87,6 +82,22 @@ def signal_or_start(spec: WorkflowSpec, key: str, signal: str, payload: Any = No
             spec, None, key=options.key).run_id
         receipt = inbox.send_signal(run_id, signal, payload, sent_by=sent_by)
     return SignalOrStart(run_id, started, receipt)
+
+
+def _check_listens(spec: WorkflowSpec, key: str, signal: str) -> None:
+    """Refuse a keyed start whose signal no wait of the workflow listens for."""
+    if not any(isinstance(step, WaitStep) and signal in step.wait.signals
+               for step in spec.steps):
+        raise exceptions.InvalidPayload(
+            f"No wait of workflow {spec.name!r} listens for signal {signal!r}, so "
+            f"a keyed start for key {key!r} would send a signal no run uses; nothing "
+            "was started.")
+
+
+def live_runs(workflow: str, key: str) -> list[int]:
+    """The ids of the unfinished (live or pending) runs of ``key`` of ``workflow``, oldest
+    first."""
+    return keys.live_runs(workflow, key)
 
 
 def _active(workflow: str, key: str) -> int | None:
@@ -108,7 +119,8 @@ def start(spec: WorkflowSpec, payload: dict[str, Any] | None, options: FlowOptio
 
 
 def start_run(spec: WorkflowSpec, payload: dict[str, Any] | None, options: FlowOptions, *,
-              idempotency_key: str | None = None) -> dispatch.Dispatched:
+              idempotency_key: str | None = None,
+              on_conflict: str = "report") -> dispatch.Dispatched:
     """:func:`start`, with ``reused`` True when the start wrote no new run: it joined a
     pending run (``debounce``, ``batch``), signalled a live one, or reused its idempotency key.
 
@@ -128,7 +140,7 @@ def start_run(spec: WorkflowSpec, payload: dict[str, Any] | None, options: FlowO
         if options.mode == "singleton":
             return _singleton(spec, payload, options)
         return dispatch.dispatch_run(spec, payload, idempotency_key=idempotency_key,
-                                     key=options.key)
+                                     on_conflict=on_conflict, key=options.key)
 
 
 def _check_fits(spec: WorkflowSpec, options: FlowOptions, idempotency_key: str | None) -> None:
@@ -137,6 +149,8 @@ def _check_fits(spec: WorkflowSpec, options: FlowOptions, idempotency_key: str |
             f"A start of workflow {spec.name!r} with {options.mode}= cannot take an "
             "idempotency_key too: the key already decides which starts share a run. Pass one "
             "of them.")
+    if options.mode == "singleton" and options.on_conflict == "signal":
+        _check_listens(spec, options.key, options.signal)
     delayed = options.mode in ("debounce", "batch") or options.on_conflict == "queue"
     if delayed and not lands_on_task(spec, 0):
         what = "on_conflict='queue'" if options.mode == "singleton" else f"{options.mode}="

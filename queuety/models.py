@@ -227,6 +227,11 @@ class StepRun(models.Model):
                 fields=["available_at"], name="queuety_step_due",
                 condition=Q(status="pending"),
             ),
+            # The sweeper's scan for queued keyed runs left held (runtime/finish.py).
+            models.Index(
+                fields=["id"], name="queuety_step_queued",
+                condition=Q(status="held", kind="step", seq=0),
+            ),
             models.Index(
                 fields=["heartbeat_at"], name="queuety_step_live",
                 condition=Q(status="processing"),

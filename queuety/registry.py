@@ -171,7 +171,8 @@ def start_run(name: str, payload: Any = None, *, idempotency_key: str | None = N
     if flow is not None:
         from queuety import keyed
 
-        started = keyed.start_run(entry.spec, payload, flow, idempotency_key=idempotency_key)
+        started = keyed.start_run(entry.spec, payload, flow, idempotency_key=idempotency_key,
+                                  on_conflict=on_conflict)
         return started.run_id, started.reused
     done = dispatch.dispatch_run(entry.spec, payload, idempotency_key=idempotency_key,
                                  on_conflict=on_conflict)

@@ -140,7 +140,9 @@ class StartRunPages:
                     name, form.cleaned_data["payload"],
                     idempotency_key=form.cleaned_data["idempotency_key"], on_conflict="error",
                     flow=form.flow(name))
-            except exceptions.RunConflict as error:
+            except (exceptions.RunConflict, exceptions.RunNotWaiting,
+                    exceptions.InvalidSignalData) as error:
+                # The key's live run refused it (busy, or not at a wait for the signal).
                 form.add_error(None, str(error))
             except (exceptions.InvalidPayload, exceptions.BudgetExceeded) as error:
                 form.add_error("payload", str(error))

@@ -13,7 +13,7 @@ from rest_framework.pagination import CursorPagination
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from queuety import exceptions, operations, quarantine, queries, registry, scope
+from queuety import exceptions, keyed, operations, quarantine, queries, registry, scope
 from queuety.api import exceptions as api_errors
 from queuety.api import serializers
 from queuety.api.views import (
@@ -123,6 +123,8 @@ class RunListView(RunAPIView):
                 "them).", "invalid_request", status.HTTP_400_BAD_REQUEST)
         key = body.get("idempotency_key")
         flow = _flow_of(name, body)
+        if flow is not None:
+            self._check_flow_owner(request, name, flow)
         try:
             # A key used for another workflow or payload is a 409, not that run's status.
             run_id, reused = registry.start_run(name, body.get("payload"),
@@ -143,12 +145,24 @@ class RunListView(RunAPIView):
                     "live; nothing was started.", "run_conflict",
                     status.HTTP_409_CONFLICT) from None
             raise
-        if reused and flow is None:
-            self._check_key_owner(request, key, run_id)
+        if reused:
+            if flow is None or flow.mode is None:
+                self._check_key_owner(request, key, run_id)
             self.get_run(run_id)  # the original run is answered only to who may see it
         run = queries.workflow_status(run_id).to_dict()
         return Response({"created": not reused, "run": run},
                         status=status.HTTP_200_OK if reused else status.HTTP_201_CREATED)
+
+    @staticmethod
+    def _check_flow_owner(request: Request, name: str, flow: FlowOptions) -> None:
+        """Refuse, before anything is written, a keyed start whose key has a live or pending
+        run outside the user's scope: it would fold into, signal or replace another tenant's
+        run. The answer names no run."""
+        if any(scope.find_run(request.user, run_id, "pk") is None
+               for run_id in keyed.live_runs(name, flow.key)):
+            raise api_errors.QueuetyAPIError(
+                f"A run of workflow {name!r} with key {flow.key!r} is still live; nothing was "
+                "started. Use another key.", "run_conflict", status.HTTP_409_CONFLICT)
 
     @staticmethod
     def _check_key_owner(request: Request, key: str | None, run_id: int) -> None:

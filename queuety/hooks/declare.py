@@ -155,6 +155,10 @@ def _check_action(where: str, start: Any, signal: Any, run: Any, key: Any,
         raise exceptions.WorkflowDefinitionError(
             f"{where}: signal= comes with run= (a function of the event returning the id of the "
             "run to signal) or with start= and key= (signal-with-start), not both or neither.")
+    if run is not None and key is not None:
+        raise exceptions.WorkflowDefinitionError(
+            f"{where}: key= is the run's key, for signal-with-start and flow control; with "
+            "run= the run is named already. Drop key= (event_id= gives the delivery's id).")
     given = [option for option, value in flow.items() if value is not None and value is not False]
     if given and (start is None or signal is not None and not flow.get("singleton")):
         raise exceptions.WorkflowDefinitionError(

@@ -30,4 +30,10 @@ class Migration(migrations.Migration):
                                                    "waiting_for_workflows", "paused"])),
                 fields=["name", "key", "id"], name="queuety_run_key_live"),
         ),
+        AddIndexOnline(
+            model_name="steprun",
+            index=models.Index(
+                condition=models.Q(("kind", "step"), ("seq", 0), ("status", "held")),
+                fields=["id"], name="queuety_step_queued"),
+        ),
     ]

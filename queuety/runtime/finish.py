@@ -47,15 +47,27 @@ def notify_finished(run_id: int) -> None:
         release_queued(*queued)
 
 
-def release_queued(run_id: int, step_run_id: int, definition_pk: int) -> None:
+def release_stranded(now: datetime) -> int:
+    """The sweeper's phase for queued keyed runs whose live run finished without releasing
+    them (its process died between the two): release each; return how many."""
+    released = 0
+    for run_id, step_run_id, definition_pk in keys.stranded_queued():
+        with transaction.atomic():
+            released += release_queued(run_id, step_run_id, definition_pk)
+    return released
+
+
+def release_queued(run_id: int, step_run_id: int, definition_pk: int) -> bool:
     """Start queued run ``run_id``: its held first step row ``step_run_id`` becomes due now
     and is published when this transaction commits (the gate is met at the claim, as for a
-    delayed first step)."""
+    delayed first step); False if another finish or sweep released it first."""
     if keys.release_first_step(step_run_id, timezone.now()):
         publish.publish_on_commit([publish.message_for(load_spec(definition_pk), step_run_id,
                                                        0)])
         Event.objects.create(run_id=run_id, kind="keyed_run_released", data={})
         logger.info("Queued run id=%s released: the live run of its key finished.", run_id)
+        return True
+    return False
 
 
 def fail_run(spec: WorkflowSpec | None, run_id: int, error: dict[str, Any], now: datetime, *,

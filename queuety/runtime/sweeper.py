@@ -26,7 +26,7 @@ from queuety.models import Event, RunStatus, StepRun, StepStatus, Worker, Workfl
 from queuety.runtime import wakeups
 from queuety.runtime.claim import claim_of, worker_of
 from queuety.runtime.expiry import expire_due
-from queuety.runtime.finish import fail_run, fail_unloadable
+from queuety.runtime.finish import fail_run, fail_unloadable, release_stranded
 from queuety.runtime.outcome import record_failure
 from queuety.runtime.recovery import interruption
 from queuety.runtime.reminders import remind_due
@@ -63,7 +63,7 @@ def sweep(now: datetime | None = None,
         ("workers", recover_lost_workers), ("recovered", recover_lost),
         ("throttled", wake_throttled), ("republished", republish_due),
         ("parents", wake_parents), ("expired", expire_due), ("reminded", remind_due),
-        ("overdue", fail_overdue),
+        ("overdue", fail_overdue), ("queued", release_stranded),
         ("purged", purge_finished), ("webhooks", webhooks.recover))
     for name, phase in phases:
         if still_held is not None and not _held(still_held, name):

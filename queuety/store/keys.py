@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import connection
-from django.db.models import F
+from django.db.models import Exists, F, OuterRef
 from django.db.models.functions import Now
 from django.utils import timezone
 
@@ -115,6 +115,19 @@ def next_queued(finished_run_id: int) -> tuple[int, int, int] | None:
     held = StepRun.objects.filter(run_id=oldest[0], kind="step", seq=0,
                                   status=StepStatus.HELD).values_list("pk", flat=True).first()
     return None if held is None else (oldest[0], held, oldest[1])
+
+
+def stranded_queued(limit: int = 100) -> list[tuple[int, int, int]]:
+    """Queued (held) first steps of keyed runs whose key has no older unfinished run left:
+    ``(run id, first step row id, definition id)``, oldest first. Their live run finished
+    without releasing them (its process died between its completion and the release); the
+    partial index ``queuety_step_queued`` keeps this a scan of the queued rows alone."""
+    older = WorkflowRun.objects.filter(name=OuterRef("run__name"), key=OuterRef("run__key"),
+                                       status__in=UNFINISHED, pk__lt=OuterRef("run_id"))
+    return list(StepRun.objects.filter(kind="step", seq=0, status=StepStatus.HELD,
+                                       run__key__isnull=False, run__status__in=UNFINISHED)
+                .exclude(Exists(older)).order_by("pk")
+                .values_list("run_id", "pk", "run__definition_id")[:limit])
 
 
 def release_first_step(step_run_id: int, now: datetime) -> bool:

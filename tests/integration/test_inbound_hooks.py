@@ -245,6 +245,7 @@ def test_registered_workflow__started_by_name_completes_on_a_real_worker(
     ({"start": PARKED, "key": str, "debounce": 5, "singleton": True}, "use one flow control"),
     ({"start": PARKED, "key": str, "debounce": -1}, "debounce"),
     ({"signal": "go", "run": int, "debounce": 5}, "applies to the runs start= starts"),
+    ({"signal": "go", "run": int, "key": str}, "with run= the run is named already"),
 ])
 def test_declaration__mistakes_are_errors_at_start_up(options, message):
     with pytest.raises(queuety.WorkflowDefinitionError, match=message):

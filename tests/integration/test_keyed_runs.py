@@ -13,13 +13,15 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from django.contrib.auth.models import Permission, User
 from django.db import connection
-from django.test import Client
+from django.test import Client, override_settings
+from django.utils import timezone
 from rest_framework.test import APIClient
 
 import queuety
 from queuety.models import Event, Signal, StepRun, WorkflowRun
 from tests import keyed_steps
 from tests.integration.conftest import wait_for
+from tests.settings import QUEUETY as TEST_QUEUETY
 
 pytestmark = pytest.mark.worker
 
@@ -319,3 +321,42 @@ def test_batch__concurrent_items__each_in_exactly_one_full_batch(worker, key):
         items += [item["n"] for item in state["items"]]
         assert all(results[item["n"]] == run.pk for item in state["items"])
     assert sorted(items) == list(range(20))
+
+
+def test_singleton_queue__a_live_run_that_died_before_releasing_is_released_by_the_sweep(
+        worker, key):
+    from queuety.runtime import finish
+
+    builder = keyed_steps.gated("keyed_queue_stranded")
+    first = builder.dispatch({}, key=key, singleton=True)
+    parked(first, worker)
+    second = builder.dispatch({}, key=key, singleton=True, on_conflict="queue")
+    # The live run's process died between its completion and the release: finished, with
+    # the queued run still held.
+    WorkflowRun.objects.filter(pk=first).update(status="cancelled")
+    assert first_row(second).status == "held"
+
+    released = finish.release_stranded(timezone.now())
+
+    assert released >= 1
+    parked(second, worker)
+    assert Event.objects.filter(run_id=second, kind="keyed_run_released").count() == 1
+    queuety.cancel(second)
+
+
+def test_rest_start__a_key_whose_live_run_is_another_users_is_refused_before_any_write(key):
+    other = queuety.start("reg_keyed_gate", {"n": 1}, key=key, debounce=30)
+    before = WorkflowRun.objects.get(pk=other).state
+    client = starter()
+    body = {"workflow": "reg_keyed_gate", "payload": {"n": 2}, "key": key, "debounce": 30}
+
+    # A scope in which this user sees none of the runs: the live one is another tenant's.
+    with override_settings(QUEUETY={**TEST_QUEUETY,
+                                    "RUN_SCOPE": lambda user, runs: runs.none()}):
+        answer = client.post("/queuety/api/runs/", data=json.dumps(body),
+                             content_type="application/json")
+
+    assert answer.status_code == 409 and answer.json()["code"] == "run_conflict"
+    assert str(other) not in answer.content.decode()
+    assert WorkflowRun.objects.get(pk=other).state == before  # not folded into it
+    queuety.cancel(other)
