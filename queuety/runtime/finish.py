@@ -41,8 +41,9 @@ def notify_finished(run_id: int) -> None:
     a keyed run (``singleton=True, on_conflict="queue"``) is released: its held first step
     becomes due and its message is published on commit.
     """
-    publish.wake(rows.waiters_of(run_id))
-    queued = keys.next_queued(run_id)
+    waiters, keyed = rows.waiters_of(run_id)
+    publish.wake(waiters)
+    queued = None if keyed is None else keys.next_queued(*keyed)
     if queued is not None:
         release_queued(*queued)
 

@@ -100,15 +100,11 @@ def hold_first_step(run_id: int) -> int:
     return row.pk
 
 
-def next_queued(finished_run_id: int) -> tuple[int, int, int] | None:
-    """After run ``finished_run_id`` finished: ``(run id, first step row id, definition id)``
-    of the run of its key to start now, if any: the oldest unfinished run of the key, when it
-    is a queued (held) one. None for a run without a key (one query)."""
-    finished = WorkflowRun.objects.filter(pk=finished_run_id, key__isnull=False)
-    keyed = finished.values_list("name", "key").first()
-    if keyed is None:
-        return None
-    oldest = (WorkflowRun.objects.filter(name=keyed[0], key=keyed[1], status__in=UNFINISHED)
+def next_queued(workflow: str, key: str) -> tuple[int, int, int] | None:
+    """After a run of ``key`` of ``workflow`` finished: ``(run id, first step row id,
+    definition id)`` of the run of its key to start now, if any: the oldest unfinished run of
+    the key, when it is a queued (held) one."""
+    oldest = (WorkflowRun.objects.filter(name=workflow, key=key, status__in=UNFINISHED)
               .order_by("pk").values_list("pk", "definition_id").first())
     if oldest is None:
         return None

@@ -351,11 +351,18 @@ def stop_live_steps(run_id: int, now: datetime) -> int:
                                   ).update(status=StepStatus.CANCELLED, finished_at=now)
 
 
-def waiters_of(run_id: int) -> list[int]:
-    """The runs waiting for run ``run_id``: its parent and the runs whose wait names it."""
+def waiters_of(run_id: int) -> tuple[list[int], tuple[str, str] | None]:
+    """The runs waiting for run ``run_id`` (its parent and the runs whose wait names it), and
+    its ``(workflow, key)`` when it has a key; one statement."""
+    waiters, keyed = [], None
     with connection.cursor() as cursor:
-        cursor.execute(sql.WAITERS, [run_id, run_id])
-        return [row[0] for row in cursor.fetchall()]
+        cursor.execute(sql.WAITERS, [run_id, run_id, run_id])
+        for waiter, name, key in cursor.fetchall():
+            if key is not None:
+                keyed = (name, key)
+            else:
+                waiters.append(waiter)
+    return waiters, keyed
 
 
 def awaited_runs(ids: list[int], *, lock: bool) -> list[tuple[int, str, dict[str, Any]]]:
