@@ -14,6 +14,7 @@ the modules that do the work (``queuety.queries``, ``inbox``, ``operations``, ``
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from queuety import verifiers as verifiers
@@ -234,9 +235,11 @@ def start(name: str, payload: dict[str, Any] | None = None, *,
           idempotency_key: str | None = None, key: str | None = None,
           debounce: float | None = None, singleton: bool = False,
           on_conflict: str | None = None, signal: str = "input",
-          batch: Batch | None = None) -> int:
+          batch: Batch | None = None, tags: Mapping[str, str] | None = None) -> int:
     """Start a run of the workflow registered as ``name`` (see :func:`register`); return its
     id. With an ``idempotency_key`` already used, return the original run's id instead.
+    ``tags`` (``{"customer": "42"}``) label the run, merged over the builder's
+    ``.with_tags()`` (docs/guide/operating-runs.md, "Tags").
 
     Flow control per ``key`` (docs/guide/triggers-and-events.md, "Signal-with-start and flow
     control per key"): ``debounce=seconds`` starts one run once the key has been quiet that
@@ -259,7 +262,8 @@ def start(name: str, payload: dict[str, Any] | None = None, *,
 
     flow = flow_options(name, key=key, debounce=debounce, singleton=singleton,
                         on_conflict=on_conflict, signal=signal, batch=batch)
-    return registry.start_run(name, payload, idempotency_key=idempotency_key, flow=flow)[0]
+    return registry.start_run(name, payload, idempotency_key=idempotency_key, flow=flow,
+                              tags=tags)[0]
 
 
 def signal_or_start(workflow: str | WorkflowBuilder, key: str, signal: str,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
@@ -14,6 +15,7 @@ from django.utils import timezone
 from queuety import exceptions, publish, signals, tracing
 from queuety.conf import settings
 from queuety.core import budget as budgets
+from queuety.core import tags as tag_rules
 from queuety.core.definition import WorkflowSpec, canonical_json, check_payload
 from queuety.models import DispatchKey, Event, RunStatus, WorkflowRun
 from queuety.runtime import gates
@@ -37,20 +39,22 @@ class Dispatched(NamedTuple):
 
 
 def dispatch(spec: WorkflowSpec, payload: dict[str, Any] | None = None, *,
-             idempotency_key: str | None = None, on_conflict: str = "report") -> int:
+             idempotency_key: str | None = None, on_conflict: str = "report",
+             tags: Mapping[str, str] | None = None) -> int:
     """Start a run of ``spec`` with ``payload`` as its state and return the run id.
 
     :func:`dispatch_run` with only the id; see there.
     """
     return dispatch_run(spec, payload, idempotency_key=idempotency_key,
-                        on_conflict=on_conflict).run_id
+                        on_conflict=on_conflict, tags=tags).run_id
 
 
 def dispatch_run(spec: WorkflowSpec, payload: dict[str, Any] | None = None, *,
                  idempotency_key: str | None = None, on_conflict: str = "report",
                  delay: float | None = None,
                  fingerprint: dict[str, Any] | None = None,
-                 key: str | None = None) -> Dispatched:
+                 key: str | None = None,
+                 tags: Mapping[str, str] | None = None) -> Dispatched:
     """Start a run of ``spec`` with ``payload`` as its state; return its id and whether an
     earlier dispatch with the same ``idempotency_key`` had started it.
 
@@ -63,15 +67,18 @@ def dispatch_run(spec: WorkflowSpec, payload: dict[str, Any] | None = None, *,
     ``fingerprint`` is what a reused key's payload is compared by (default: the state), for a
     caller whose state carries what differs between equal dispatches (an enqueue instant).
     ``key`` is the run's flow-control key (``queuety.keyed``, which serialises the starts of
-    a key; this only stores it).
+    a key; this only stores it). ``tags`` are the run's tags, merged over the builder's
+    (``spec.tags``, from ``.with_tags()``); ``queuety.core.tags`` says what is valid.
 
     Raises:
         WorkflowDefinitionError: the payload is not a JSON object or uses reserved keys.
+        InvalidPayload: a tag breaks the rules (the error names its key); nothing is written.
         BudgetExceeded: the payload alone exceeds ``max_state_bytes``; nothing is written.
         IdempotencyConflict: the key was used with another payload or definition and
             ``on_conflict="error"``.
     """
     state = check_payload(spec.name, payload)
+    run_tags = tag_rules.of_spec(spec, tags)
     limit = spec.budget.max_state_bytes
     if limit is not None and (size := budgets.state_bytes(state)) > limit:
         raise exceptions.BudgetExceeded(
@@ -88,20 +95,22 @@ def dispatch_run(spec: WorkflowSpec, payload: dict[str, Any] | None = None, *,
             return Dispatched(_reused_key(used, spec, payload_hash, on_conflict), True)
     with tracing.run_span(spec.name, spec.version) as (span, context):
         dispatched = _write(spec, definition_pk, state, payload_hash, idempotency_key,
-                            on_conflict, context, delay, key)
+                            on_conflict, context, delay, key, run_tags)
         span.set(run_id=dispatched.run_id)
     return dispatched
 
 
 def _write(spec: WorkflowSpec, definition_pk: int, state: dict[str, Any], payload_hash: str,
            idempotency_key: str | None, on_conflict: str, trace_context: str,
-           delay: float | None, key: str | None = None) -> Dispatched:
+           delay: float | None, key: str | None = None,
+           tags: dict[str, str] | None = None) -> Dispatched:
     now = timezone.now()
     # The one-statement fast path commits by itself: a webhook endpoint subscribed to
     # run.started needs its delivery row in the run's transaction, so it takes the other path.
     if idempotency_key is None and key is None and spec.steps[0].kind == "task" and \
             connection.vendor == "postgresql" and not signals.sinks_want("run_started"):
-        run_pk = _dispatch_postgres(spec, definition_pk, state, now, trace_context, delay)
+        run_pk = _dispatch_postgres(spec, definition_pk, state, now, trace_context, delay,
+                                    tags or {})
         logger.info("Run id=%s workflow=%s version=%s dispatched", run_pk, spec.name,
                     spec.version)
         return Dispatched(run_pk, False)
@@ -113,7 +122,7 @@ def _write(spec: WorkflowSpec, definition_pk: int, state: dict[str, Any], payloa
                 idempotency_key=idempotency_key, trace_context=trace_context,
                 # A keyed run is marked awaited so that the one-statement completion, too,
                 # calls notify_finished(), which releases the run queued behind it.
-                key=key, awaited=key is not None,
+                key=key, awaited=key is not None, tags=tags or {},
                 deadline_at=None if spec.deadline_seconds is None
                 else now + timedelta(seconds=spec.deadline_seconds),
             )
@@ -133,14 +142,15 @@ def _write(spec: WorkflowSpec, definition_pk: int, state: dict[str, Any], payloa
 
 
 def _dispatch_postgres(spec: WorkflowSpec, definition_pk: int, state: dict[str, Any],
-                       now: datetime, trace_context: str, delay: float | None) -> int:
+                       now: datetime, trace_context: str, delay: float | None,
+                       tags: dict[str, str]) -> int:
     first = spec.steps[0]
     due = now + timedelta(seconds=delay) if delay else now
     on_broker = not delay or delay <= settings.MAX_ETA
     params: dict[str, Any] = {
         "available_at": due, "published_at": due if on_broker else None,
         "definition_id": definition_pk, "name": spec.name, "state": json.dumps(state),
-        "total_steps": len(spec.steps), "now": now,
+        "total_steps": len(spec.steps), "now": now, "tags": json.dumps(tags),
         "deadline_at": None if spec.deadline_seconds is None
         else now + timedelta(seconds=spec.deadline_seconds),
         "step_name": first.name, "max_attempts": effective_policy(spec, 0).max_attempts,

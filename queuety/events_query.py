@@ -13,7 +13,7 @@ then an index range scan however big the table is, and a keyset (the last row's
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -24,6 +24,7 @@ from django.utils.dateparse import parse_datetime
 
 from queuety import scope
 from queuety.conf import settings
+from queuety.core import tags as tag_rules
 from queuety.models import ERROR_TYPE, Event, WorkflowRun
 
 #: ``since`` as an age: a number and a unit (seconds, minutes, hours, days, weeks).
@@ -44,7 +45,8 @@ class EventFilters:
     ``workflow`` is a workflow's name, ``run_id`` one run, ``kind`` an event kind
     (``step_failed``, ``workflow_started`` ...), ``error_type`` the type an event's error
     records (``data["error"]["type"]``, such as ``ValueError`` or ``myapp.errors.Timeout``:
-    failed and retried attempts, failed runs), ``since`` the oldest time kept.
+    failed and retried attempts, failed runs), ``since`` the oldest time kept, ``tags``
+    tags the event's run carries (every one of them).
     """
 
     workflow: str | None = None
@@ -52,17 +54,26 @@ class EventFilters:
     kind: str | None = None
     error_type: str | None = None
     since: datetime | None = None
+    tags: Mapping[str, str] | None = None
 
     @classmethod
     def parse(cls, *, workflow: str | None = None, run: str | int | None = None,
               kind: str | None = None, error_type: str | None = None,
-              since: str | None = None, now: datetime | None = None) -> EventFilters:
+              since: str | None = None, now: datetime | None = None,
+              tags: Iterable[str] = (), tag_separator: str = ":") -> EventFilters:
         """The filters from text (a query string, command-line options); empty means unset.
+        ``tags`` are ``key:value`` texts (``key=value`` on the command line, with
+        ``tag_separator="="``).
 
         Raises:
             InvalidEventFilter: a NUL character (no stored text holds one), a run id that is
-                not a positive whole number, or a ``since`` that is neither an age nor a date.
+                not a positive whole number, a ``since`` that is neither an age nor a date, or
+                a tag filter that is not ``key:value`` with a valid key.
         """
+        try:
+            wanted = tag_rules.parse_filters(list(tags), tag_separator)
+        except ValueError as error:
+            raise InvalidEventFilter(str(error)) from None
         texts = {"workflow": workflow or None, "event": kind or None,
                  "error_type": error_type or None}
         for what, value in texts.items():
@@ -71,7 +82,8 @@ class EventFilters:
                                          "event has one.")
         return cls(workflow=texts["workflow"], run_id=parse_run(run), kind=texts["event"],
                    error_type=texts["error_type"],
-                   since=None if not since else parse_since(since, now))
+                   since=None if not since else parse_since(since, now),
+                   tags=wanted or None)
 
 
 def parse_run(value: str | int | None) -> int | None:
@@ -142,6 +154,9 @@ def narrow(events: QuerySet[Event], filters: EventFilters) -> QuerySet[Event]:
                                                             error_type=filters.error_type)
     if filters.since is not None:
         events = events.filter(created_at__gte=filters.since)
+    if filters.tags:
+        # The runs carrying the tags come from the runs' GIN index (queuety_run_tags).
+        events = events.filter(run__tags__contains=dict(filters.tags))
     return events
 
 

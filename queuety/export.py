@@ -23,6 +23,7 @@ from queuety import exceptions, operations, outputs
 from queuety.conf import settings
 from queuety.core import artifacts as artifact_rules
 from queuety.core import budget as budgets
+from queuety.core import tags as tag_rules
 from queuety.core.definition import WorkflowSpec, canonical_json
 from queuety.core.handlers import resolve_handler
 from queuety.core.status import FINISHED
@@ -78,6 +79,8 @@ def export(run_id: int) -> dict[str, Any]:
             "created_at": _iso(run.created_at), "finished_at": _iso(run.finished_at),
             "parent_run": run.parent_id, "started_by": run.started_by_id,
             "group": run.group or None, "groups": run.groups,
+            # Only when set: a run without tags exports as before tags existed.
+            **({"tags": run.tags} if run.tags else {}),
         },
         "definition": spec.to_dict(),
         "steps": [{
@@ -125,6 +128,9 @@ EXPORT_SCHEMA = {
                     name: {"type": "integer", "minimum": 0}
                     for name in ("transitions", "cost_units", "started_workflows")}},
                 "error": {"type": ["object", "null"]},
+                # Optional: documents exported before tags have none (queuety.core.tags
+                # checks each pair at replay).
+                "tags": {"type": "object", "additionalProperties": {"type": "string"}},
             },
         },
         "definition": {"type": "object", "required": ["name", "steps"]},
@@ -246,7 +252,7 @@ def replay(document: Any) -> int:
 
     A waiting run waits again (its unconsumed signals come along); a running run gets its
     current step scheduled; paused, failed, completed and cancelled runs keep their status.
-    The timeline and the artifacts are copied, then a ``workflow_replayed`` event is added.
+    The timeline, the artifacts and the tags are copied, then a ``workflow_replayed`` event is added.
     The chunks of streaming steps are not: they belong to the source run's step rows, and a
     step the new run runs again streams afresh. The idempotency key stays with the original
     run.
@@ -257,6 +263,7 @@ def replay(document: Any) -> int:
     """
     document, spec = read_document(document)
     source = document["run"]
+    tags = tag_rules.check_tags(source.get("tags"), f"the exported run of {spec.name!r}")
     now = timezone.now()
     definition_pk = definition_id(spec)
     counters = source["counters"]
@@ -269,7 +276,7 @@ def replay(document: Any) -> int:
             error=source.get("error"), transitions=counters.get("transitions", 0),
             cost_units=counters.get("cost_units", 0),
             started_workflows=counters.get("started_workflows", 0),
-            groups=_groups(source.get("groups")),
+            groups=_groups(source.get("groups")), tags=tags,
             finished_at=now if status in FINISHED else None,
             deadline_at=(now + _deadline_left(source, document.get("exported_at"), now))
             if spec.deadline_seconds else None,

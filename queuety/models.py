@@ -6,8 +6,9 @@ cases above it (``dispatch``, ``inbox``, ``operations``, ...) move data between 
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
+from django.contrib.postgres.indexes import GinIndex
 from django.core.exceptions import ValidationError
 from django.db import models
 from django.db.models import F, Q
@@ -38,6 +39,25 @@ class WorkflowDefinition(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} ({self.definition_hash[:12]})"
+
+
+class TagsIndex(GinIndex):
+    """The GIN index (``jsonb_path_ops``) of the runs' ``tags`` on PostgreSQL, which serves
+    containment (``tags @> '{"customer": "42"}'``); a plain index elsewhere (SQLite has no
+    GIN, and no filter of its needs one)."""
+
+    def __init__(self, *, name: str) -> None:
+        super().__init__(fields=["tags"], opclasses=["jsonb_path_ops"], name=name)
+
+    def deconstruct(self) -> tuple[str, tuple[()], dict[str, str]]:
+        return "queuety.models.TagsIndex", (), {"name": self.name}
+
+    def create_sql(self, model: Any, schema_editor: Any, using: str = "",
+                   **kwargs: Any) -> Any:
+        if schema_editor.connection.vendor != "postgresql":
+            return models.Index(fields=["tags"], name=self.name).create_sql(
+                model, schema_editor, using, **kwargs)
+        return super().create_sql(model, schema_editor, using, **kwargs)
 
 
 class WorkflowRun(models.Model):
@@ -103,6 +123,10 @@ class WorkflowRun(models.Model):
     # this run, on the row its finish updates: the finishing statement returns it, and only an
     # awaited run, or one with a parent, then reads its waiters (queuety.store.sql).
     awaited = models.BooleanField(default=False, db_default=False)
+    # The run's tags ({key: value}, strings; queuety.core.tags): given at dispatch, by the
+    # builder's with_tags() and by context.tag() in a step. A GIN index (jsonb_path_ops)
+    # serves the filters, which are containment (tags @> {...}).
+    tags = models.JSONField(default=dict, blank=True, db_default={})
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -129,6 +153,8 @@ class WorkflowRun(models.Model):
             models.Index(fields=["remind_at"], name="queuety_run_remind",
                          condition=Q(status__in=["waiting_for_signal", "waiting_for_workflows"],
                                      remind_at__isnull=False)),
+            # GET runs/?tag=customer:42 (tags @> '{"customer": "42"}').
+            TagsIndex(name="queuety_run_tags"),
         ]
         permissions = [
             ("signal_workflowrun", "Can send signals, approvals and input to workflow runs"),

@@ -274,7 +274,8 @@ def rewind(run_id: int, step: int | str, *, actor: str = "") -> None:
 
 
 def fork(run_id: int, *, actor: str = "") -> int:
-    """Start a new run of the same definition from this run's current state and step."""
+    """Start a new run of the same definition from this run's current state and step (and
+    with its tags)."""
     now = timezone.now()
     with transaction.atomic():
         source = rows.lock_run(run_id)
@@ -285,7 +286,7 @@ def fork(run_id: int, *, actor: str = "") -> int:
             status=RunStatus.PAUSED, transitions=source.transitions,
             cost_units=source.cost_units, started_workflows=source.started_workflows,
             groups=source.groups, state_writes=source.state_writes,
-            deadline_at=source.deadline_at)
+            deadline_at=source.deadline_at, tags=source.tags)
         Event.objects.create(run_id=run.pk, kind="workflow_forked",
                              data={"by": actor, "from_run": source.pk, "state": source.state})
         _event(source, "workflow_forked_to", actor, to_run=run.pk)

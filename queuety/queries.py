@@ -3,7 +3,7 @@ counts ``manage.py queuety status`` shows."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from django.db.models import Count, Min, Q, QuerySet
@@ -13,6 +13,7 @@ from queuety import exceptions
 from queuety.conf import settings
 from queuety.core import budget as budgets
 from queuety.core import resources, waits
+from queuety.core import tags as tag_rules
 from queuety.core.definition import ChildStep, WaitStep, WaitWorkflowsStep, WorkflowSpec
 from queuety.core.dependencies import WaitWorkflowsSpec
 from queuety.core.progress import progress_text
@@ -129,7 +130,7 @@ def status_of(run: WorkflowRun) -> WorkflowStatus:
         else effective_policy(spec, run.current_step).describe(),
         **wait_info(run, spec), progress=step_progress(run),
         artifact_count=len(keys), artifact_keys=keys,
-        throttled_by=None if finished else throttled_by(run, spec),
+        throttled_by=None if finished else throttled_by(run, spec), tags=run.tags,
         created_at=run.created_at, updated_at=run.updated_at, finished_at=run.finished_at,
     )
 
@@ -218,7 +219,7 @@ def _status_unloadable(run: WorkflowRun) -> WorkflowStatus:
         idempotency_key=run.idempotency_key, budget=None, retry_policy=None,
         wait_type=None, waiting_for=None, wait_mode=None, wait_details=None,
         artifact_count=len(keys := artifacts.summary(run.pk)), artifact_keys=keys,
-        created_at=run.created_at, updated_at=run.updated_at, finished_at=run.finished_at)
+        tags=run.tags, created_at=run.created_at, updated_at=run.updated_at, finished_at=run.finished_at)
 
 
 def workflow_status(run_id: int) -> WorkflowStatus:
@@ -231,12 +232,14 @@ def workflow_status(run_id: int) -> WorkflowStatus:
 
 
 def list_workflows(status: str | None = None, limit: int = 50,
-                   among: QuerySet[WorkflowRun] | None = None) -> list[WorkflowStatus]:
-    """Return the newest runs first, optionally only those with ``status``; only runs of
-    ``among`` when given (a user's scope, ``queuety.scope``).
+                   among: QuerySet[WorkflowRun] | None = None,
+                   tags: Mapping[str, str] | None = None) -> list[WorkflowStatus]:
+    """Return the newest runs first, optionally only those with ``status`` and carrying
+    every one of ``tags``; only runs of ``among`` when given (a user's scope,
+    ``queuety.scope``).
 
     Raises:
-        ValueError: ``status`` is not a run status, or ``limit`` is below 1.
+        ValueError: ``status`` is not a run status, a tag is invalid, or ``limit`` is below 1.
     """
     if limit < 1:
         raise ValueError(f"limit must be at least 1 (got {limit}).")
@@ -247,7 +250,7 @@ def list_workflows(status: str | None = None, limit: int = 50,
                 f"Unknown status {status!r}; use one of {', '.join(RunStatus)}."
             )
         runs = runs.filter(status=status)
-    return [status_of(run) for run in runs[:limit]]
+    return [status_of(run) for run in runs.filter(tagged(tags or {}))[:limit]]
 
 
 def overview() -> dict[str, Any]:
@@ -284,14 +287,15 @@ WAITING = (RunStatus.WAITING_FOR_SIGNAL, RunStatus.WAITING_FOR_WORKFLOWS)
 
 
 def runs_matching(*, status: str | None = None, workflow: str | None = None,
-                  version: str | None = None, waiting: str | None = None
-                  ) -> QuerySet[WorkflowRun]:
+                  version: str | None = None, waiting: str | None = None,
+                  tags: Mapping[str, str] | None = None) -> QuerySet[WorkflowRun]:
     """Runs newest first, filtered on the run row only, so the ``(status, -id)``, name and
     definition indexes serve them (``GET runs/``).
 
     ``version`` is a definition's ``.version()`` label (of ``workflow`` if given);
     ``waiting`` is ``true``/``false`` (waiting for anything, or not) or a kind of wait:
-    ``approval``, ``decision``, ``input``, ``signal`` (any signal wait) or ``workflows``.
+    ``approval``, ``decision``, ``input``, ``signal`` (any signal wait) or ``workflows``;
+    ``tags``: runs carrying every one of these tags (the GIN index ``queuety_run_tags``).
 
     Raises:
         ValueError: an unknown status or kind of wait, saying which values are allowed.
@@ -329,7 +333,21 @@ def runs_matching(*, status: str | None = None, workflow: str | None = None,
         else:
             raise ValueError(f"Unknown waiting filter {waiting!r}; use true, false or one of "
                              f"{', '.join(WAIT_KINDS)}.")
-    return runs
+    return runs.filter(tagged(tags or {}))
+
+
+def tagged(tags: Mapping[str, str]) -> Q:
+    """A filter for runs carrying every one of ``tags`` (containment, which the GIN index
+    ``queuety_run_tags`` serves); no condition at all for no tags.
+
+    Raises:
+        ValueError: a key or value is not a valid tag (``queuety.core.tags``), named.
+    """
+    try:
+        wanted = tag_rules.check_tags(tags, "the tag filter")
+    except exceptions.InvalidPayload as error:
+        raise ValueError(str(error).replace("; nothing was written.", ".")) from None
+    return Q(tags__contains=wanted) if wanted else Q()
 
 
 def run_summary(run: WorkflowRun) -> dict[str, Any]:
@@ -348,6 +366,6 @@ def run_summary(run: WorkflowRun) -> dict[str, Any]:
         "definition_hash": definition_hash(run.definition_id),
         "definition_version": spec.version if spec is not None else None,
         "idempotency_key": run.idempotency_key, "parent_id": run.parent_id,
-        "created_at": run.created_at, "updated_at": run.updated_at,
+        "tags": run.tags, "created_at": run.created_at, "updated_at": run.updated_at,
         "finished_at": run.finished_at,
     }

@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import inspect
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar, overload
 
 from queuety import exceptions
+from queuety.core import tags as tag_rules
 from queuety.core.builder import WorkflowBuilder
 from queuety.core.definition import WorkflowSpec
 from queuety.core.keyed import FlowOptions
@@ -134,8 +135,8 @@ def get(name: str) -> RegisteredWorkflow:
 
 
 def start_run(name: str, payload: Any = None, *, idempotency_key: str | None = None,
-              on_conflict: str = "report", flow: FlowOptions | None = None
-              ) -> tuple[int, bool]:
+              on_conflict: str = "report", flow: FlowOptions | None = None,
+              tags: Mapping[str, str] | None = None) -> tuple[int, bool]:
     """Start a run of workflow ``name``; return its id and whether ``idempotency_key`` had
     already started it (then no run is written and the id is the original run's).
 
@@ -150,7 +151,8 @@ def start_run(name: str, payload: Any = None, *, idempotency_key: str | None = N
     A key fixed on the registered builder (``.idempotency_key()``) is not used: a template
     started many times takes its key from each start. ``flow`` (checked by
     ``queuety.core.keyed.flow_options``) starts it as ``queuety.keyed.start_run`` does; a start
-    that joined a pending run or signalled a live one is reported as reused too.
+    that joined a pending run or signalled a live one is reported as reused too. ``tags``
+    are the run's, merged over the registered builder's ``.with_tags()``.
     """
     # Imported here: the facade imports this module, and ``dispatch`` imports Django.
     from queuety import dispatch
@@ -168,12 +170,13 @@ def start_run(name: str, payload: Any = None, *, idempotency_key: str | None = N
                 f"string of at most 255 characters (got {idempotency_key!r:.80}); nothing was "
                 "dispatched.")
         idempotency_key = idempotency_key.strip()
+    spec = tag_rules.tagged(entry.spec, tags)
     if flow is not None:
         from queuety import keyed
 
-        started = keyed.start_run(entry.spec, payload, flow, idempotency_key=idempotency_key,
+        started = keyed.start_run(spec, payload, flow, idempotency_key=idempotency_key,
                                   on_conflict=on_conflict)
         return started.run_id, started.reused
-    done = dispatch.dispatch_run(entry.spec, payload, idempotency_key=idempotency_key,
+    done = dispatch.dispatch_run(spec, payload, idempotency_key=idempotency_key,
                                  on_conflict=on_conflict)
     return done.run_id, done.reused

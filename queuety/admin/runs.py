@@ -50,6 +50,7 @@ from queuety.admin.filters import (
     DefinitionFilter,
     EstimatedCountPaginator,
     NameFilter,
+    TagFilter,
     VersionFilter,
     WaitingFilter,
 )
@@ -59,8 +60,15 @@ from queuety.admin.start import StartRunPages
 from queuety.core import budget as budgets
 from queuety.core import imports
 from queuety.core.definition import WorkflowSpec
-from queuety.core.describe import describe_step, format_status, human_duration, waiting_label
+from queuety.core.describe import (
+    describe_step,
+    format_status,
+    human_duration,
+    tags_text,
+    waiting_label,
+)
 from queuety.core.status import WorkflowStatus
+from queuety.core.tags import parse_filters
 from queuety.masking import mask
 from queuety.models import (
     Event,
@@ -70,7 +78,7 @@ from queuety.models import (
     WorkflowDependency,
     WorkflowRun,
 )
-from queuety.queries import waiting_on
+from queuety.queries import tagged, waiting_on
 from queuety.store import rows
 from queuety.store.definitions import definition_hash, effective_policy, load_spec
 
@@ -98,11 +106,13 @@ class WorkflowRunAdmin(StartRunPages, MigrationPages, _ModelAdmin):
     """
 
     list_display = ("id", "status_display", "name", "version", "short_hash", "idempotency_key",
-                    "step_display", "waiting_for", "budget_use", "started", "duration")
-    list_filter = ("status", NameFilter, VersionFilter, WaitingFilter, DefinitionFilter)
+                    "step_display", "waiting_for", "budget_use", "tags_display", "started",
+                    "duration")
+    list_filter = ("status", NameFilter, VersionFilter, WaitingFilter, TagFilter,
+                   DefinitionFilter)
     search_fields = ("name", "idempotency_key")  # see get_search_results
-    search_help_text = ("A run id, or the beginning of a workflow name or idempotency key "
-                        "(case-sensitive).")
+    search_help_text = ("A run id, a tag as key:value (customer:42), or the beginning of a "
+                        "workflow name or idempotency key (case-sensitive).")
     ordering = ("-id",)
     # Only orderings an index serves: id (and "started", which follows id) stay fast on
     # millions of rows; sorting by any other column would sort the whole table.
@@ -149,6 +159,11 @@ class WorkflowRunAdmin(StartRunPages, MigrationPages, _ModelAdmin):
         if not term:
             return queryset, False
         where = Q(name__startswith=term) | Q(idempotency_key__startswith=term)
+        if ":" in term:  # a tag, when the term is one (the runs' GIN index serves it)
+            try:
+                where |= tagged(parse_filters([term], ":"))
+            except ValueError:
+                pass  # not a tag: a name or key with a colon in it
         number = term.removeprefix("#")
         if number.isdigit() and len(number) < 19:
             where |= Q(pk=int(number))
@@ -163,6 +178,10 @@ class WorkflowRunAdmin(StartRunPages, MigrationPages, _ModelAdmin):
             return load_spec(run.definition_id)
         except (exceptions.WorkflowDefinitionError, KeyError, TypeError, ValueError):
             return None
+
+    @admin.display(description="tags")
+    def tags_display(self, run: WorkflowRun) -> str:
+        return tags_text(run.tags) if run.tags else "-"
 
     @admin.display(description="status", ordering="status")
     def status_display(self, run: WorkflowRun) -> str:

@@ -25,6 +25,7 @@ from queuety.api.views import (
     replayable,
 )
 from queuety.conf import settings
+from queuety.core import tags as tag_rules
 from queuety.core.keyed import Batch, FlowOptions, flow_options
 from queuety.core.status import RunStatus
 from queuety.models import WorkflowRun
@@ -50,6 +51,9 @@ LIST_FILTERS = [
     OpenApiParameter("waiting", str, description="true / false (waiting for anything or "
                                                  "not), or a kind of wait: approval, "
                                                  "decision, input, signal, workflows."),
+    OpenApiParameter("tag", str, many=True, explode=True,
+                     description="Only runs carrying this tag, as key:value (customer:42); "
+                                 "repeat it for several, all of which must match."),
     OpenApiParameter("cursor", str, description="The page: from a previous answer's next or "
                                                 "previous link."),
     OpenApiParameter("page_size", int, description="Runs per page (default 50, at most 500)."),
@@ -85,7 +89,8 @@ class RunListView(RunAPIView):
         try:
             runs = queries.runs_matching(
                 status=params.get("status"), workflow=params.get("workflow"),
-                version=params.get("version"), waiting=params.get("waiting"))
+                version=params.get("version"), waiting=params.get("waiting"),
+                tags=tag_rules.parse_filters(params.getlist("tag"), ":"))
         except ValueError as error:
             raise api_errors.QueuetyAPIError(str(error), "invalid_filter",
                                              status.HTTP_400_BAD_REQUEST) from None
@@ -110,11 +115,12 @@ class RunListView(RunAPIView):
         if not isinstance(body, dict):
             raise ParseError("The request body must be a JSON object: "
                              '{"workflow": "...", "payload": {...}, "idempotency_key": "..."}.')
-        unknown = sorted(set(body) - {"workflow", "payload", "idempotency_key", *FLOW_FIELDS})
+        unknown = sorted(set(body) - {"workflow", "payload", "idempotency_key", "tags",
+                                      *FLOW_FIELDS})
         if unknown:
             raise api_errors.QueuetyAPIError(
                 f"Unknown field(s) {', '.join(unknown)}; a run is started with workflow, "
-                "payload, idempotency_key and the flow-control fields "
+                "payload, idempotency_key, tags and the flow-control fields "
                 f"{', '.join(FLOW_FIELDS)}.", "invalid_request", status.HTTP_400_BAD_REQUEST)
         name = body.get("workflow")
         if not isinstance(name, str) or not name:
@@ -129,7 +135,7 @@ class RunListView(RunAPIView):
             # A key used for another workflow or payload is a 409, not that run's status.
             run_id, reused = registry.start_run(name, body.get("payload"),
                                                 idempotency_key=key, on_conflict="error",
-                                                flow=flow)
+                                                flow=flow, tags=body.get("tags"))
         except exceptions.BudgetExceeded as error:  # the payload alone: bad input, not state
             raise api_errors.QueuetyAPIError(str(error), "budget_exceeded",
                                              status.HTTP_400_BAD_REQUEST, budget=error.budget,

@@ -32,6 +32,9 @@ EVENT_FILTERS = [
                      "attempts, failed runs."),
     OpenApiParameter("since", str, description="Only events since then: an age (30s, 15m, "
                      "1h, 2d, 1w) or an ISO 8601 date or time (2026-03-01T09:30:00Z)."),
+    OpenApiParameter("tag", str, many=True, explode=True,
+                     description="Only events of runs carrying this tag, as key:value "
+                                 "(customer:42); repeat it for several, all must match."),
     OpenApiParameter("cursor", str, description="The page: from a previous answer's next or "
                                                 "previous link."),
     OpenApiParameter("page_size", {"type": "integer", "minimum": 1},
@@ -103,7 +106,7 @@ class EventListSchema(AutoSchema):
 class EventListView(RunAPIView):
     """``GET events/``: the events of every run the user may reach (``RUN_SCOPE`` in SQL;
     ``RUN_ACCESS`` then filters the page), newest first, filtered by ``workflow``, ``run``,
-    ``event``, ``error_type`` and ``since``."""
+    ``event``, ``error_type``, ``since`` and ``tag``."""
 
     schema = EventListSchema()
     required_permissions = {"GET": "queuety.view_workflowrun"}
@@ -114,7 +117,7 @@ class EventListView(RunAPIView):
             filters = events_query.EventFilters.parse(
                 workflow=params.get("workflow"), run=params.get("run"),
                 kind=params.get("event"), error_type=params.get("error_type"),
-                since=params.get("since"))
+                since=params.get("since"), tags=params.getlist("tag"))
         except events_query.InvalidEventFilter as error:
             raise api_errors.QueuetyAPIError(str(error), "invalid_filter",
                                              status.HTTP_400_BAD_REQUEST) from None

@@ -64,6 +64,8 @@ class WorkflowStatusSerializer(serializers.Serializer[Any]):
     progress = ProgressSerializer(allow_null=True)
     artifact_count = serializers.IntegerField()
     artifact_keys = serializers.ListField(child=serializers.CharField())
+    tags = serializers.DictField(child=serializers.CharField(),
+                                 help_text="The run's tags ({key: value}).")
     created_at = serializers.DateTimeField()
     updated_at = serializers.DateTimeField()
     finished_at = serializers.DateTimeField(allow_null=True)
@@ -121,6 +123,8 @@ class RunSummarySerializer(serializers.Serializer[Any]):
     definition_version = serializers.CharField(allow_null=True)
     idempotency_key = serializers.CharField(allow_null=True)
     parent_id = serializers.IntegerField(allow_null=True)
+    tags = serializers.DictField(child=serializers.CharField(),
+                                 help_text="The run's tags ({key: value}).")
     created_at = serializers.DateTimeField()
     updated_at = serializers.DateTimeField()
     finished_at = serializers.DateTimeField(allow_null=True)
@@ -143,6 +147,10 @@ class StartRunSerializer(serializers.Serializer[Any]):
     idempotency_key = serializers.CharField(
         required=False, allow_null=True, max_length=255,
         help_text="A key already used answers with the run it started (200, created false).")
+    tags = serializers.DictField(
+        child=serializers.CharField(), required=False, allow_null=True,
+        help_text="The run's tags ({\"customer\": \"42\"}), merged over the workflow's "
+                  "with_tags().")
     key = serializers.CharField(
         required=False, allow_null=True, max_length=255,
         help_text="The run's flow-control key: debounce, singleton and batch act per key.")

@@ -6,12 +6,14 @@ runs come from ``builder_runs``, the signal waits from ``builder_signals``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
 from queuety import exceptions
 from queuety.core import engine, flow, resources
+from queuety.core import tags as run_tags
 from queuety.core.budget import Budget
 from queuety.core.builder_runs import RunSteps
 from queuety.core.builder_signals import SignalSteps
@@ -396,6 +398,22 @@ class WorkflowBuilder(RunSteps, SignalSteps):
         return self._with(priority=resources.check_priority(
             f"workflow {self._name!r}", priority) or resources.NORMAL)
 
+    def with_tags(self, tags: Mapping[str, str] | None = None, /,
+                  **more: str) -> WorkflowBuilder:
+        """Tag every run of this workflow (``.with_tags({"team": "billing"})`` or
+        ``.with_tags(team="billing")``), merged with the tags given at dispatch (which win
+        for a key) and with the builder's earlier ``with_tags()``. Tags label runs; they are
+        no part of the definition's identity (its hash), unlike ``on_queue()`` or
+        ``with_priority()``, which change how it runs.
+
+        Raises:
+            InvalidPayload: a key or value breaks the tag rules (``queuety.core.tags``).
+        """
+        where = f"the tags of workflow {self._name!r}"
+        combined = run_tags.merged(dict(self._options.get("tags", ())), tags, more,
+                                   where=where)
+        return self._with(tags=tuple(sorted(combined.items())))
+
     def version(self, label: str) -> WorkflowBuilder:
         """Label this definition (``"research.v2"``); shown by status, the admin and exports."""
         if not isinstance(label, str) or not label.strip():
@@ -514,7 +532,7 @@ class WorkflowBuilder(RunSteps, SignalSteps):
     def dispatch(self, payload: dict[str, Any] | None = None, *, key: str | None = None,
                  debounce: float | None = None, singleton: bool = False,
                  on_conflict: str | None = None, signal: str = "input",
-                 batch: Any = None) -> int:
+                 batch: Any = None, tags: Mapping[str, str] | None = None) -> int:
         """Start a run of this workflow with ``payload`` as its initial state; return its id.
 
         The run, its first step and its start event are written in one transaction; the first
@@ -530,9 +548,10 @@ class WorkflowBuilder(RunSteps, SignalSteps):
 
         flow = flow_options(self._name, key=key, debounce=debounce, singleton=singleton,
                             on_conflict=on_conflict, signal=signal, batch=batch)
+        spec = run_tags.tagged(self.build(), tags)
         if flow is not None:
-            return keyed.start(self.build(), payload, flow, idempotency_key=self._key)
-        return dispatching.dispatch(self.build(), payload, idempotency_key=self._key,
+            return keyed.start(spec, payload, flow, idempotency_key=self._key)
+        return dispatching.dispatch(spec, payload, idempotency_key=self._key,
                                     on_conflict=self._on_conflict)
 
     def __repr__(self) -> str:

@@ -375,6 +375,10 @@ class WorkflowSpec:
     priority: str | None = None
     """The priority of steps that set none (``with_priority()``): ``high``, ``normal``,
     ``low``."""
+    tags: tuple[tuple[str, str], ...] = field(default=(), compare=False)
+    """Tags of every run dispatched from it (``.with_tags()``; checked by
+    ``queuety.core.tags``). No part of the definition: not in :meth:`to_dict`, so not in the
+    hash nor stored; a run's tags live on its row."""
     _index: dict[str, int] = field(default_factory=dict, init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:

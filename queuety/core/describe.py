@@ -130,6 +130,11 @@ def describe_step(step: StepSpec, shown: Callable[[str], str] = str) -> str:
     return text
 
 
+def tags_text(tags: dict[str, str]) -> str:
+    """A run's tags in one line, by key: ``customer=42, plan=pro`` (``-`` for none)."""
+    return ", ".join(f"{key}={value}" for key, value in sorted(tags.items())) or "-"
+
+
 def format_status(status: WorkflowStatus) -> list[str]:
     """Return the lines of ``workflow status`` text output (labels as in ``wp queuety``).
 
@@ -149,6 +154,7 @@ def format_status(status: WorkflowStatus) -> list[str]:
     lines.append(f"Hash:     {status.definition_hash}")
     if status.idempotency_key is not None:
         lines.append(f"Key:      {status.idempotency_key}")
+    lines += [f"Tags:     {tags_text(status.tags)}"] if status.tags else []
     if status.wait_type is not None and status.waiting_for:
         lines.append(f"Waiting:  {status.wait_type} => {', '.join(status.waiting_for)}")
     if status.wait_mode is not None:

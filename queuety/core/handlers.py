@@ -10,6 +10,7 @@ from typing import Any, ClassVar
 
 from queuety import exceptions
 from queuety.core import resources
+from queuety.core import tags as tag_rules
 from queuety.core.budget import BudgetView
 from queuety.core.imports import dotted_path, import_path
 from queuety.core.progress import check_progress
@@ -76,6 +77,33 @@ class StepContext:
                 f"Step {self.step_name!r} of run {self.run_id} cannot store artifacts here "
                 "(compensations and hooks cannot); use queuety.put_artifact(run_id, ...).")
         self.sink.put_artifact(key, content, kind, metadata)
+
+    tags: dict[str, str] | None = field(default=None, repr=False, compare=False)
+    """The tags this attempt set with :meth:`tag` (``None`` where a step cannot tag)."""
+
+    def tag(self, key: str, value: str) -> None:
+        """Tag this run with ``key`` = ``value`` (replacing the key's earlier value).
+
+        The tag is written with the step's outcome, in the transaction that records its
+        success: an attempt that fails (and is retried), or whose outcome is discarded, tags
+        nothing. Only task steps can tag (not fan-out branches, compensations or hooks).
+
+        Raises:
+            InvalidPayload: the key or value breaks the tag rules (``queuety.core.tags``),
+                more than ``MAX_TAGS`` are set, or this step cannot tag.
+        """
+        where = f"context.tag() of step {self.step_name!r} of run {self.run_id}"
+        if self.tags is None:
+            raise exceptions.InvalidPayload(
+                f"{where[:1].upper()}{where[1:]} cannot tag the run: only task steps can "
+                "(not fan-out branches, compensations or hooks); tag from the step before or "
+                "after, or with dispatch(tags=...).")
+        checked_key, checked_value = tag_rules.check_pair(key, value, where)
+        if checked_key not in self.tags and len(self.tags) >= tag_rules.MAX_TAGS:
+            raise exceptions.InvalidPayload(
+                f"{where[:1].upper()}{where[1:]} sets more than {tag_rules.MAX_TAGS} tags; "
+                "nothing was written.")
+        self.tags[checked_key] = checked_value
 
     @property
     def chunks(self) -> tuple[Any, ...]:

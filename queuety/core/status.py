@@ -115,6 +115,8 @@ class WorkflowStatus:
     """While the current step waits for resources: ``group``, ``reason`` (``concurrency``,
     ``rate``, ``group_cost``, ``queue_cost``, or ``memory`` for a worker's deferral) and the
     numbers behind it; ``None`` otherwise."""
+    tags: dict[str, str] = field(default_factory=dict)
+    """The run's tags (given at dispatch, by ``.with_tags()`` and by ``context.tag()``)."""
     created_at: datetime
     updated_at: datetime
     finished_at: datetime | None

@@ -68,6 +68,9 @@ def add_log_group(groups: Any) -> None:
     log.add_argument("--since", default=None, metavar="AGE_OR_TIME",
                      help="Only events since then: an age (30s, 15m, 1h, 2d, 1w) or an ISO "
                           "8601 date or time (2026-03-01, 2026-03-01T09:30:00Z).")
+    log.add_argument("--tag", action="append", default=[], metavar="KEY=VALUE",
+                     help="Only events of runs carrying this tag (customer=42); repeat it "
+                          "for several, all of which must match.")
     log.add_argument("--limit", type=_limit, default=50,
                      help="How many of the newest events to show (default 50).")
     log.add_argument("--follow", action="store_true",
@@ -93,7 +96,8 @@ def log_action(options: dict[str, Any], write: Write,
     try:
         filters = events_query.EventFilters.parse(
             workflow=options["workflow"], run=options["run"], kind=options["event"],
-            error_type=options["error_type"], since=options["since"])
+            error_type=options["error_type"], since=options["since"],
+            tags=options.get("tag") or (), tag_separator="=")
     except events_query.InvalidEventFilter as error:
         raise Error(str(error)) from None
     show = _json_lines(write) if options["as_json"] else _table_rows(write)

@@ -187,7 +187,7 @@ def _execute_task_step(held: Claim, spec: WorkflowSpec, *, window: InlineWindow 
     step = spec.steps[held.step_index]
     threads_before = set(threading.enumerate())
     started = time.monotonic()
-    context = _context(spec, held)
+    context = _context(spec, held, taggable=True)
     timed_out = False
     following = None
     # The heartbeat covers recording the outcome too: under contention for the run row, the
@@ -218,7 +218,7 @@ def _execute_task_step(held: Claim, spec: WorkflowSpec, *, window: InlineWindow 
                 took = _ms_since(started)
                 following = record_success_retrying(
                     held, spec, outcome, took, window=window, give_up_at=give_up_at,
-                    publish_artifacts=_wrote_artifacts(context))
+                    publish_artifacts=_wrote_artifacts(context), tags=context.tags or None)
                 if settings.METRICS:
                     instruments.step_finished(spec.name, step.name, "completed", took)
             except (exceptions.BudgetExceeded, exceptions.WorkflowDefinitionError) as error:
@@ -257,7 +257,8 @@ def _execute_transactional(held: Claim, spec: WorkflowSpec, context: StepContext
             took = _ms_since(started)
             following = record_success_retrying(
                 held, spec, outcome, took, window=window, give_up_at=None,
-                publish_artifacts=_wrote_artifacts(context), strict=True)
+                publish_artifacts=_wrote_artifacts(context), strict=True,
+                tags=context.tags or None)
     except Discarded as discarded:
         span.set(status="discarded")
         record_success(held, spec, discarded.outcome, _ms_since(started))
@@ -386,7 +387,8 @@ def _run_body(step_name: str, held: Claim, path: str, state: dict[str, Any],
             context.sink.end()
 
 
-def _context(spec: WorkflowSpec, held: Claim, *, streams: bool = True) -> StepContext:
+def _context(spec: WorkflowSpec, held: Claim, *, streams: bool = True,
+             taggable: bool = False) -> StepContext:
     step = spec.steps[held.step_index]
     size = budgets.state_bytes(held.state) if spec.budget.max_state_bytes else 0
     usage = budgets.Usage(held.usage.transitions, held.usage.cost_units,
@@ -394,7 +396,8 @@ def _context(spec: WorkflowSpec, held: Claim, *, streams: bool = True) -> StepCo
     return StepContext(held.run_id, spec.name, step.name, held.attempt,
                        budgets.BudgetView(spec.budget, usage),
                        beat=progress_reporter(held.step_run_id, held.run_id, step.name),
-                       sink=AttemptOutputs(held, step.name, streams=streams))
+                       sink=AttemptOutputs(held, step.name, streams=streams),
+                       tags={} if taggable else None)
 
 
 def _wrote_artifacts(context: StepContext) -> bool:

@@ -60,7 +60,8 @@ def record_success_retrying(held: Claim, spec: WorkflowSpec, outcome: engine.Adv
                             duration_ms: float, *, window: InlineWindow | None,
                             give_up_at: float | None,
                             publish_artifacts: bool = False,
-                            strict: bool = False) -> Claim | None:
+                            strict: bool = False,
+                            tags: dict[str, str] | None = None) -> Claim | None:
     """:func:`record_success`, tried again in place when the database refuses it for a
     transient reason, so a deadlock or a dropped connection does not cost a second run of the
     handler.
@@ -78,7 +79,8 @@ def record_success_retrying(held: Claim, spec: WorkflowSpec, outcome: engine.Adv
 
     ``strict`` (a transactional step's): raise :class:`Discarded` instead of recording a
     discarded outcome. Inside the caller's transaction no try is repeated: its error
-    propagates at once.
+    propagates at once. ``tags``: what the attempt set with ``context.tag()``, merged into
+    the run's tags by the transition's own transaction (the locked path, as artifacts).
     """
     # The next step runs here only if it is a task step and this process consumes its queue.
     next_index = outcome.next_index
@@ -93,7 +95,7 @@ def record_success_retrying(held: Claim, spec: WorkflowSpec, outcome: engine.Adv
         try:
             return record_success(held, spec, outcome, duration_ms, claim_next=claim_next,
                                   retried=tries > 0, publish_artifacts=publish_artifacts,
-                                  strict=strict)
+                                  strict=strict, tags=tags)
         except DatabaseError as error:
             if pause is not None and not unprepared and not connection.in_atomic_block and \
                     rows.warn_pooler_mismatch_once(error):
@@ -125,12 +127,13 @@ def record_success_retrying(held: Claim, spec: WorkflowSpec, outcome: engine.Adv
 def record_success(held: Claim, spec: WorkflowSpec, outcome: engine.Advance,
                    duration_ms: float, *, claim_next: bool = False,
                    retried: bool = False, publish_artifacts: bool = False,
-                   strict: bool = False) -> Claim | None:
+                   strict: bool = False, tags: dict[str, str] | None = None) -> Claim | None:
     """Apply a successful attempt; return the next step's claim when this process got it.
 
     ``retried``: an earlier try failed, perhaps after its commit; finding the row completed
     by this attempt then means the transition is already applied. ``strict``: raise
-    :class:`Discarded` where the outcome would be recorded as discarded.
+    :class:`Discarded` where the outcome would be recorded as discarded. ``tags``: merged
+    into the run's tags if, and only if, the transition is applied.
     """
     now = timezone.now()
     step = spec.steps[held.step_index]
@@ -138,13 +141,14 @@ def record_success(held: Claim, spec: WorkflowSpec, outcome: engine.Advance,
         run_id=held.run_id, step_run_id=held.step_run_id, kind="step_completed",
         step_index=held.step_index, step_name=step.name, attempt=held.attempt,
         duration_ms=duration_ms, data={"output": outcome.output, **(
-            {"route": outcome.route} if outcome.route else {})},
+            {"route": outcome.route} if outcome.route else {}), **(
+            {"tags": tags} if tags else {})},
     )
     lands_on_task = landing.lands_on_task(spec, outcome.next_index)
     # A pruned run's transition needs its state_writes, which the one statement does not
     # carry: it takes the locked path (only workflows that use prune_state_after pay for it).
     if connection.vendor == "postgresql" and lands_on_task and spec.prune_state_after is None \
-            and not publish_artifacts:
+            and not publish_artifacts and not tags:
         # One statement that commits by itself (no BEGIN/COMMIT round trips): it writes
         # everything or, when the run moved since the claim, nothing at all.
         owns, advanced, following = _complete_postgres(held, spec, outcome, completed, now,
@@ -170,8 +174,11 @@ def record_success(held: Claim, spec: WorkflowSpec, outcome: engine.Advance,
             completed.kind = "step_discarded"
             completed.data["reason"] = "the run was no longer running this step"
             completed.save()
-        elif publish_artifacts:
-            artifacts.publish(held)
+        else:
+            if publish_artifacts:
+                artifacts.publish(held)
+            if tags:
+                rows.add_tags(held.run_id, tags)
     return None
 
 

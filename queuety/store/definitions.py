@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import partial
 
 from django.db import transaction
@@ -37,7 +38,9 @@ def definition_id(spec: WorkflowSpec) -> int:
             name=spec.name, definition_hash=key[1], defaults={"definition": spec.to_dict()}
         )
         found = row.pk
-        _specs[found] = spec  # keyed by id: a rolled-back id is never handed out again
+        # Keyed by id: a rolled-back id is never handed out again. Without the builder's
+        # tags, which are no part of the stored definition (a loaded spec carries none).
+        _specs[found] = replace(spec, tags=()) if spec.tags else spec
         remember = partial(_definition_ids.__setitem__, key, found)
         if transaction.get_connection().in_atomic_block:
             transaction.on_commit(remember)

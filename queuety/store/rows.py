@@ -509,3 +509,16 @@ def append_chunk(params: list[Any]) -> bool:
     with hot_cursor() as cursor:
         cursor.execute(sql.APPEND_CHUNK, params)
         return bool(cursor.rowcount)
+
+
+def add_tags(run_id: int, tags: dict[str, str]) -> None:
+    """Merge ``tags`` (checked) into run ``run_id``'s tags, a key's new value replacing its
+    old one; in the caller's transaction (a step's transition, which holds the row's lock).
+    No revision bump: tags are no part of the run's state."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("UPDATE queuety_workflowrun SET tags = tags || %s::jsonb "
+                           "WHERE id = %s", [json.dumps(tags), run_id])
+        return
+    held = WorkflowRun.objects.filter(pk=run_id).values_list("tags", flat=True).first() or {}
+    WorkflowRun.objects.filter(pk=run_id).update(tags={**held, **tags})

@@ -26,10 +26,10 @@ WITH run AS (
     INSERT INTO queuety_workflowrun (definition_id, name, status, state, current_step,
                                      total_steps, revision, transitions, cost_units,
                                      started_workflows, deadline_at, loops, created_at,
-                                     updated_at, trace_context)
+                                     updated_at, trace_context, tags)
     VALUES (%(definition_id)s, %(name)s, 'running', %(state)s::jsonb, 0, %(total_steps)s, 0,
             0, 0, 0, %(deadline_at)s::timestamptz, '{}'::jsonb, %(now)s, %(now)s,
-            %(trace_context)s)
+            %(trace_context)s, %(tags)s::jsonb)
     RETURNING id
 ), step AS (
     INSERT INTO queuety_steprun (run_id, kind, seq, branch, step_index, step_name, status,

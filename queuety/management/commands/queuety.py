@@ -13,7 +13,8 @@ from queuety import definition_diff, exceptions, inbox, metrics, operations, out
 from queuety import export as exports  # "export" and "timeline" name sub-parsers below
 from queuety import timeline as timelines
 from queuety.core import artifacts as artifact_rules
-from queuety.core.describe import format_status
+from queuety.core import tags as tag_rules
+from queuety.core.describe import format_status, tags_text
 from queuety.management import acting, deploying, eventlog, migrating, quarantine, starting
 from queuety.management import jobs as job_commands
 from queuety.management.starting import Error
@@ -110,6 +111,9 @@ class Command(BaseCommand):
         listing = actions.add_parser("list", help="List runs, newest first.")
         listing.add_argument("--status", default=None)
         listing.add_argument("--limit", type=_limit, default=50)
+        listing.add_argument("--tag", action="append", default=[], metavar="KEY=VALUE",
+                             help="Only runs carrying this tag (customer=42); repeat it for "
+                                  "several, all of which must match.")
         listing.add_argument("--format", choices=["table", "json"], default="table")
 
         for action, what in (("approve", "Approve the run's current approval or decision wait."),
@@ -462,10 +466,11 @@ class Command(BaseCommand):
         self.stdout.write("\n".join(format_status(status)))
 
     def _list(self, status: str | None, limit: int, format: str, acting_user: Any = None,
-              **options: Any) -> None:
+              tag: list[str] | None = None, **options: Any) -> None:
         try:
             runs = queries.list_workflows(status=status, limit=limit,
-                                          among=acting.reachable(acting_user))
+                                          among=acting.reachable(acting_user),
+                                          tags=tag_rules.parse_filters(tag or [], "="))
         except ValueError as error:
             raise Error(str(error)) from None
         if format == "json":
@@ -474,9 +479,10 @@ class Command(BaseCommand):
         if not runs:
             self.stdout.write("No workflows found.")
             return
-        header = ["ID", "Name", "Version", "Hash", "Status", "Step", "StepName"]
+        header = ["ID", "Name", "Version", "Hash", "Status", "Step", "StepName", "Tags"]
         rows = [[str(run.id), run.name, run.definition_version or "-",
                  run.definition_hash[:12], run.status,
-                 f"{run.current_step}/{run.total_steps}", run.current_step_name or "-"]
+                 f"{run.current_step}/{run.total_steps}", run.current_step_name or "-",
+                 tags_text(run.tags)]
                 for run in runs]
         self._table(header, rows)
