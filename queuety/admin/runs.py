@@ -87,7 +87,7 @@ from queuety.store.definitions import definition_hash, effective_policy, load_sp
 #: Columns the changelist reads: the run row minus its big JSON columns (state, error, cleanup).
 LIST_COLUMNS = ("id", "definition_id", "name", "status", "current_step", "total_steps",
                 "idempotency_key", "transitions", "cost_units", "started_workflows",
-                "created_at", "finished_at")
+                "created_at", "finished_at", "tags")
 
 
 if TYPE_CHECKING:  # ModelAdmin is generic in django-stubs only: not subscriptable at run time

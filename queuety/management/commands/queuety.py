@@ -479,10 +479,13 @@ class Command(BaseCommand):
         if not runs:
             self.stdout.write("No workflows found.")
             return
-        header = ["ID", "Name", "Version", "Hash", "Status", "Step", "StepName", "Tags"]
+        # The original's columns; a Tags column only when a listed run has tags.
+        tagged = any(run.tags for run in runs)
+        header = ["ID", "Name", "Version", "Hash", "Status", "Step", "StepName",
+                  *(["Tags"] if tagged else [])]
         rows = [[str(run.id), run.name, run.definition_version or "-",
                  run.definition_hash[:12], run.status,
                  f"{run.current_step}/{run.total_steps}", run.current_step_name or "-",
-                 tags_text(run.tags)]
+                 *([tags_text(run.tags)] if tagged else [])]
                 for run in runs]
         self._table(header, rows)
