@@ -26,6 +26,7 @@ from queuety import scope
 from queuety.conf import settings
 from queuety.core import tags as tag_rules
 from queuety.models import ERROR_TYPE, Event, WorkflowRun
+from queuety.store.tags import tagged
 
 #: ``since`` as an age: a number and a unit (seconds, minutes, hours, days, weeks).
 _AGE = re.compile(r"^\s*(\d{1,9})\s*([smhdw])\s*$")
@@ -156,7 +157,7 @@ def narrow(events: QuerySet[Event], filters: EventFilters) -> QuerySet[Event]:
         events = events.filter(created_at__gte=filters.since)
     if filters.tags:
         # The runs carrying the tags come from the runs' GIN index (queuety_run_tags).
-        events = events.filter(run__tags__contains=dict(filters.tags))
+        events = events.filter(tagged(filters.tags, through="run__"))
     return events
 
 

@@ -13,7 +13,6 @@ from queuety import exceptions
 from queuety.conf import settings
 from queuety.core import budget as budgets
 from queuety.core import resources, waits
-from queuety.core import tags as tag_rules
 from queuety.core.definition import ChildStep, WaitStep, WaitWorkflowsStep, WorkflowSpec
 from queuety.core.dependencies import WaitWorkflowsSpec
 from queuety.core.progress import progress_text
@@ -24,6 +23,7 @@ from queuety.runtime.landing import workflow_wait
 from queuety.store import groups as group_rows
 from queuety.store import rows
 from queuety.store.definitions import definition_hash, effective_policy, load_spec, wait_kinds
+from queuety.store.tags import tagged
 
 
 def wait_info(run: WorkflowRun, spec: WorkflowSpec) -> dict[str, Any]:
@@ -219,7 +219,8 @@ def _status_unloadable(run: WorkflowRun) -> WorkflowStatus:
         idempotency_key=run.idempotency_key, budget=None, retry_policy=None,
         wait_type=None, waiting_for=None, wait_mode=None, wait_details=None,
         artifact_count=len(keys := artifacts.summary(run.pk)), artifact_keys=keys,
-        tags=run.tags, created_at=run.created_at, updated_at=run.updated_at, finished_at=run.finished_at)
+        tags=run.tags, created_at=run.created_at, updated_at=run.updated_at,
+        finished_at=run.finished_at)
 
 
 def workflow_status(run_id: int) -> WorkflowStatus:
@@ -334,20 +335,6 @@ def runs_matching(*, status: str | None = None, workflow: str | None = None,
             raise ValueError(f"Unknown waiting filter {waiting!r}; use true, false or one of "
                              f"{', '.join(WAIT_KINDS)}.")
     return runs.filter(tagged(tags or {}))
-
-
-def tagged(tags: Mapping[str, str]) -> Q:
-    """A filter for runs carrying every one of ``tags`` (containment, which the GIN index
-    ``queuety_run_tags`` serves); no condition at all for no tags.
-
-    Raises:
-        ValueError: a key or value is not a valid tag (``queuety.core.tags``), named.
-    """
-    try:
-        wanted = tag_rules.check_tags(tags, "the tag filter")
-    except exceptions.InvalidPayload as error:
-        raise ValueError(str(error).replace("; nothing was written.", ".")) from None
-    return Q(tags__contains=wanted) if wanted else Q()
 
 
 def run_summary(run: WorkflowRun) -> dict[str, Any]:

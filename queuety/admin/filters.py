@@ -22,7 +22,8 @@ from queuety.models import (
     WorkflowDefinition,
     WorkflowRun,
 )
-from queuety.queries import tagged, waiting_on
+from queuety.queries import waiting_on
+from queuety.store.tags import tagged
 
 # -- what waits where ---------------------------------------------------------------------------
 

@@ -78,9 +78,10 @@ from queuety.models import (
     WorkflowDependency,
     WorkflowRun,
 )
-from queuety.queries import tagged, waiting_on
+from queuety.queries import waiting_on
 from queuety.store import rows
 from queuety.store.definitions import definition_hash, effective_policy, load_spec
+from queuety.store.tags import tagged
 
 # -- the runs admin ------------------------------------------------------------------------------
 
