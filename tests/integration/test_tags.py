@@ -202,3 +202,11 @@ def test_event_log__tag_filter_cli_and_rest(tagged_runs, token):
     assert bad.status_code == 400 and "not key:value" in bad.json()["detail"]
     with pytest.raises(CommandError, match="not key=value"):
         cli("log", "--tag", "nocolon")
+
+
+def test_dispatch__flow_control_per_key_writes_the_tags_too(worker, token):
+    flow = queuety.workflow(f"tags_keyed_{token}").with_tags(team="billing") \
+        .then(tag_steps.plain)
+    run_id = flow.dispatch({}, key=f"k{token}", singleton=True, tags={"customer": token})
+    assert WorkflowRun.objects.get(pk=run_id).tags == {"team": "billing", "customer": token}
+    wait_for(run_id, worker=worker)
