@@ -41,6 +41,40 @@ class ProgressSerializer(serializers.Serializer[Any]):
     reported_at = serializers.DateTimeField(allow_null=True)
 
 
+class MachineTransitionSerializer(serializers.Serializer[Any]):
+    """One transition of a state machine run."""
+
+    to = serializers.CharField()
+    event = serializers.CharField()
+    at = serializers.CharField()
+
+    def get_fields(self) -> dict[str, Any]:
+        fields = super().get_fields()
+        fields["from"] = serializers.CharField()  # a Python keyword, so named here
+        return fields
+
+
+class MachineStatusSerializer(serializers.Serializer[Any]):
+    """The fields of ``queuety.machine_status()``."""
+
+    run_id = serializers.IntegerField()
+    machine = serializers.CharField()
+    state = serializers.CharField()
+    status = serializers.CharField()
+    final = serializers.BooleanField()
+    events = serializers.ListField(child=serializers.CharField())
+    history = MachineTransitionSerializer(many=True)
+    definition_hash = serializers.CharField()
+    definition_version = serializers.CharField(allow_null=True)
+    updated_at = serializers.DateTimeField()
+
+    def get_fields(self) -> dict[str, Any]:
+        fields = super().get_fields()
+        # The machine's data; declared here, as a class attribute would hide Serializer.data.
+        fields["data"] = serializers.DictField()
+        return fields
+
+
 class WorkflowStatusSerializer(serializers.Serializer[Any]):
     """The fields of ``queuety.workflow_status()``."""
 
@@ -67,6 +101,10 @@ class WorkflowStatusSerializer(serializers.Serializer[Any]):
     created_at = serializers.DateTimeField()
     updated_at = serializers.DateTimeField()
     finished_at = serializers.DateTimeField(allow_null=True)
+    machine = MachineStatusSerializer(
+        allow_null=True, required=False,
+        help_text="GET runs/<id>/ only: a state machine run's current state and history "
+                  "(null for a workflow run).")
 
 
 class SignalReceiptSerializer(serializers.Serializer[Any]):

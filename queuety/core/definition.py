@@ -375,6 +375,9 @@ class WorkflowSpec:
     priority: str | None = None
     """The priority of steps that set none (``with_priority()``): ``high``, ``normal``,
     ``low``."""
+    machine: dict[str, Any] | None = None
+    """A state machine's table, when ``queuety.machine()`` compiled this definition (see
+    ``queuety.core.machine``); part of the hash."""
     _index: dict[str, int] = field(default_factory=dict, init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -525,6 +528,7 @@ class WorkflowSpec:
             **({} if self.prune_state_after is None
                else {"prune_state_after": self.prune_state_after}),
             **({} if self.priority is None else {"priority": self.priority}),
+            **({} if self.machine is None else {"machine": self.machine}),
         }
 
     @classmethod
@@ -549,6 +553,7 @@ class WorkflowSpec:
             on_deadline=data.get("on_deadline"),
             prune_state_after=data.get("prune_state_after"),
             priority=data.get("priority"),
+            machine=data.get("machine"),
         )
 
     def canonical_json(self) -> str:

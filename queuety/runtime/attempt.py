@@ -394,7 +394,7 @@ def _context(spec: WorkflowSpec, held: Claim, *, streams: bool = True) -> StepCo
     return StepContext(held.run_id, spec.name, step.name, held.attempt,
                        budgets.BudgetView(spec.budget, usage),
                        beat=progress_reporter(held.step_run_id, held.run_id, step.name),
-                       sink=AttemptOutputs(held, step.name, streams=streams))
+                       sink=AttemptOutputs(held, step.name, streams=streams), definition=spec)
 
 
 def _wrote_artifacts(context: StepContext) -> bool:

@@ -1,0 +1,155 @@
+"""State machines on PostgreSQL with the real worker: a session moves between states on
+events sent with queuety.signal() and over REST, a guard refuses, a per-state timeout fires,
+an action's retry and a SIGKILL mid-action leave exactly one transition, and the state and
+history read back the same through the API, the CLI, the admin and an export's replay."""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+from datetime import timedelta
+
+import pytest
+from django.core.management import call_command
+from rest_framework.test import APIClient
+
+import queuety
+from queuety import export
+from queuety.models import StepRun
+from tests import machine_steps
+from tests.integration.test_api import API, make_user, post
+from tests.testapp.models import Counter
+
+pytestmark = pytest.mark.worker
+
+PARKED = ("waiting_for_signal",)
+
+
+def settle(run_id, state, worker, timeout=30.0):
+    """Wait until the machine is parked in ``state`` (or finished)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        status = queuety.machine_status(run_id)
+        if status.state == state and status.status in (*PARKED, "completed"):
+            return status
+        if time.monotonic() > deadline:
+            raise AssertionError(f"Machine run {run_id} is {status.status!r} in "
+                                 f"{status.state!r}, not parked in {state!r}.\n"
+                                 + worker.log()[-3000:])
+        time.sleep(0.05)
+
+
+def test_session__moves_on_events_guard_refuses_and_closes(worker, token):
+    run_id = machine_steps.session("session_basic").start({"user": 7}, key=f"s:{token}")
+    first = settle(run_id, "idle", worker)
+    assert first.history == () and first.data == {"user": 7}
+    assert set(first.events) == {"message", "close"}
+
+    queuety.signal(run_id, "message", {"text": "hello"})
+    active = settle(run_id, "active", worker)
+    assert active.data["replies"] == 1 and active.data["last_reply"] == "re: hello"
+    assert active.data["entered_active"] == 1 and "timeout" in active.events
+    for n in (2, 3):
+        queuety.signal(run_id, "message", {"text": f"m{n}"})
+        deadline = time.monotonic() + 30
+        while queuety.machine_status(run_id).data.get("replies") != n:
+            assert time.monotonic() < deadline, worker.log()[-3000:]
+            time.sleep(0.05)
+    # The guard allows LIMIT replies: the fourth message is taken but moves nothing.
+    queuety.signal(run_id, "message", {"text": "too many"})
+    deadline = time.monotonic() + 30
+    while StepRun.objects.filter(run_id=run_id, step_name="active.route",
+                                 status="completed").count() < 3:
+        assert time.monotonic() < deadline, worker.log()[-3000:]
+        time.sleep(0.05)
+    stayed = settle(run_id, "active", worker)
+    assert stayed.data["replies"] == 3 and len(stayed.history) == 3
+    assert stayed.data["text"] == "m3"  # a refused event's payload is not merged
+
+    queuety.signal(run_id, "close", {"reason": "done"})
+    done = settle(run_id, "closed", worker)
+    assert done.status == "completed" and done.final
+    assert [(h["from"], h["to"], h["event"]) for h in done.history] == [
+        ("idle", "active", "message"), ("active", "active", "message"),
+        ("active", "active", "message"), ("active", "closed", "close")]
+    assert done.data["exits"] == 3 and done.data["reason"] == "done"
+    assert done.definition_version == "session.v1"
+    assert done.definition_hash == machine_steps.session("session_basic").definition_hash
+    with pytest.raises(queuety.RunNotWaiting):
+        queuety.signal(run_id, "message", {"text": "late"})
+
+
+def test_timeout__moves_active_back_to_idle(worker):
+    machine = machine_steps.session("session_timeout", timeout=timedelta(seconds=1))
+    run_id = machine.start({})
+    settle(run_id, "idle", worker)
+    queuety.signal(run_id, "message", {"text": "hi"})
+    settle(run_id, "active", worker)
+    back = settle(run_id, "idle", worker, timeout=40)
+    assert [(h["from"], h["to"], h["event"]) for h in back.history] == [
+        ("idle", "active", "message"), ("active", "idle", "timeout")]
+    assert back.data["exits"] == 1
+
+
+def test_action_retry__runs_the_action_twice_and_transitions_once(worker, token):
+    Counter.objects.create(name=token)
+    machine = machine_steps.session("session_flaky", action=machine_steps.reply_flaky)
+    run_id = machine.start({"counter": token})
+    queuety.signal(run_id, "message", {"text": "hello"})
+    active = settle(run_id, "active", worker)
+    assert Counter.objects.get(name=token).value == 2  # the action ran twice
+    assert active.data["replies"] == 1 and len(active.history) == 1
+    route = StepRun.objects.get(run_id=run_id, step_name="idle.route", status="completed")
+    assert route.attempt == 2
+
+
+def test_sigkill_mid_action__finishes_the_transition_once(worker, token):
+    Counter.objects.create(name=token)
+    machine = machine_steps.session("session_killed", action=machine_steps.reply_killed)
+    run_id = machine.start({"counter": token})
+    queuety.signal(run_id, "message", {"text": "hello"})
+    active = settle(run_id, "active", worker, timeout=60)
+    assert Counter.objects.get(name=token).value == 2  # killed attempt, then the retry
+    assert active.data["replies"] == 1
+    assert [(h["from"], h["to"]) for h in active.history] == [("idle", "active")]
+    rows = StepRun.objects.filter(run_id=run_id, step_name="idle.route")
+    assert sorted(rows.values_list("status", flat=True)) == ["completed"]
+    assert rows.get().attempt == 2
+
+
+def test_rest_cli_admin_and_export__show_the_state_and_its_history(worker, admin_client):
+    run_id = machine_steps.session("session_views").start({"user": 1})
+    settle(run_id, "idle", worker)
+    client = APIClient()
+    client.force_authenticate(make_user("view_workflowrun", "signal_workflowrun"))
+    assert post(client, f"/runs/{run_id}/signals/message/", {"text": "via rest"}).status_code \
+        in (200, 202)
+    settle(run_id, "active", worker)
+    body = client.get(f"{API}/runs/{run_id}/").json()
+    assert body["machine"]["state"] == "active"
+    assert body["machine"]["history"][0]["event"] == "message"
+    plain = queuety.workflow("not_a_machine").wait_for_signal("go").dispatch({})
+    assert client.get(f"{API}/runs/{plain}/").json()["machine"] is None
+    with pytest.raises(queuety.NotAMachine):
+        queuety.machine_status(plain)
+
+    out = io.StringIO()
+    call_command("queuety", "machine", "status", str(run_id), "--json", stdout=out)
+    shown = json.loads(out.getvalue())
+    assert shown["state"] == "active" and shown["history"][0]["to"] == "active"
+    listed = io.StringIO()
+    call_command("queuety", "machine", "list", "--name", "session_views", stdout=listed)
+    assert f"{run_id}" in listed.getvalue() and "active" in listed.getvalue()
+
+    page = admin_client.get(f"/admin/queuety/workflowrun/{run_id}/change/").content.decode()
+    assert "Machine state" in page and "idle → active" in page
+
+    document = export.export(run_id)
+    copy = export.replay(json.loads(json.dumps(document)))
+    replayed = settle(copy, "active", worker)
+    assert replayed.history == queuety.machine_status(run_id).history
+    queuety.signal(copy, "close", {})
+    assert settle(copy, "closed", worker).status == "completed"
+    assert queuety.machine_status(run_id).state == "active"  # the original is untouched
+    queuety.cancel(plain)

@@ -1,0 +1,101 @@
+"""State machine builder: its checks, its table and the workflow it compiles to."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+import queuety
+from queuety.core.definition import WorkflowSpec
+from queuety.core.machine import END_STEP, EVENT_KEY, MACHINE_KEY
+from tests import machine_steps
+
+Error = queuety.WorkflowDefinitionError
+
+
+def test_session__compiles_to_a_workflow_with_a_step_per_part_of_each_state():
+    spec = machine_steps.session().build()
+    assert [s.name for s in spec.steps] == [
+        "idle.wait", "idle.route", "active", "active.wait", "active.route", "active.timeout",
+        END_STEP]
+    wait = spec.steps[3].wait
+    assert wait is not None and wait.signals == ("close", "message") and wait.mode == "any"
+    assert wait.result_key == EVENT_KEY and wait.timeout_target == "active.timeout"
+    assert set(spec.steps[1].routes) == {"active", END_STEP, "idle.wait"}
+    assert spec.machine is not None and spec.machine["initial"] == "idle"
+    assert spec.machine["states"]["active"]["transitions"][0] == {
+        "event": "message", "to": "active", "guard": "tests.machine_steps.under_limit",
+        "action": "tests.machine_steps.reply"}
+
+
+def test_hash__covers_guards_and_actions_and_survives_the_json_round_trip():
+    spec = machine_steps.session().build()
+    other = machine_steps.session(action=machine_steps.reply_flaky).build()
+    assert spec.definition_hash != other.definition_hash
+    again = WorkflowSpec.from_dict(spec.to_dict())
+    assert again.definition_hash == spec.definition_hash and again.machine == spec.machine
+    assert spec.version == "session.v1"
+
+
+@pytest.mark.parametrize(("build", "words"), [
+    (lambda m: m.state("a").on("go", to="nowhere").final("z"),
+     ["'nowhere', which is not a state", "'a'", "'z'"]),
+    (lambda m: m.state("a").on("go", to="a"), ["has no final state", ".final(name)"]),
+    (lambda m: m.state("a").on("go", to="z").on("go", to="a").final("z"),
+     ["two transitions on 'go'", "first has no guard"]),
+    (lambda m: m.state("a").on("go", to="z").state("b").on("go", to="z").final("z"),
+     ["no transition leads to", "'b'"]),
+    (lambda m: m.state("a").on("timeout", to="z").final("z"),
+     ["'timeout' transition but no timeout"]),
+    (lambda m: m.state("a", timeout=5).on("go", to="z").final("z"),
+     ["has a timeout but no 'timeout'"]),
+    (lambda m: m.state("a").state("b").on("go", to="z").final("z"), ["'a' has no events"]),
+    (lambda m: m, ["has no states"]),
+])
+def test_build__refuses_a_bad_machine_with_a_message_naming_the_fix(build, words):
+    with pytest.raises(Error) as raised:
+        build(queuety.machine("m")).build()
+    for word in words:
+        assert word in str(raised.value)
+
+
+def test_declaring__refuses_at_the_call_what_cannot_be_right():
+    with pytest.raises(Error, match="needs a state before it"):
+        queuety.machine("m").on("go", to="z")
+    with pytest.raises(Error, match="declares state 'a' twice"):
+        queuety.machine("m").state("a").state("a")
+    with pytest.raises(Error, match="final state 'z' cannot have transitions"):
+        queuety.machine("m").final("z").on("go", to="z")
+    with pytest.raises(Error, match="state names are"):
+        queuety.machine("m").state("a.wait")
+    with pytest.raises(Error, match="positive"):
+        queuety.machine("m").state("a", timeout=timedelta(0))
+    with pytest.raises(Error, match="the guard is refused: .* cannot import it"):
+        queuety.machine("m").state("a").on("go", to="z", guard=lambda s, p: True)
+
+
+def test_guarded_transitions_of_one_event__are_allowed_in_order():
+    spec = (queuety.machine("m").state("a")
+            .on("go", to="b", guard=machine_steps.under_limit).on("go", to="z")
+            .state("b").on("go", to="z").final("z")).build()
+    assert [t["to"] for t in spec.machine["states"]["a"]["transitions"]] == ["b", "z"]
+
+
+def test_start_payload__may_not_use_the_machine_keys():
+    from queuety.core.machine import initial_state
+
+    assert initial_state("m", "a", {"x": 1}) == {"x": 1, MACHINE_KEY: {"state": "a",
+                                                                       "history": []}}
+    with pytest.raises(Error, match="queuety_machine"):
+        initial_state("m", "a", {MACHINE_KEY: 1})
+
+
+def test_register__takes_a_machine_builder():
+    from queuety import registry
+
+    try:
+        queuety.register("unit_session", machine_steps.session("unit_session"))
+        assert registry.get("unit_session").spec.machine is not None
+    finally:
+        registry.unregister("unit_session")
