@@ -153,3 +153,24 @@ def test_rest_cli_admin_and_export__show_the_state_and_its_history(worker, admin
     assert settle(copy, "closed", worker).status == "completed"
     assert queuety.machine_status(run_id).state == "active"  # the original is untouched
     queuety.cancel(plain)
+
+
+def test_events__one_no_state_accepts_is_refused_one_a_later_state_accepts_is_kept(worker):
+    from queuety import registry
+
+    machine = (queuety.machine("machine_mailbox").state("a").on("go", to="b")
+               .state("b").on("stop", to="z").final("z"))
+    queuety.register("machine_mailbox", machine)
+    try:
+        run_id = queuety.start("machine_mailbox", {"n": 1})  # by name: no bookkeeping yet
+        assert settle(run_id, "a", worker).events == ("go",)
+        with pytest.raises(queuety.RunNotWaiting, match="go"):
+            queuety.signal(run_id, "nope", {})
+        queuety.signal(run_id, "stop", {"early": True})  # b's event: kept for later
+        assert queuety.machine_status(run_id).state == "a"
+        queuety.signal(run_id, "go", {})
+        done = settle(run_id, "z", worker)
+        assert [(h["from"], h["to"]) for h in done.history] == [("a", "b"), ("b", "z")]
+        assert done.status == "completed" and done.data["early"] is True
+    finally:
+        registry.unregister("machine_mailbox")
