@@ -99,3 +99,16 @@ def test_register__takes_a_machine_builder():
         assert registry.get("unit_session").spec.machine is not None
     finally:
         registry.unregister("unit_session")
+
+
+def test_handler_refs__name_every_action_and_guard_for_the_deploy_check():
+    from queuety.core.handler_refs import Need, handler_refs
+
+    refs = handler_refs(machine_steps.session().build())
+    machine_refs = {(r.path, r.need) for r in refs if "state" in r.where}
+    assert machine_refs == {
+        ("tests.machine_steps.greet", Need.STEP), ("tests.machine_steps.leave", Need.STEP),
+        ("tests.machine_steps.under_limit", Need.GUARD),
+        ("tests.machine_steps.reply", Need.STEP)}
+    assert any(r.where == "The guard of the transition of state 'active' on 'message'"
+               for r in refs)
