@@ -50,7 +50,8 @@ def transition(state: dict[str, Any], context: StepContext) -> Route:
                    if t["event"] == event and _allows(t["guard"], data, payload)), None)
     if chosen is None:
         return Route(f"{name}.wait")
-    merged = {**state, **(public(payload) if isinstance(payload, dict) else {})}
+    # An event's payload cannot overwrite the machine's bookkeeping keys.
+    merged = {**state, **(machine_data(public(payload)) if isinstance(payload, dict) else {})}
     outputs: dict[str, Any] = {}
     for path in (spec["on_exit"], chosen["action"]):
         if path is not None:

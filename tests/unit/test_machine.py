@@ -112,3 +112,43 @@ def test_handler_refs__name_every_action_and_guard_for_the_deploy_check():
         ("tests.machine_steps.reply", Need.STEP)}
     assert any(r.where == "The guard of the transition of state 'active' on 'message'"
                for r in refs)
+
+
+def _context(spec, step_name):
+    from queuety.core.budget import BudgetView, Usage
+
+    return queuety.StepContext(1, spec.name, step_name, 1, BudgetView(spec.budget, Usage()),
+                               definition=spec)
+
+
+def test_transition__guard_order_merges_payload_and_actions_with_the_state_change():
+    from queuety.core.machine_steps import transition
+
+    spec = machine_steps.session().build()
+    state = {"replies": 1, EVENT_KEY: {"message": {"text": "hi", MACHINE_KEY: "spoof"}},
+             MACHINE_KEY: {"state": "active", "history": [{"from": "idle", "to": "active"}]}}
+    route = transition(state, _context(spec, "active.route"))
+    assert route.label == "active"  # back into active: its entry action runs again
+    assert route.output["replies"] == 2 and route.output["last_reply"] == "re: hi"
+    assert route.output["exits"] == 1 and route.output["text"] == "hi"
+    book = route.output[MACHINE_KEY]
+    assert book["state"] == "active" and len(book["history"]) == 2
+    assert book["history"][-1]["event"] == "message"
+    assert book["event"]["name"] == "message"
+
+    refused = transition({**state, "replies": machine_steps.LIMIT},
+                         _context(spec, "active.route"))
+    assert refused.label == "active.wait" and not refused.output
+
+    closing = transition({**state, EVENT_KEY: {"close": None}}, _context(spec, "active.route"))
+    assert closing.label == END_STEP and closing.output[MACHINE_KEY]["state"] == "closed"
+    timed = transition(state, _context(spec, "active.timeout"))
+    assert timed.label == "idle.wait" and timed.output[MACHINE_KEY]["state"] == "idle"
+
+
+def test_transition__outside_a_machine_definition_says_so():
+    from queuety.core.machine_steps import transition
+
+    plain = queuety.workflow("plain").then(machine_steps.greet).build()
+    with pytest.raises(Error, match="has no machine table"):
+        transition({}, _context(plain, "x.route"))
