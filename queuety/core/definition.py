@@ -376,8 +376,7 @@ class WorkflowSpec:
     """The priority of steps that set none (``with_priority()``): ``high``, ``normal``,
     ``low``."""
     machine: dict[str, Any] | None = None
-    """A state machine's table, when ``queuety.machine()`` compiled this definition (see
-    ``queuety.core.machine``); part of the hash."""
+    """The state machine table ``queuety.machine()`` compiled (``queuety.core.machine``)."""
     _index: dict[str, int] = field(default_factory=dict, init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:

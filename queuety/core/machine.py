@@ -70,7 +70,7 @@ class _Transition:
 class _State:
     name: str
     final: bool = False
-    on_enter: Any = None
+    on_enter: str | None = None
     on_exit: str | None = None
     timeout: float | None = None
     retry: RetryPolicy | None = None
@@ -130,12 +130,10 @@ class MachineBuilder:
             raise exceptions.WorkflowDefinitionError(
                 f"The timeout of state {name!r} of machine {self._name!r} must be a positive "
                 f"timedelta or number of seconds (got {timeout!r}).")
-        enter = None if on_enter is None else on_enter
-        if enter is not None:
-            resolve_handler(enter)  # refused now, with the handler's own message
+        enter_path = None if on_enter is None else resolve_handler(on_enter)[0]
         exit_path = None if on_exit is None else resolve_handler(on_exit)[0]
         return self._copy((*self._states, _State(
-            name, on_enter=enter, on_exit=exit_path,
+            name, on_enter=enter_path, on_exit=exit_path,
             timeout=None if seconds is None else float(seconds), retry=retry)))
 
     def final(self, name: str) -> MachineBuilder:
@@ -213,8 +211,7 @@ class MachineBuilder:
             "initial": self._states[0].name,
             "states": {s.name: {
                 "final": s.final,
-                "on_enter": None if s.on_enter is None else resolve_handler(s.on_enter)[0],
-                "on_exit": s.on_exit, "timeout": s.timeout,
+                "on_enter": s.on_enter, "on_exit": s.on_exit, "timeout": s.timeout,
                 "transitions": [{"event": t.event, "to": t.to, "guard": t.guard,
                                  "action": t.action} for t in s.transitions],
             } for s in self._states},
