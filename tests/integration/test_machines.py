@@ -16,7 +16,7 @@ from rest_framework.test import APIClient
 
 import queuety
 from queuety import export
-from queuety.models import StepRun
+from queuety.models import StepRun, WorkflowRun
 from tests import machine_steps
 from tests.integration.test_api import API, make_user, post
 from tests.testapp.models import Counter
@@ -144,6 +144,11 @@ def test_rest_cli_admin_and_export__show_the_state_and_its_history(worker, admin
 
     page = admin_client.get(f"/admin/queuety/workflowrun/{run_id}/change/").content.decode()
     assert "Machine state" in page and "idle → active" in page
+    definition = WorkflowRun.objects.get(pk=run_id).definition_id
+    shown_definition = admin_client.get(
+        f"/admin/queuety/workflowdefinition/{definition}/change/")
+    assert shown_definition.status_code == 200
+    assert "active.route" in shown_definition.content.decode()
 
     document = export.export(run_id)
     copy = export.replay(json.loads(json.dumps(document)))
