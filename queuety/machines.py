@@ -36,7 +36,11 @@ class MachineStatus:
     """The events the current state has transitions for (``timeout`` included when it has
     a timeout)."""
     history: tuple[dict[str, Any], ...]
-    """The transitions so far, oldest first: ``{"from", "to", "event", "at"}``."""
+    """The newest transitions, oldest first: ``{"from", "to", "event", "at"}``; the run's
+    state keeps the last ``HISTORY_KEPT`` (50) of them (the run's timeline has every route
+    step)."""
+    transitions: int
+    """How many transitions the machine has taken (``len(history)`` until it passes 50)."""
     data: dict[str, Any]
     """The machine's data: the run's state without the machine's bookkeeping keys."""
     definition_hash: str
@@ -47,7 +51,8 @@ class MachineStatus:
         """The JSON shape the API, the CLI and the admin show."""
         return {"run_id": self.run_id, "machine": self.machine, "state": self.state,
                 "status": self.status, "final": self.final, "events": list(self.events),
-                "history": list(self.history), "data": self.data,
+                "history": list(self.history), "transitions": self.transitions,
+                "data": self.data,
                 "definition_hash": self.definition_hash,
                 "definition_version": self.definition_version,
                 "updated_at": self.updated_at.isoformat()}
@@ -87,12 +92,14 @@ def status_of(run: WorkflowRun) -> MachineStatus | None:
     if table is None:
         return None
     book = bookkeeping(run.state, table)
+    history = book.get("history", [])
     current = table["states"].get(book["state"], {"final": False, "transitions": []})
     events = sorted({t["event"] for t in current["transitions"]})
     return MachineStatus(
         run_id=run.pk, machine=run.name, state=book["state"], status=run.status,
         final=bool(current["final"]), events=tuple(events),
-        history=tuple(book.get("history", [])), data=machine_data(run.state),
+        history=tuple(history), transitions=int(book.get("transitions", len(history))),
+        data=machine_data(run.state),
         definition_hash=spec.definition_hash, definition_version=spec.version,
         updated_at=run.updated_at)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -49,6 +50,31 @@ def reply_killed(state: dict[str, Any], context: queuety.StepContext) -> dict[st
 def leave(state: dict[str, Any]) -> dict[str, Any]:
     """Exit action of ``active``."""
     return {"exits": int(state.get("exits", 0)) + 1}
+
+
+def slow_enter(state: dict[str, Any]) -> dict[str, Any]:
+    """An entry action that takes a while, so an event can arrive while it runs."""
+    time.sleep(1.0)
+    return {"entered": int(state.get("entered", 0)) + 1}
+
+
+def seen_event(state: dict[str, Any]) -> dict[str, Any]:
+    """Transition action: record the event the machine's bookkeeping shows it."""
+    return {"seen": state["queuety_machine"]["event"]}
+
+
+def streaming_exit(state: dict[str, Any]) -> Any:
+    """A generator: refused as an exit action (it cannot stream inside the route step)."""
+    yield "chunk"
+
+
+class RetriedAction(queuety.Step):
+    """A Step class with its own retry: refused as a transition action."""
+
+    retry = queuety.RetryPolicy(max_attempts=5)
+
+    def handle(self, state: dict[str, Any]) -> dict[str, Any]:
+        return {}
 
 
 def _bump(state: dict[str, Any]) -> None:

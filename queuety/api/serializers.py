@@ -63,7 +63,9 @@ class MachineStatusSerializer(serializers.Serializer[Any]):
     status = serializers.CharField()
     final = serializers.BooleanField()
     events = serializers.ListField(child=serializers.CharField())
-    history = MachineTransitionSerializer(many=True)
+    history = MachineTransitionSerializer(
+        many=True, help_text="The newest transitions (at most 50), oldest first.")
+    transitions = serializers.IntegerField(help_text="How many transitions it has taken.")
     definition_hash = serializers.CharField()
     definition_version = serializers.CharField(allow_null=True)
     updated_at = serializers.DateTimeField()
@@ -191,9 +193,10 @@ class StartRunSerializer(serializers.Serializer[Any]):
         required=False, help_text="At most one live run of the key; on_conflict says what "
                                   "a start does while one is live.")
     on_conflict = serializers.ChoiceField(
-        choices=["reject", "queue", "replace", "signal"], required=False, allow_null=True,
-        help_text="With singleton: reject (409 run_conflict, the default), queue, replace or "
-                  "signal.")
+        choices=["reject", "queue", "replace", "signal", "existing"], required=False,
+        allow_null=True,
+        help_text="With singleton: reject (409 run_conflict, the default), queue, replace, "
+                  "signal or existing (answer with the live run's id, starting nothing).")
     signal = serializers.CharField(
         required=False, help_text="With on_conflict signal: the signal's name (default input).")
     batch = serializers.DictField(

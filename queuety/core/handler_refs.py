@@ -159,13 +159,13 @@ def handler_refs(spec: WorkflowSpec, within: str = "") -> list[HandlerRef]:
 
 
 def _machine_refs(table: dict[str, Any] | None, within: str) -> list[HandlerRef]:
-    """The actions and guards a state machine's table names (``queuety.core.machine``)."""
+    """The exit actions, guards and transition actions a state machine's table names
+    (``queuety.core.machine``); an entry action is a step of its own, listed with the steps."""
     refs: list[HandlerRef] = []
     for name, state in ((table or {}).get("states") or {}).items():
-        for role in ("on_enter", "on_exit"):
-            if state.get(role):
-                refs.append(HandlerRef(state[role], Need.STEP,
-                                       f"The {role} action of state {name!r}{within}"))
+        if state.get("on_exit"):
+            refs.append(HandlerRef(state["on_exit"], Need.STEP,
+                                   f"The on_exit action of state {name!r}{within}"))
         for t in state.get("transitions") or []:
             what = f"the transition of state {name!r} on {t['event']!r}{within}"
             if t.get("guard"):

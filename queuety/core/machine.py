@@ -33,6 +33,7 @@ table of states, transitions, guards and actions is stored in the definition
 
 from __future__ import annotations
 
+import inspect
 import re
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
@@ -53,6 +54,13 @@ EVENT_KEY = "queuety_event"
 TIMEOUT_EVENT = "timeout"
 #: The step that completes the run when a final state is entered.
 END_STEP = "machine.end"
+#: How many transitions the run's state keeps in ``history`` (the newest); ``transitions``
+#: counts them all.
+HISTORY_KEPT = 50
+#: The options of a ``queuety.Step`` class an exit or transition action could not honour:
+#: those actions run inside the transition's step, under the state's ``retry=``.
+_STEP_ONLY_OPTIONS = ("retry", "timeout", "queue", "priority", "cost_units",
+                      "concurrency_group", "concurrency_limit", "rate_limit", "transactional")
 TRANSITION_HANDLER = "queuety.core.machine_steps.transition"
 END_HANDLER = "queuety.core.machine_steps.end"
 _STATE_NAME = re.compile(r"^[A-Za-z0-9_-]{1,100}$")
@@ -131,7 +139,7 @@ class MachineBuilder:
                 f"The timeout of state {name!r} of machine {self._name!r} must be a positive "
                 f"timedelta or number of seconds (got {timeout!r}).")
         enter_path = None if on_enter is None else resolve_handler(on_enter)[0]
-        exit_path = None if on_exit is None else resolve_handler(on_exit)[0]
+        exit_path = _inline_action(self._name, f"the exit action of state {name!r}", on_exit)
         return self._copy((*self._states, _State(
             name, on_enter=enter_path, on_exit=exit_path,
             timeout=None if seconds is None else float(seconds), retry=retry)))
@@ -178,8 +186,9 @@ class MachineBuilder:
                     f"{event!r} (to {earlier.to!r} and to {to!r}), and the first has no guard, "
                     "so the second could never be taken; give the first a guard=, or remove "
                     "one.")
-        transition = _Transition(event.strip(), to, _guard_path(self._name, guard),
-                                 None if action is None else resolve_handler(action)[0])
+        transition = _Transition(event.strip(), to, _guard_path(self._name, guard), _inline_action(
+            self._name, f"the action of the transition of state {current.name!r} on {event!r}",
+            action))
         states = (*self._states[:-1],
                   replace(current, transitions=(*current.transitions, transition)))
         return self._copy(states)
@@ -238,11 +247,15 @@ class MachineBuilder:
     def start(self, payload: dict[str, Any] | None = None, *, key: str | None = None) -> int:
         """Start a run of the machine in its initial state; return the run id.
 
-        ``key`` is a keyed run's key (``queuety.start(..., key=...)``): while a run with that
-        key is live, the start is refused or reported as the keyed-run rules say.
+        ``key`` makes the machine one per key: while a run of this machine with that key is
+        live, the start writes nothing and returns the live run's id (an idempotent start;
+        ``singleton=True, on_conflict="existing"`` of ``queuety.start()``). Once that run has
+        finished, the next start with the key starts a new one.
         """
         flow = self.compile()
-        return flow.dispatch(initial_state(self._name, self._states[0].name, payload), key=key)
+        if key is None:
+            return flow.dispatch(payload)
+        return flow.dispatch(payload, key=key, singleton=True, on_conflict="existing")
 
     # -- checks -----------------------------------------------------------------------------
 
@@ -315,6 +328,31 @@ def _check_state(machine: str, state: _State, names: set[str]) -> None:
             "with .on(event, to=...), or make it .final().")
 
 
+def _inline_action(machine: str, what: str, action: Any) -> str | None:
+    """The dotted path of an exit or transition action, refused when it is a generator or a
+    ``Step`` class with options the transition's step could not honour (its retry, timeout,
+    queue, ...): those actions run inside that step, not as steps of their own."""
+    if action is None:
+        return None
+    path, obj = resolve_handler(action)
+    function = getattr(obj, "handle", None) if isinstance(obj, type) else obj
+    if inspect.isgeneratorfunction(function) or inspect.isasyncgenfunction(function):
+        raise exceptions.WorkflowDefinitionError(
+            f"Machine {machine!r}: {what}, {path!r}, is a generator; exit and transition "
+            "actions run inside the transition's step and cannot stream. Stream from an "
+            "entry action (on_enter=), which is a step of its own.")
+    if isinstance(obj, type):
+        ignored = [o for o in _STEP_ONLY_OPTIONS if getattr(obj, o, None) not in (None, False)]
+        if ignored:
+            raise exceptions.WorkflowDefinitionError(
+                f"Machine {machine!r}: {what}, the Step class {path!r}, sets "
+                f"{', '.join(ignored)}, which it could not honour: exit and transition "
+                "actions run inside the transition's step, under the state's retry= (or the "
+                "machine's). Remove them from the class, or make the work an entry action "
+                "(on_enter=), which is a step of its own.")
+    return path
+
+
 def _guard_path(machine: str, guard: Any) -> str | None:
     """The dotted path of a guard function, checked to import back to it."""
     if guard is None:
@@ -362,22 +400,21 @@ def _state_steps(flow: WorkflowBuilder, state: _State, table: dict[str, Any]) ->
     return flow
 
 
-def initial_state(machine: str, initial: str, payload: dict[str, Any] | None) -> dict[str, Any]:
-    """The first state of a run: ``payload`` and the bookkeeping of the initial state.
+def initial_state(machine: str, initial: str, payload: dict[str, Any]) -> dict[str, Any]:
+    """The first state of a run: the checked ``payload`` (a JSON object) and the bookkeeping
+    of the initial state. Every start of a machine passes through it (``queuety.dispatch``).
 
     Raises:
-        WorkflowDefinitionError: the payload is not a dict, or uses the machine's keys.
+        InvalidPayload: the payload uses the machine's keys (so a start could not forge the
+            machine's state or history).
     """
-    data = {} if payload is None else payload
-    if not isinstance(data, dict):
-        raise exceptions.WorkflowDefinitionError(
-            f"The payload of machine {machine!r} must be a dict (got {type(data).__name__}).")
-    taken = sorted({MACHINE_KEY, EVENT_KEY} & set(data))
+    taken = sorted({MACHINE_KEY, EVENT_KEY} & set(payload))
     if taken:
-        raise exceptions.WorkflowDefinitionError(
-            f"The payload of machine {machine!r} uses {', '.join(map(repr, taken))}, which "
-            "the machine keeps its own bookkeeping under; rename them.")
-    return {**data, MACHINE_KEY: {"state": initial, "history": []}}
+        raise exceptions.InvalidPayload(
+            f"The payload of machine {machine!r} uses {', '.join(map(repr, taken))}, which the "
+            "machine keeps its own bookkeeping under (its state, history and last event); "
+            "rename them. Nothing was started.")
+    return {**payload, MACHINE_KEY: {"state": initial, "history": [], "transitions": 0}}
 
 
 def table_paths(table: dict[str, Any] | None) -> list[str]:

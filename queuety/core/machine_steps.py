@@ -19,7 +19,13 @@ from queuety import exceptions
 from queuety.core.engine import Route, public
 from queuety.core.handlers import StepContext, call_handler
 from queuety.core.imports import import_path
-from queuety.core.machine import EVENT_KEY, MACHINE_KEY, TIMEOUT_EVENT, entry_step
+from queuety.core.machine import (
+    EVENT_KEY,
+    HISTORY_KEPT,
+    MACHINE_KEY,
+    TIMEOUT_EVENT,
+    entry_step,
+)
 
 
 def bookkeeping(state: dict[str, Any], table: dict[str, Any]) -> dict[str, Any]:
@@ -28,7 +34,7 @@ def bookkeeping(state: dict[str, Any], table: dict[str, Any]) -> dict[str, Any]:
     found = state.get(MACHINE_KEY)
     if isinstance(found, dict) and isinstance(found.get("state"), str):
         return found
-    return {"state": table["initial"], "history": []}
+    return {"state": table["initial"], "history": [], "transitions": 0}
 
 
 def machine_data(state: dict[str, Any]) -> dict[str, Any]:
@@ -44,26 +50,38 @@ def transition(state: dict[str, Any], context: StepContext) -> Route:
     if kind == "timeout":
         event, payload = TIMEOUT_EVENT, None
     else:
-        event, payload = _event(state, spec)
+        event, payload = _event(state, spec, context)
     data = machine_data(state)
     chosen = next((t for t in spec["transitions"]
                    if t["event"] == event and _allows(t["guard"], data, payload)), None)
     if chosen is None:
         return Route(f"{name}.wait")
-    # An event's payload cannot overwrite the machine's bookkeeping keys.
-    merged = {**state, **(machine_data(public(payload)) if isinstance(payload, dict) else {})}
+    # An event's payload cannot overwrite the machine's bookkeeping keys; the actions see
+    # this event (not the one that led into the state) under queuety_machine.event.
+    book = bookkeeping(state, table)
+    current = {"name": event, "data": payload}
+    merged = {**state, **(machine_data(public(payload)) if isinstance(payload, dict) else {}),
+              MACHINE_KEY: {**book, "event": current}}
     outputs: dict[str, Any] = {}
     for path in (spec["on_exit"], chosen["action"]):
         if path is not None:
             outputs.update(_output(path, {**merged, **outputs}, context))
-    book = bookkeeping(state, table)
-    entry = {"from": name, "to": chosen["to"], "event": event,
-             "at": datetime.now(UTC).isoformat()}
-    book = {"state": chosen["to"], "history": [*book.get("history", []), entry],
-            "event": {"name": event, "data": payload}}
-    changed = {k: v for k, v in merged.items() if k not in state or state[k] != v}
+    book = advanced(book, {"from": name, "to": chosen["to"], "event": event,
+                           "at": datetime.now(UTC).isoformat()}, current)
+    changed = {k: v for k, v in merged.items()
+               if k != MACHINE_KEY and (k not in state or state[k] != v)}
     return Route(entry_step(table, chosen["to"]),
                  output={**public(changed), **outputs, MACHINE_KEY: book})
+
+
+def advanced(book: dict[str, Any], entry: dict[str, Any],
+             event: dict[str, Any]) -> dict[str, Any]:
+    """The bookkeeping after the transition ``entry``: the new state, the newest
+    ``HISTORY_KEPT`` transitions (so a long session's state stays bounded) and their count."""
+    history = [*book.get("history", []), entry]
+    count = int(book.get("transitions", len(history) - 1)) + 1
+    return {"state": entry["to"], "history": history[-HISTORY_KEPT:], "transitions": count,
+            "event": event}
 
 
 def end(state: dict[str, Any]) -> None:
@@ -81,7 +99,8 @@ def _table(context: StepContext) -> dict[str, Any]:
     return table
 
 
-def _event(state: dict[str, Any], spec: dict[str, Any]) -> tuple[str, Any]:
+def _event(state: dict[str, Any], spec: dict[str, Any],
+           context: StepContext) -> tuple[str, Any]:
     """The event the state's wait took: its name and payload."""
     events = sorted({t["event"] for t in spec["transitions"]} - {TIMEOUT_EVENT})
     taken = state.get(EVENT_KEY)
@@ -91,8 +110,9 @@ def _event(state: dict[str, Any], spec: dict[str, Any]) -> tuple[str, Any]:
         ((event, payload),) = taken.items()
         return event, payload
     raise exceptions.InvalidStepOutput(
-        f"The wait before a machine's transition stored {taken!r} under {EVENT_KEY!r}; "
-        "expected one event and its payload.")
+        f"Step {context.step_name!r} of run {context.run_id} found {taken!r:.200} under "
+        f"{EVENT_KEY!r}, where the state's wait stores the event it took; expected a dict of "
+        "one event name and its payload. Do not write that key from an action.")
 
 
 def _allows(guard: str | None, data: dict[str, Any], payload: Any) -> bool:

@@ -76,7 +76,7 @@ def machine_action(options: dict[str, Any], write: Write, table: Table) -> None:
         write(json.dumps([s.to_dict() for s in found], indent=4, ensure_ascii=False))
         return
     table(["ID", "MACHINE", "STATE", "STATUS", "TRANSITIONS", "UPDATED"],
-          [[str(s.run_id), s.machine, s.state, s.status, str(len(s.history)),
+          [[str(s.run_id), s.machine, s.state, s.status, str(s.transitions),
             s.updated_at.isoformat(timespec="seconds")] for s in found])
 
 
@@ -87,6 +87,9 @@ def _write_status(status: machines.MachineStatus, write: Write, table: Table) ->
     write(f"State:    {status.state}" + (" (final)" if status.final else ""))
     write(f"Status:   {status.status}")
     write(f"Accepts:  {', '.join(status.events) or '-'}")
+    shown = len(status.history)
+    write(f"Transitions: {status.transitions}" + (
+        f" (the last {shown} below)" if shown < status.transitions else ""))
     write("")
     if not status.history:
         write("No transitions yet.")

@@ -12,11 +12,12 @@ from datetime import timedelta
 
 import pytest
 from django.core.management import call_command
+from django.utils import timezone
 from rest_framework.test import APIClient
 
 import queuety
 from queuety import export
-from queuety.models import StepRun, WorkflowRun
+from queuety.models import Signal, StepRun, WorkflowRun
 from tests import machine_steps
 from tests.integration.test_api import API, make_user, post
 from tests.testapp.models import Counter
@@ -171,7 +172,9 @@ def test_events__one_no_state_accepts_is_refused_one_a_later_state_accepts_is_ke
         assert settle(run_id, "a", worker).events == ("go",)
         with pytest.raises(queuety.RunNotWaiting, match="go"):
             queuety.signal(run_id, "nope", {})
-        queuety.signal(run_id, "stop", {"early": True})  # b's event: kept for later
+        kept = queuety.signal(run_id, "stop", {"early": True})  # b's event: kept for later
+        assert not kept.settled and kept.status == "waiting_for_signal"
+        assert Signal.objects.get(pk=kept.signal_id).consumed_at is None
         assert queuety.machine_status(run_id).state == "a"
         queuety.signal(run_id, "go", {})
         done = settle(run_id, "z", worker)
@@ -179,3 +182,116 @@ def test_events__one_no_state_accepts_is_refused_one_a_later_state_accepts_is_ke
         assert done.status == "completed" and done.data["early"] is True
     finally:
         registry.unregister("machine_mailbox")
+
+
+def reviewed(name):
+    """``active`` times out to ``review``, declared after it; ``review`` goes back on resume."""
+    return (queuety.machine(name)
+            .state("active", timeout=timedelta(seconds=1))
+            .on("message", to="active", action=machine_steps.reply)
+            .on("close", to="closed")
+            .on("timeout", to="review")
+            .state("review").on("resume", to="active").on("close", to="closed")
+            .final("closed"))
+
+
+def test_timeout_to_a_later_state__keeps_an_event_an_earlier_state_accepts(worker):
+    run_id = reviewed("machine_review").start({})
+    settle(run_id, "review", worker, timeout=40)
+    kept = queuety.signal(run_id, "message", {"text": "while in review"})  # was WaitExpired
+    assert not kept.settled
+    queuety.signal(run_id, "resume", {})
+    deadline = time.monotonic() + 30
+    while queuety.machine_status(run_id).data.get("replies") != 1:
+        assert time.monotonic() < deadline, worker.log()[-3000:]
+        time.sleep(0.05)
+    status = queuety.machine_status(run_id)
+    assert [(h["from"], h["to"], h["event"]) for h in status.history[:3]] == [
+        ("active", "review", "timeout"), ("review", "active", "resume"),
+        ("active", "active", "message")]
+    assert status.data["last_reply"] == "re: while in review"
+    queuety.signal(run_id, "close", {})
+    assert settle(run_id, "closed", worker).status == "completed"
+
+
+def test_event_racing_the_timeout__one_transition_settles_the_wait_and_the_event_is_kept(
+        worker, no_sweeps):
+    run_id = reviewed("machine_race").start({})
+    settle(run_id, "active", worker)
+    while WorkflowRun.objects.get(pk=run_id).wait_expires_at > timezone.now():
+        time.sleep(0.05)
+    # Past due, no sweep yet: the signal settles the timeout first, then keeps the event.
+    receipt = queuety.signal(run_id, "message", {"text": "at the deadline"})
+    assert not receipt.settled
+    parked = settle(run_id, "review", worker)
+    assert [(h["from"], h["to"], h["event"]) for h in parked.history] == [
+        ("active", "review", "timeout")]
+    assert "replies" not in parked.data
+    assert StepRun.objects.filter(run_id=run_id, step_name="active.route").count() == 0
+    queuety.signal(run_id, "resume", {})
+    deadline = time.monotonic() + 30
+    while queuety.machine_status(run_id).data.get("replies") != 1:
+        assert time.monotonic() < deadline, worker.log()[-3000:]
+        time.sleep(0.05)
+    assert Signal.objects.filter(run_id=run_id, name="message",
+                                 consumed_at__isnull=False).count() == 1
+    queuety.cancel(run_id)
+
+
+def test_event_sent_during_the_entry_action__is_taken_when_the_state_waits(worker):
+    machine = (queuety.machine("machine_slow_entry")
+               .state("a", on_enter=machine_steps.slow_enter).on("go", to="z").final("z"))
+    run_id = machine.start({})
+    deadline = time.monotonic() + 30
+    while not StepRun.objects.filter(run_id=run_id, step_name="a", status="processing").exists():
+        assert time.monotonic() < deadline, worker.log()[-3000:]
+        time.sleep(0.02)
+    receipt = queuety.signal(run_id, "go", {"during": "entry"})
+    assert not receipt.settled  # the entry action was still running
+    done = settle(run_id, "z", worker)
+    assert done.status == "completed" and done.data["entered"] == 1
+    assert [(h["from"], h["to"], h["event"]) for h in done.history] == [("a", "z", "go")]
+    assert done.data["during"] == "entry"
+
+
+def test_start_with_a_key__one_live_machine_per_key(worker, token):
+    machine = machine_steps.session("session_keyed")
+    first = machine.start({"user": 1}, key=f"k1:{token}")
+    assert machine.start({"user": 2}, key=f"k1:{token}") == first  # the live one
+    other = machine.start({"user": 3}, key=f"k2:{token}")
+    assert other != first
+    assert WorkflowRun.objects.filter(name="session_keyed", key=f"k1:{token}").count() == 1
+    assert queuety.machine_status(first).data == {"user": 1}
+    queuety.signal(first, "close", {})
+    settle(first, "closed", worker)
+    again = machine.start({"user": 4}, key=f"k1:{token}")  # the first has finished
+    assert again not in (first, other)
+    queuety.cancel(other)
+    queuety.cancel(again)
+
+
+def test_start_by_name__cannot_forge_the_machine_state(worker, token):
+    from queuety import registry
+
+    queuety.register("machine_forged", machine_steps.session("machine_forged"))
+    forged = {"queuety_machine": {"state": "closed", "history": [{"from": "x", "to": "y"}]}}
+    before = WorkflowRun.objects.filter(name="machine_forged").count()
+    try:
+        with pytest.raises(queuety.InvalidPayload,
+                           match="machine 'machine_forged' uses 'queuety_machine'"):
+            queuety.start("machine_forged", forged)
+        client = APIClient()
+        client.force_authenticate(make_user("view_workflowrun", "add_workflowrun",
+                                            "change_workflowrun"))
+        refused = post(client, "/runs/", {"workflow": "machine_forged", "payload": forged})
+        assert refused.status_code == 400, refused.content
+        assert refused.json()["code"] == "invalid_payload"
+        assert "queuety_machine" in refused.json()["detail"]
+        assert WorkflowRun.objects.filter(name="machine_forged").count() == before
+        run_id = queuety.start("machine_forged", {"token": token})
+        status = settle(run_id, "idle", worker)
+        assert status.history == () and status.transitions == 0
+        assert WorkflowRun.objects.get(pk=run_id).state["queuety_machine"]["state"] == "idle"
+        queuety.cancel(run_id)
+    finally:
+        registry.unregister("machine_forged")

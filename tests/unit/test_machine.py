@@ -85,10 +85,22 @@ def test_guarded_transitions_of_one_event__are_allowed_in_order():
 def test_start_payload__may_not_use_the_machine_keys():
     from queuety.core.machine import initial_state
 
-    assert initial_state("m", "a", {"x": 1}) == {"x": 1, MACHINE_KEY: {"state": "a",
-                                                                       "history": []}}
-    with pytest.raises(Error, match="queuety_machine"):
-        initial_state("m", "a", {MACHINE_KEY: 1})
+    assert initial_state("m", "a", {"x": 1}) == {
+        "x": 1, MACHINE_KEY: {"state": "a", "history": [], "transitions": 0}}
+    for key in (MACHINE_KEY, EVENT_KEY):
+        with pytest.raises(queuety.InvalidPayload,
+                           match=f"machine 'm' uses '{key}'.*Nothing was started"):
+            initial_state("m", "a", {key: 1})
+
+
+def test_exit_and_transition_actions__refuse_what_the_route_step_could_not_honour():
+    with pytest.raises(Error, match="exit action of state 'a'.*is a generator.*on_enter"):
+        queuety.machine("m").state("a", on_exit=machine_steps.streaming_exit)
+    with pytest.raises(Error, match="transition of state 'a' on 'go'.*RetriedAction.*sets "
+                                    "retry.*could not honour"):
+        queuety.machine("m").state("a").on("go", to="z", action=machine_steps.RetriedAction)
+    # As an entry action, a step of its own, both are fine.
+    queuety.machine("m").state("a", on_enter=machine_steps.RetriedAction).on("go", to="z")
 
 
 def test_register__takes_a_machine_builder():
@@ -107,9 +119,11 @@ def test_handler_refs__name_every_action_and_guard_for_the_deploy_check():
     refs = handler_refs(machine_steps.session().build())
     machine_refs = {(r.path, r.need) for r in refs if "state" in r.where}
     assert machine_refs == {
-        ("tests.machine_steps.greet", Need.STEP), ("tests.machine_steps.leave", Need.STEP),
+        ("tests.machine_steps.leave", Need.STEP),
         ("tests.machine_steps.under_limit", Need.GUARD),
         ("tests.machine_steps.reply", Need.STEP)}
+    # The entry action is the step "active": listed once, with the steps.
+    assert [r.path for r in refs].count("tests.machine_steps.greet") == 1
     assert any(r.where == "The guard of the transition of state 'active' on 'message'"
                for r in refs)
 
@@ -152,3 +166,41 @@ def test_transition__outside_a_machine_definition_says_so():
     plain = queuety.workflow("plain").then(machine_steps.greet).build()
     with pytest.raises(Error, match="has no machine table"):
         transition({}, _context(plain, "x.route"))
+
+
+def test_transition__actions_see_the_event_being_taken_not_the_one_before():
+    from queuety.core.machine_steps import transition
+
+    spec = (queuety.machine("m").state("a").on("go", to="b", action=machine_steps.seen_event)
+            .state("b").on("stop", to="z", action=machine_steps.seen_event).final("z")).build()
+    state = {EVENT_KEY: {"n": 2},  # b waits for one event: its wait stores the payload
+             MACHINE_KEY: {"state": "b", "history": [], "event": {"name": "go", "data": 1}}}
+    route = transition(state, _context(spec, "b.route"))
+    assert route.output["seen"] == {"name": "stop", "data": {"n": 2}}
+    assert route.output[MACHINE_KEY]["event"] == {"name": "stop", "data": {"n": 2}}
+
+
+def test_transition__history_keeps_the_newest_transitions_and_counts_them_all():
+    from queuety.core.machine import HISTORY_KEPT
+    from queuety.core.machine_steps import transition
+
+    spec = machine_steps.session().build()
+    old = [{"from": "active", "to": "active", "event": "message", "n": n}
+           for n in range(HISTORY_KEPT)]
+    state = {EVENT_KEY: {"close": None},
+             MACHINE_KEY: {"state": "active", "history": old, "transitions": 120}}
+    book = transition(state, _context(spec, "active.route")).output[MACHINE_KEY]
+    assert len(book["history"]) == HISTORY_KEPT and book["transitions"] == 121
+    assert book["history"][0]["n"] == 1 and book["history"][-1]["to"] == "closed"
+    # A run started before the count was kept: the count starts from its history's length.
+    legacy = {**state, MACHINE_KEY: {"state": "active", "history": old[:3]}}
+    book = transition(legacy, _context(spec, "active.route")).output[MACHINE_KEY]
+    assert book["transitions"] == 4 and len(book["history"]) == 4
+
+
+def test_transition__a_garbled_event_names_the_run_and_step():
+    from queuety.core.machine_steps import transition
+
+    spec = machine_steps.session().build()
+    with pytest.raises(queuety.InvalidStepOutput, match="Step 'active.route' of run 1 found"):
+        transition({EVENT_KEY: "junk"}, _context(spec, "active.route"))
