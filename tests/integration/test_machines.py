@@ -27,6 +27,22 @@ pytestmark = pytest.mark.worker
 PARKED = ("waiting_for_signal",)
 
 
+@pytest.fixture(autouse=True)
+def cancel_left_runs():
+    """Cancel the runs a test left live (sessions parked with a timeout), so a later test
+    file's sweep of due timeouts does not find them."""
+    from queuety.core.status import FINISHED
+
+    newest = WorkflowRun.objects.order_by("-pk").values_list("pk", flat=True).first() or 0
+    yield
+    for run_id in (WorkflowRun.objects.filter(pk__gt=newest).exclude(status__in=FINISHED)
+                   .values_list("pk", flat=True)):
+        try:
+            queuety.cancel(run_id)
+        except queuety.InvalidTransition:  # it finished meanwhile
+            pass
+
+
 def settle(run_id, state, worker, timeout=30.0):
     """Wait until the machine is parked in ``state`` (or finished)."""
     deadline = time.monotonic() + timeout
@@ -75,6 +91,7 @@ def test_session__moves_on_events_guard_refuses_and_closes(worker, token):
         ("idle", "active", "message"), ("active", "active", "message"),
         ("active", "active", "message"), ("active", "closed", "close")]
     assert done.data["exits"] == 3 and done.data["reason"] == "done"
+    assert done.transitions == 4
     assert done.definition_version == "session.v1"
     assert done.definition_hash == machine_steps.session("session_basic").definition_hash
     with pytest.raises(queuety.RunNotWaiting):
@@ -145,6 +162,7 @@ def test_rest_cli_admin_and_export__show_the_state_and_its_history(worker, admin
 
     page = admin_client.get(f"/admin/queuety/workflowrun/{run_id}/change/").content.decode()
     assert "Machine state" in page and "idle → active" in page
+    assert "<th>Transitions</th><td>1</td>" in page
     definition = WorkflowRun.objects.get(pk=run_id).definition_id
     shown_definition = admin_client.get(
         f"/admin/queuety/workflowdefinition/{definition}/change/")
