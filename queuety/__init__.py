@@ -24,6 +24,7 @@ from queuety.core.diff import DefinitionDiff
 from queuety.core.engine import DEFAULT, Route
 from queuety.core.handlers import Step, StepContext
 from queuety.core.keyed import Batch
+from queuety.core.machine import MachineBuilder, machine
 from queuety.core.retry import RetryPolicy
 from queuety.core.status import WorkflowStatus
 from queuety.exceptions import (
@@ -41,6 +42,7 @@ from queuety.exceptions import (
     InvalidSignature,
     InvalidStepOutput,
     InvalidTransition,
+    NotAMachine,
     PermanentError,
     QueuetyError,
     RunConflict,
@@ -86,6 +88,8 @@ __all__ = [
     "Route",
     "RunConflict",
     "RunNotFound",
+    "NotAMachine",
+    "MachineBuilder",
     "RunNotWaiting",
     "Step",
     "StepContext",
@@ -140,6 +144,8 @@ __all__ = [
     "workflow",
     "workflow_state_at",
     "workflow_status",
+    "machine",
+    "machine_status",
     "workflow_timeline",
 ]
 
@@ -178,6 +184,19 @@ def alias(old: str, new: str) -> None:
     from queuety.core import imports
 
     imports.alias(old, new)
+
+
+def machine_status(run_id: int) -> Any:
+    """Return the ``MachineStatus`` of state machine run ``run_id``: ``.state``,
+    ``.history``, ``.status``, ``.data`` (docs/guide/state-machines.md).
+
+    Raises:
+        RunNotFound: no run has that id.
+        NotAMachine: the run is not a state machine's.
+    """
+    from queuety import machines
+
+    return machines.machine_status(run_id)
 
 
 def workflow_status(run_id: int) -> WorkflowStatus:

@@ -17,6 +17,7 @@ from queuety.conf import settings
 from queuety.core import budget as budgets
 from queuety.core import tags as tag_rules
 from queuety.core.definition import WorkflowSpec, canonical_json, check_payload
+from queuety.core.machine import initial_state
 from queuety.models import DispatchKey, Event, RunStatus, WorkflowRun
 from queuety.runtime import gates
 from queuety.runtime.landing import begin
@@ -71,13 +72,14 @@ def dispatch_run(spec: WorkflowSpec, payload: dict[str, Any] | None = None, *,
     (``spec.tags``, from ``.with_tags()``); ``queuety.core.tags`` says what is valid.
 
     Raises:
-        WorkflowDefinitionError: the payload is not a JSON object or uses reserved keys.
-        InvalidPayload: a tag breaks the rules (the error names its key); nothing is written.
+        InvalidPayload: the payload is not a JSON object or uses reserved keys (a state
+            machine's ``queuety_machine`` and ``queuety_event`` too), or a tag breaks the rules
+            (the error names its key); nothing is written.
         BudgetExceeded: the payload alone exceeds ``max_state_bytes``; nothing is written.
         IdempotencyConflict: the key was used with another payload or definition and
             ``on_conflict="error"``.
     """
-    state = check_payload(spec.name, payload)
+    state = first_state(spec, payload)
     run_tags = tag_rules.of_spec(spec, tags)
     limit = spec.budget.max_state_bytes
     if limit is not None and (size := budgets.state_bytes(state)) > limit:
@@ -98,6 +100,21 @@ def dispatch_run(spec: WorkflowSpec, payload: dict[str, Any] | None = None, *,
                             on_conflict, context, delay, key, run_tags)
         span.set(run_id=dispatched.run_id)
     return dispatched
+
+
+def first_state(spec: WorkflowSpec, payload: dict[str, Any] | None) -> dict[str, Any]:
+    """A run's first state from a start's ``payload``: checked, and for a state machine with
+    the initial state's bookkeeping (every start of a machine passes here, so none can forge
+    its state or history).
+
+    Raises:
+        InvalidPayload: the payload is not a JSON object, or uses reserved keys (``_`` keys,
+            and a machine's ``queuety_machine`` and ``queuety_event``).
+    """
+    state = check_payload(spec.name, payload)
+    if spec.machine is None:
+        return state
+    return initial_state(spec.name, spec.machine["initial"], state)
 
 
 def _write(spec: WorkflowSpec, definition_pk: int, state: dict[str, Any], payload_hash: str,

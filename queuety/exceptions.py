@@ -208,6 +208,10 @@ class UnmatchedRoute(WorkflowDefinitionError):
         return (type(self), (self.args[0], self.label, self.labels))
 
 
+class NotAMachine(QueuetyError, LookupError):
+    """``machine_status()`` was asked about a run that is not a state machine's."""
+
+
 class RunNotFound(QueuetyError, LookupError):
     """No workflow run has the given id."""
 

@@ -26,6 +26,7 @@ from queuety.core import budget as budgets
 from queuety.core import tags as tag_rules
 from queuety.core.definition import WorkflowSpec, canonical_json
 from queuety.core.handlers import resolve_handler
+from queuety.core.machine import table_paths
 from queuety.core.status import FINISHED
 from queuety.models import (
     Event,
@@ -223,6 +224,7 @@ def _dotted_paths(definition: dict[str, Any]) -> list[str]:
         paths += (policy or {}).get("retry_on") or []
     for step in definition["steps"]:
         paths += [step.get("handler"), step.get("compensation")]
+    paths += table_paths(definition.get("machine"))
     return [p for p in paths if p]
 
 

@@ -60,10 +60,13 @@ def send_signal(run_id: int, name: str, data: Any = None, *, sent_by: str = "",
         current = spec.steps[run.current_step].wait if run.current_step < len(spec.steps) \
             else None
         late = _settle_if_expired(run, spec)
-        if late is not None and current is not None and name not in current.signals:
+        if late is not None and current is not None and (
+                name not in current.signals or spec.machine is not None):
             # The run was past due at a wait this signal is not for: that wait timed out
             # first, and the signal is delivered to what the run does now (unless the
-            # timeout failed it: then it is refused, and the timeout still commits).
+            # timeout failed it: then it is refused, and the timeout still commits). A state
+            # machine keeps an event its expired state accepted too: it loops back through
+            # its states, so a later state (or this one again) may take it.
             try:
                 run, spec = _lock_for_signal(run_id)
                 late = None
@@ -144,7 +147,10 @@ def _deliver(run: WorkflowRun, spec: WorkflowSpec, name: str, data: Any, *, sent
     parked_here = (run.status == RunStatus.WAITING_FOR_SIGNAL
                    and run.current_step in listeners)
     timed = [i for i in listeners if (w := spec.steps[i].wait) is not None and w.timeout]
-    if not parked_here and timed and not any(i >= run.current_step for i in listeners):
+    # A workflow's waits run in step order, so a timed-out wait behind the run is not reached
+    # again; a state machine's are (it loops back), so its events are always kept.
+    if not parked_here and timed and spec.machine is None \
+            and not any(i >= run.current_step for i in listeners):
         late = _expired_instead(run, spec, listeners)
         if late is not None:
             raise late

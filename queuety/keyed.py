@@ -112,7 +112,8 @@ def start(spec: WorkflowSpec, payload: dict[str, Any] | None, options: FlowOptio
     """Start a run of ``spec`` under the flow control ``options``; return the run's id.
 
     That is the new run's id; under ``debounce`` or ``batch``, the pending run's (the same
-    for every start it absorbs); with ``on_conflict="signal"`` and a live run, the live run's.
+    for every start it absorbs); with ``on_conflict="signal"`` or ``"existing"`` and a live
+    run, the live run's.
     :func:`start_run` says besides whether this start wrote a new run; see there.
     """
     return start_run(spec, payload, options, idempotency_key=idempotency_key).run_id
@@ -162,7 +163,7 @@ def _check_fits(spec: WorkflowSpec, options: FlowOptions, idempotency_key: str |
 
 def _debounce(spec: WorkflowSpec, payload: dict[str, Any] | None, options: FlowOptions) -> dispatch.Dispatched:
     assert options.debounce is not None
-    state = check_payload(spec.name, payload)
+    state = dispatch.first_state(spec, payload)
     due = keyed.debounce_due(timezone.now(), options.debounce)
     pending = keys.not_started(spec.name, options.key)
     on_broker = options.debounce <= settings.MAX_ETA
@@ -175,7 +176,7 @@ def _debounce(spec: WorkflowSpec, payload: dict[str, Any] | None, options: FlowO
         Event.objects.create(run_id=run_id, kind="debounce_extended",
                              data={"due": due.isoformat(), "state": state})
         return dispatch.Dispatched(run_id, True)
-    return dispatch.dispatch_run(spec, state, delay=options.debounce, key=options.key)
+    return dispatch.dispatch_run(spec, payload, delay=options.debounce, key=options.key)
 
 
 def _batch(spec: WorkflowSpec, payload: dict[str, Any] | None, options: FlowOptions) -> dispatch.Dispatched:
@@ -216,6 +217,8 @@ def _singleton(spec: WorkflowSpec, payload: dict[str, Any] | None,
         return dispatch.dispatch_run(spec, payload, key=key)
     if conflict == "reject":
         raise exceptions.RunConflict(spec.name, key, live)
+    if conflict == "existing":
+        return dispatch.Dispatched(live, True)  # an idempotent start: the live run is the one
     if conflict == "signal":
         inbox.send_signal(live, options.signal, payload, sent_by=f"singleton start of {key!r}")
         return dispatch.Dispatched(live, True)

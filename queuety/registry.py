@@ -26,8 +26,10 @@ from queuety.core import tags as tag_rules
 from queuety.core.builder import WorkflowBuilder
 from queuety.core.definition import WorkflowSpec
 from queuety.core.keyed import FlowOptions
+from queuety.core.machine import MachineBuilder
 
-Registrable = WorkflowBuilder | Callable[[], WorkflowBuilder]
+Registrable = (WorkflowBuilder | MachineBuilder
+               | Callable[[], WorkflowBuilder] | Callable[[], MachineBuilder])
 _R = TypeVar("_R", bound=Registrable)
 
 
@@ -79,6 +81,8 @@ def register(name: str, builder: Registrable | None = None) -> Any:
         return decorator
     built = builder() if callable(builder) and not isinstance(builder, WorkflowBuilder) \
         else builder
+    if isinstance(built, MachineBuilder):
+        built = built.compile()  # a state machine registers the workflow it compiles to
     if not isinstance(built, WorkflowBuilder):
         raise exceptions.WorkflowDefinitionError(
             f"queuety.register({name!r}, ...) needs a WorkflowBuilder or a function returning "
@@ -88,7 +92,8 @@ def register(name: str, builder: Registrable | None = None) -> Any:
         raise exceptions.WorkflowDefinitionError(
             f"queuety.register({name!r}, ...) was given the builder of workflow {spec.name!r}; "
             f"register it as {spec.name!r}, or build it with queuety.workflow({name!r}).")
-    doc = inspect.getdoc(builder) if not isinstance(builder, WorkflowBuilder) else None
+    doc = inspect.getdoc(builder) if not isinstance(builder, WorkflowBuilder | MachineBuilder) \
+        else None
     entry = RegisteredWorkflow(name, spec.version, spec.definition_hash,
                                tuple(step.name for step in spec.steps),
                                (doc or "").split("\n\n")[0].strip(), spec)

@@ -29,7 +29,7 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.utils.text import capfirst
 from django.utils.translation import gettext
 
-from queuety import exceptions, export, operations, queries, replyforms
+from queuety import exceptions, export, machines, operations, queries, replyforms
 from queuety.admin import artifacts, display
 from queuety.admin.actions import (
     RUN_ACTIONS,
@@ -398,6 +398,7 @@ class WorkflowRunAdmin(StartRunPages, MigrationPages, _ModelAdmin):
             title=f"{run.name} #{run.pk}",
             subtitle=None,
             run=run, status=status, spec=spec, step=step, wait=wait,
+            machine=machines.status_of(run),
             status_badge=status_badge(run.status),
             status_lines="\n".join(format_status(replace(status, state={}))),
             error=run.error,

@@ -41,6 +41,42 @@ class ProgressSerializer(serializers.Serializer[Any]):
     reported_at = serializers.DateTimeField(allow_null=True)
 
 
+class MachineTransitionSerializer(serializers.Serializer[Any]):
+    """One transition of a state machine run."""
+
+    to = serializers.CharField()
+    event = serializers.CharField()
+    at = serializers.CharField()
+
+    def get_fields(self) -> dict[str, Any]:
+        fields = super().get_fields()
+        fields["from"] = serializers.CharField()  # a Python keyword, so named here
+        return fields
+
+
+class MachineStatusSerializer(serializers.Serializer[Any]):
+    """The fields of ``queuety.machine_status()``."""
+
+    run_id = serializers.IntegerField()
+    machine = serializers.CharField()
+    state = serializers.CharField()
+    status = serializers.CharField()
+    final = serializers.BooleanField()
+    events = serializers.ListField(child=serializers.CharField())
+    history = MachineTransitionSerializer(
+        many=True, help_text="The newest transitions (at most 50), oldest first.")
+    transitions = serializers.IntegerField(help_text="How many transitions it has taken.")
+    definition_hash = serializers.CharField()
+    definition_version = serializers.CharField(allow_null=True)
+    updated_at = serializers.DateTimeField()
+
+    def get_fields(self) -> dict[str, Any]:
+        fields = super().get_fields()
+        # The machine's data; declared here, as a class attribute would hide Serializer.data.
+        fields["data"] = serializers.DictField()
+        return fields
+
+
 class WorkflowStatusSerializer(serializers.Serializer[Any]):
     """The fields of ``queuety.workflow_status()``."""
 
@@ -69,6 +105,10 @@ class WorkflowStatusSerializer(serializers.Serializer[Any]):
     created_at = serializers.DateTimeField()
     updated_at = serializers.DateTimeField()
     finished_at = serializers.DateTimeField(allow_null=True)
+    machine = MachineStatusSerializer(
+        allow_null=True, required=False,
+        help_text="GET runs/<id>/ only: a state machine run's current state and history "
+                  "(null for a workflow run).")
 
 
 class SignalReceiptSerializer(serializers.Serializer[Any]):
@@ -161,9 +201,10 @@ class StartRunSerializer(serializers.Serializer[Any]):
         required=False, help_text="At most one live run of the key; on_conflict says what "
                                   "a start does while one is live.")
     on_conflict = serializers.ChoiceField(
-        choices=["reject", "queue", "replace", "signal"], required=False, allow_null=True,
-        help_text="With singleton: reject (409 run_conflict, the default), queue, replace or "
-                  "signal.")
+        choices=["reject", "queue", "replace", "signal", "existing"], required=False,
+        allow_null=True,
+        help_text="With singleton: reject (409 run_conflict, the default), queue, replace, "
+                  "signal or existing (answer with the live run's id, starting nothing).")
     signal = serializers.CharField(
         required=False, help_text="With on_conflict signal: the signal's name (default input).")
     batch = serializers.DictField(

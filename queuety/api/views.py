@@ -25,7 +25,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from queuety import approvals, exceptions, inbox, queries, replyforms, scope
+from queuety import approvals, exceptions, inbox, machines, queries, replyforms, scope
 from queuety.api import exceptions as api_errors
 from queuety.api import serializers
 from queuety.conf import settings
@@ -88,11 +88,15 @@ class RunAPIView(APIView):
 @extend_schema(parameters=[RUN_ID],
                responses={200: serializers.WorkflowStatusSerializer, **ERRORS})
 class RunDetailView(RunAPIView):
-    """``GET runs/<id>/``: the run's status, as ``queuety.workflow_status()`` returns it."""
+    """``GET runs/<id>/``: the run's status, as ``queuety.workflow_status()`` returns it, and
+    under ``machine`` a state machine run's ``queuety.machine_status()`` (null for others)."""
 
     def get(self, request: Request, pk: int) -> Response:
         self.get_run(pk)
-        return Response(queries.workflow_status(pk).to_dict())
+        body = queries.workflow_status(pk).to_dict()
+        machine = machines.machine_or_none(pk)
+        body["machine"] = None if machine is None else machine.to_dict()
+        return Response(body)
 
 
 def read_json_body(request: Request) -> Any:

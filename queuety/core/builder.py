@@ -520,6 +520,11 @@ class WorkflowBuilder(RunSteps, SignalSteps):
         """Call ``handler(state)`` (durably) when the run misses its deadline."""
         return self._with(on_deadline=resolve_handler(handler)[0])
 
+    def machine_table(self, table: dict[str, Any]) -> WorkflowBuilder:
+        """Attach a state machine's table (what ``queuety.machine()`` compiles to; see
+        ``queuety.core.machine``): it is stored with the definition and hashed with it."""
+        return self._with(machine=table)
+
     @property
     def dispatch_key(self) -> str | None:
         """The idempotency key :meth:`dispatch` uses (set with :meth:`idempotency_key`)."""

@@ -379,6 +379,8 @@ class WorkflowSpec:
     """Tags of every run dispatched from it (``.with_tags()``; checked by
     ``queuety.core.tags``). No part of the definition: not in :meth:`to_dict`, so not in the
     hash nor stored; a run's tags live on its row."""
+    machine: dict[str, Any] | None = None
+    """The state machine table ``queuety.machine()`` compiled (``queuety.core.machine``)."""
     _index: dict[str, int] = field(default_factory=dict, init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -529,6 +531,7 @@ class WorkflowSpec:
             **({} if self.prune_state_after is None
                else {"prune_state_after": self.prune_state_after}),
             **({} if self.priority is None else {"priority": self.priority}),
+            **({} if self.machine is None else {"machine": self.machine}),
         }
 
     @classmethod
@@ -553,6 +556,7 @@ class WorkflowSpec:
             on_deadline=data.get("on_deadline"),
             prune_state_after=data.get("prune_state_after"),
             priority=data.get("priority"),
+            machine=data.get("machine"),
         )
 
     def canonical_json(self) -> str:

@@ -27,6 +27,8 @@ need                  where                                         it must be
                                                                     not ``async``
 ``condition``         a ``repeat_*()`` condition                    ``f(state)``; not a class,
                                                                     not ``async``
+``guard``             a state machine transition's ``guard``        ``f(state, payload)``; not
+                                                                    a class, not ``async``
 ``exception``         a ``RetryPolicy``'s ``retry_on``              an exception class
 ====================  ============================================  ==========================
 
@@ -64,6 +66,7 @@ class Need(StrEnum):
     ITEM = "item"
     REDUCER = "reducer"
     CONDITION = "condition"
+    GUARD = "guard"
     EXCEPTION = "exception"
 
 
@@ -152,6 +155,23 @@ def handler_refs(spec: WorkflowSpec, within: str = "") -> list[HandlerRef]:
         path = getattr(spec, hook)
         if path:
             refs.append(HandlerRef(path, Need.CLEANUP, f"The {hook} hook{within}"))
+    return refs + _machine_refs(spec.machine, within)
+
+
+def _machine_refs(table: dict[str, Any] | None, within: str) -> list[HandlerRef]:
+    """The exit actions, guards and transition actions a state machine's table names
+    (``queuety.core.machine``); an entry action is a step of its own, listed with the steps."""
+    refs: list[HandlerRef] = []
+    for name, state in ((table or {}).get("states") or {}).items():
+        if state.get("on_exit"):
+            refs.append(HandlerRef(state["on_exit"], Need.STEP,
+                                   f"The on_exit action of state {name!r}{within}"))
+        for t in state.get("transitions") or []:
+            what = f"the transition of state {name!r} on {t['event']!r}{within}"
+            if t.get("guard"):
+                refs.append(HandlerRef(t["guard"], Need.GUARD, f"The guard of {what}"))
+            if t.get("action"):
+                refs.append(HandlerRef(t["action"], Need.STEP, f"The action of {what}"))
     return refs
 
 
@@ -231,6 +251,8 @@ def kind_problem(obj: Any, need: Need) -> str | None:
             f"is {_what(obj)}, not an exception class"
     if need is Need.CONDITION:
         return _function_problem(obj, 1, "condition(state)", refuse_class=True)
+    if need is Need.GUARD:
+        return _function_problem(obj, 2, "guard(state, payload)", refuse_class=True)
     if need is Need.REDUCER:
         return _callable_problem(obj, "reduce", 2, "reducer(state, aggregate)", awaited=False)
     if need is Need.ITEM:

@@ -110,6 +110,9 @@ class StepContext:
         """In a streaming step: the chunks earlier attempts of this step stored (empty on the
         first attempt), so the generator can resume where they stopped."""
         return () if self.sink is None else tuple(self.sink.stored_chunks())
+    definition: Any = field(default=None, repr=False, compare=False)
+    """The run's definition (a ``WorkflowSpec``), set by the worker: the steps a state
+    machine compiles to read their machine's table from it."""
 
 
 class Step:

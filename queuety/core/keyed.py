@@ -14,7 +14,7 @@ from typing import Any
 from queuety import exceptions
 
 #: What ``singleton=True`` does while a run of the key is live.
-SINGLETON_CONFLICTS = ("reject", "queue", "replace", "signal")
+SINGLETON_CONFLICTS = ("reject", "queue", "replace", "signal", "existing")
 #: The builder's idempotency-key conflict values: a different option with a clashing name.
 IDEMPOTENCY_CONFLICTS = ("report", "error")
 #: The longest key (the column's size).

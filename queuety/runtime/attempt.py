@@ -397,7 +397,7 @@ def _context(spec: WorkflowSpec, held: Claim, *, streams: bool = True,
                        budgets.BudgetView(spec.budget, usage),
                        beat=progress_reporter(held.step_run_id, held.run_id, step.name),
                        sink=AttemptOutputs(held, step.name, streams=streams),
-                       tags={} if taggable else None)
+                       tags={} if taggable else None, definition=spec)
 
 
 def _wrote_artifacts(context: StepContext) -> bool:

@@ -26,6 +26,7 @@ from django.db import models
 from queuety import exceptions
 from queuety.core.builder import WorkflowBuilder
 from queuety.core.definition import WorkflowSpec
+from queuety.core.keyed import SINGLETON_CONFLICTS
 
 CREATED, UPDATED, DELETED, SAVED = "created", "updated", "deleted", "saved"
 #: What ``on=`` accepts; ``saved`` is ``created`` or ``updated``.
@@ -38,7 +39,7 @@ START, SIGNAL_RUN, SIGNAL_OR_START = "start", "signal_run", "signal_or_start"
 
 #: The flow-control options passed through to ``queuety.start`` (docs/guide/starting-runs.md).
 FLOW_OPTIONS = ("debounce", "singleton", "on_conflict", "batch")
-ON_CONFLICT = ("reject", "queue", "replace", "signal")
+ON_CONFLICT = SINGLETON_CONFLICTS
 
 Function = Callable[[Any], Any]
 

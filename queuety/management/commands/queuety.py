@@ -17,6 +17,7 @@ from queuety.core import tags as tag_rules
 from queuety.core.describe import format_status, tags_text
 from queuety.management import acting, deploying, eventlog, migrating, quarantine, starting
 from queuety.management import jobs as job_commands
+from queuety.management import machines as machine_commands
 from queuety.management.starting import Error
 from queuety.runtime import sweeper
 
@@ -202,6 +203,7 @@ class Command(BaseCommand):
 
         deploying.add_deploy_check(groups)
         job_commands.add_job_group(groups)
+        machine_commands.add_machine_group(groups)
         eventlog.add_log_group(groups)
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -211,17 +213,16 @@ class Command(BaseCommand):
         if options["group"] == "status":
             self._overview(**options)
             return
-        if options["group"] == "deploy-check":
-            deploying.deploy_check(options, self.stdout.write)
-            return
-        if options["group"] == "metrics":
-            self._metrics(options["minutes"], options["format"])
-            return
-        if options["group"] == "log":
-            eventlog.log_action(options, self.stdout.write, self.stdout.flush)
-            return
-        if options["group"] == "job":
-            job_commands.job_action(options, self.stdout.write, self._table)
+        groups: dict[str, Callable[[], Any]] = {
+            "deploy-check": lambda: deploying.deploy_check(options, self.stdout.write),
+            "metrics": lambda: self._metrics(options["minutes"], options["format"]),
+            "log": lambda: eventlog.log_action(options, self.stdout.write, self.stdout.flush),
+            "job": lambda: job_commands.job_action(options, self.stdout.write, self._table),
+            "machine": lambda: machine_commands.machine_action(options, self.stdout.write,
+                                                               self._table),
+        }
+        if options["group"] in groups:
+            groups[options["group"]]()
             return
         if options["group"] == "schedule":
             starting.schedule_action(options["action"], options, self.stdout.write, self._table)
