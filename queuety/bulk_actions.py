@@ -135,6 +135,10 @@ def check(action: str, filters: Mapping[str, Any], arguments: Mapping[str, Any]
         raise ValueError(f"Unknown filter key(s) {', '.join(unknown)}; a bulk action filters "
                          f"on {', '.join(FILTER_KEYS)}.")
     stored = {key: value for key, value in filters.items() if value is not None}
+    if not stored:
+        raise ValueError("A bulk action needs at least one filter key (one of "
+                         f"{', '.join(FILTER_KEYS)}); with none it would act on every run. "
+                         "To mean every run of a status, give that status.")
     older = stored.get("older_than")
     if isinstance(older, timedelta):
         stored["older_than"] = older.total_seconds()

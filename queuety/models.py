@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from django.core.exceptions import ValidationError
 from django.conf import settings as dj_settings
+from django.core.exceptions import ValidationError
 from django.db import models
 from django.db.models import F, Q
 from django.db.models.fields.json import KeyTextTransform, KeyTransform

@@ -315,7 +315,7 @@ def runs_matching(*, status: str | None = None, workflow: str | None = None,
     for what, value in (("status", status), ("workflow", workflow), ("version", version),
                         ("waiting", waiting), ("definition", definition),
                         ("error_type", error_type)):
-        if value is not None and "\x00" in value:  # PostgreSQL text holds no NUL character
+        if isinstance(value, str) and "\x00" in value:  # PostgreSQL text holds no NUL character
             raise ValueError(f"The {what} filter contains a NUL character; no run has one.")
     # A page of summaries needs none of the big JSON columns (the state above all).
     runs = WorkflowRun.objects.order_by("-pk").defer("state", "state_writes", "error",

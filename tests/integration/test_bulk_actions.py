@@ -198,6 +198,8 @@ def test_bad_input_records_nothing(token):
         queuety.bulk("rewind", workflow="x")
     with pytest.raises(ValueError, match="migrate needs the workflow filter"):
         queuety.bulk("migrate", status="running")
+    with pytest.raises(ValueError, match="needs at least one filter key"):
+        queuety.bulk("cancel")
     with pytest.raises(ValueError, match="Unknown status"):
         queuety.bulk("cancel", status="sleeping")
     assert BulkOperation.objects.count() == count

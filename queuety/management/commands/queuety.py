@@ -15,8 +15,8 @@ from queuety import timeline as timelines
 from queuety.core import artifacts as artifact_rules
 from queuety.core.describe import format_status
 from queuety.management import acting, deploying, eventlog, migrating, quarantine, starting
-from queuety.management import jobs as job_commands
 from queuety.management import bulk as bulk_commands
+from queuety.management import jobs as job_commands
 from queuety.management.starting import Error
 from queuety.runtime import sweeper
 
@@ -229,9 +229,8 @@ class Command(BaseCommand):
             return
         options["acting_user"] = user = acting.acting_user(options)
         acting.check_run(user, options.get("run_id"))
-        if bulk_commands.bulk_action(options["action"], options, self.stdout.write):
-            return
-        if migrating.migrate_action(options["action"], options, self.stdout.write, self._table):
+        if migrating.migrate_action(options["action"], options, self.stdout.write, self._table) \
+                or bulk_commands.bulk_action(options["action"], options, self.stdout.write):
             return
         if quarantine.definition_action(options["action"], options, self.stdout.write):
             return
