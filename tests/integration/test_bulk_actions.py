@@ -264,3 +264,35 @@ def test_cli_bulk_dry_run_then_cancel_and_status(worker, token):
     call_command("queuety", "workflow", "bulk-status", str(op_id), "--json", stdout=out)
     assert json.loads(out.getvalue())["acted"] == 2
     assert statuses(runs) == ["cancelled"] * 2
+
+
+# -- admin --------------------------------------------------------------------------------------
+
+def test_admin_select_all_matching_starts_a_bulk_operation_over_the_changelists_filter(
+        worker, token, admin_client):
+    flow, other = approval_flow(token), approval_flow(token, "other")
+    runs = [flow.dispatch({"token": token}) for _ in range(3)]
+    elsewhere = other.dispatch({"token": token})
+    wait_for(lambda: statuses([*runs, elsewhere]) == ["waiting_for_signal"] * 4)
+
+    changelist = f"/admin/queuety/workflowrun/?workflow={name_of(flow)}"
+    answer = admin_client.post(changelist, {"action": "cancel_selected", "select_across": "1",
+                                            "index": "0", "_selected_action": [runs[0]]})
+
+    assert answer.status_code == 302
+    op = BulkOperation.objects.get(pk=int(answer["Location"].rstrip("/").split("/")[-2]))
+    assert (op.action, op.filter, op.actor) == (
+        "cancel", {"workflow": name_of(flow)}, f"admin:{op.requested_by.get_username()}")
+    op = finished(op.pk)
+    assert (op.acted, statuses(runs), statuses([elsewhere])) == (
+        3, ["cancelled"] * 3, ["waiting_for_signal"])
+    page = admin_client.get(f"/admin/queuety/bulkoperation/{op.pk}/change/")
+    assert b"3 of 3 processed: 3 acted on, 0 skipped" in page.content
+
+    # A search is not a filter the runs list has: refused, nothing started.
+    count = BulkOperation.objects.count()
+    refused = admin_client.post(f"{changelist}&q=x", {
+        "action": "pause_selected", "select_across": "1", "index": "0",
+        "_selected_action": [elsewhere]}, follow=True)
+    assert b"filtered by q" in refused.content
+    assert BulkOperation.objects.count() == count
