@@ -338,7 +338,10 @@ def _attempt(act: Callable[[int], str | None], run_id: int) -> str | None:
         return gist(str(refused))
     except exceptions.RunNotFound:
         return "the run no longer exists"
-    except (LookupError, ValueError) as refused:  # rewind: no such step in this run
+    except (exceptions.QueuetyError, LookupError, ValueError) as refused:
+        # A definition that no longer loads, rewind's step that is not in this run: that
+        # run is skipped with the reason, the others go on (else a lease taken over again
+        # and again would stop at the same run forever).
         return str(refused).rstrip(".")
 
 

@@ -190,6 +190,22 @@ def test_runs_dispatched_after_the_start_are_left_alone(worker, token):
     assert statuses([before, after]) == ["cancelled", "waiting_for_signal"]
 
 
+def test_rewind_takes_its_step_and_skips_runs_where_it_never_completed(worker, token):
+    flow = approval_flow(token)
+    done, waiting = flow.dispatch({"token": token}), flow.dispatch({"token": token})
+    wait_for(lambda: statuses([done, waiting]) == ["waiting_for_signal"] * 2)
+    queuety.approve(done)
+    wait_for(lambda: statuses([done]) == ["completed"])
+
+    op = finished(queuety.bulk("rewind", workflow=name_of(flow), step=0).id)
+
+    assert (op.acted, op.skipped, op.arguments) == (1, 1, {"step": 0})
+    assert len(op.skipped_reasons) == 1 and list(op.skipped_reasons.values()) == [1]
+    assert Event.objects.filter(run_id=done, kind="workflow_rewound").count() == 1
+    assert not Event.objects.filter(run_id=waiting, kind="workflow_rewound").exists()
+    wait_for(lambda: statuses([done]) == ["completed"])  # step_a ran again
+
+
 def test_bad_input_records_nothing(token):
     count = BulkOperation.objects.count()
     with pytest.raises(ValueError, match="Unknown bulk action 'delete'"):
