@@ -664,7 +664,7 @@ class BulkOperation(models.Model):
     heartbeat_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
-        indexes = [models.Index(fields=["status", "heartbeat_at"], name="queuety_bulk_live",
+        indexes = [models.Index(fields=["status"], name="queuety_bulk_live",
                                 condition=Q(status__in=["pending", "running"]))]
 
     def __str__(self) -> str:

@@ -40,7 +40,7 @@ class Migration(migrations.Migration):
                 ('requested_by', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to=settings.AUTH_USER_MODEL)),
             ],
             options={
-                'indexes': [models.Index(condition=models.Q(('status__in', ['pending', 'running'])), fields=['status', 'heartbeat_at'], name='queuety_bulk_live')],
+                'indexes': [models.Index(condition=models.Q(('status__in', ['pending', 'running'])), fields=['status'], name='queuety_bulk_live')],
             },
         ),
     ]
