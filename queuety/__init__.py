@@ -31,6 +31,7 @@ from queuety.exceptions import (
     AlreadyAnswered,
     ArtifactNotFound,
     BudgetExceeded,
+    BulkOperationNotFound,
     ChildRunFailed,
     IdempotencyConflict,
     InvalidArtifact,
@@ -120,6 +121,10 @@ __all__ = [
     "batch",
     "list_workflows",
     "migrate_runs",
+    "bulk",
+    "bulk_status",
+    "cancel_bulk",
+    "BulkOperationNotFound",
     "pause",
     "pause_definition",
     "register",
@@ -152,6 +157,7 @@ __all__ = [
 if TYPE_CHECKING:  # for annotations only: importing it would import Django
     from datetime import timedelta
 
+    from queuety.bulk_actions import BulkProgress
     from queuety.hooks.declare import InboundHook
     from queuety.inbox import SignalReceipt
     from queuety.keyed import SignalOrStart
@@ -498,6 +504,64 @@ def resume(run_id: int) -> str:
     from queuety import operations
 
     return operations.resume(run_id)
+
+
+def bulk(action: str, *, workflow: str | None = None, definition: str | int | None = None,
+         status: str | None = None, tags: dict[str, str] | None = None,
+         older_than: timedelta | None = None, error_type: str | None = None,
+         version: str | None = None, waiting: str | None = None, dry_run: bool = False,
+         step: int | str | None = None, to: Any = None, step_map: dict[str, str] | None = None,
+         state: str | None = None, user: Any = None, actor: str = "") -> BulkProgress:
+    """Act on every run the filter matches (``cancel``, ``pause``, ``resume``, ``retry``,
+    ``rewind`` or ``migrate``) as a durable bulk operation a worker processes in chunks, each
+    run in a short transaction of its own; return its progress at once (``bulk_status()``
+    reads it later, ``cancel_bulk()`` stops it).
+
+    The filter is the runs list's (``GET runs/``): all given keys must match; ``tags`` every
+    pair; ``older_than`` runs created longer ago than that, counted from now. Runs dispatched
+    after the call are never acted on. A run the action does not apply to is skipped, counted
+    by reason. ``rewind`` needs ``step`` (index or name: each run goes back to just after it);
+    ``migrate`` needs the ``workflow`` filter and takes ``to`` (default ``"latest"``),
+    ``step_map`` and ``state`` (a dotted path) as ``migrate_runs()`` does. ``user``: only the
+    runs their ``QUEUETY["RUN_SCOPE"]`` reaches (default: all). ``dry_run`` counts the matching
+    runs, records the request and changes nothing. See docs/guide/operating-runs.md.
+
+    Raises:
+        ValueError: an unknown action, argument or filter value; nothing was recorded.
+        UnknownDefinition, UnknownWorkflow, InvalidMigration: as ``migrate_runs()``.
+    """
+    from queuety import bulk_actions
+
+    arguments = {"step": step, "to": to, "step_map": step_map, "state": state}
+    filters = {"workflow": workflow, "definition": definition, "status": status,
+               "tags": tags, "older_than": older_than, "error_type": error_type,
+               "version": version, "waiting": waiting}
+    return bulk_actions.start(
+        action, filters, {key: value for key, value in arguments.items() if value is not None},
+        dry_run=dry_run, user=user, actor=actor)
+
+
+def bulk_status(op_id: int) -> BulkProgress:
+    """The progress of bulk operation ``op_id`` (``queuety.bulk()``).
+
+    Raises:
+        BulkOperationNotFound: no operation has that id.
+    """
+    from queuety import bulk_actions
+
+    return bulk_actions.status(op_id)
+
+
+def cancel_bulk(op_id: int) -> BulkProgress:
+    """Stop bulk operation ``op_id``: no run after the one in hand is acted on; those acted
+    on already stay as they are.
+
+    Raises:
+        BulkOperationNotFound: no operation has that id.
+    """
+    from queuety import bulk_actions
+
+    return bulk_actions.cancel(op_id)
 
 
 def pause_definition(ref: str | int, *, actor: str = "") -> BulkResult:

@@ -26,6 +26,11 @@ DEFAULTS: dict[str, Any] = {
     # often and one at a time sweeps (also the interval of the optional beat entry, set on
     # migrate).
     "SWEEP_INTERVAL": 5,
+    # Bulk operations (queuety.bulk()): runs read per chunk (each run then acted on in its own
+    # short transaction), and seconds a processing worker's lease lasts without a renewal (it
+    # renews with every run): an operation whose worker died is taken over this long after.
+    "BULK_CHUNK_SIZE": 500,
+    "BULK_LEASE": 30.0,
     # Seconds a sweep holds the sweeper's lease without renewing it (it renews before each
     # of its phases): a sweeper that dies mid-sweep is taken over this long after its last
     # renewal. Longer than any one phase takes (or a slow phase's sweep is overlapped by the
@@ -224,7 +229,7 @@ _RULES: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     *((key, _positive, _POSITIVE) for key in (
         "STALE_AFTER", "HEARTBEAT_INTERVAL", "REDELIVER_AFTER", "INLINE_SECONDS",
         "WORKER_LOST_AFTER", "MAX_PROGRESS_BYTES", "PROGRESS_INTERVAL", "STREAM_POLL_INTERVAL",
-        "STREAM_MAX_SECONDS", "LANE_BLOCKED_AFTER", "SWEEP_LEASE")),
+        "STREAM_MAX_SECONDS", "LANE_BLOCKED_AFTER", "SWEEP_LEASE", "BULK_LEASE")),
     ("WEBHOOK_RETRY_DELAYS", lambda v: not isinstance(v, str | bytes) and all(
         isinstance(d, int | float) and d >= 0 for d in v),
      "a list of non-negative numbers of seconds, such as [10, 60, 300]."),
@@ -235,7 +240,8 @@ _RULES: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("CHUNK_FLUSH_INTERVAL", lambda v: not isinstance(v, bool) and isinstance(v, int | float)
      and 0 <= v <= 5, "a number of seconds from 0 (store each chunk at once) to 5."),
     *((key, _whole(1), _WHOLE_1) for key in ("MAX_ARTIFACT_BYTES", "MAX_CHUNK_BYTES",
-                                             "CHUNK_BUFFER", "INBOUND_MAX_BYTES")),
+                                             "CHUNK_BUFFER", "INBOUND_MAX_BYTES",
+                                             "BULK_CHUNK_SIZE")),
     ("SECRET_KEYS", lambda v: not isinstance(v, str) and all(isinstance(k, str) for k in v),
      "a list of key names (strings), such as ['password', 'api_key']."),
     ("BASE_URL", lambda v: v is None or _is_site_address(v),

@@ -223,6 +223,18 @@ class RunNotFound(QueuetyError, LookupError):
         return (type(self), (self.run_id,))
 
 
+class BulkOperationNotFound(QueuetyError, LookupError):
+    """No bulk operation (``queuety.bulk()``) has the given id."""
+
+    def __init__(self, op_id: int) -> None:
+        super().__init__(f"Bulk operation {op_id} does not exist; "
+                         "'manage.py queuety workflow bulk-list' lists them.")
+        self.op_id = op_id
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.op_id,))
+
+
 class InvalidPayload(WorkflowDefinitionError, ValueError):
     """A payload given to dispatch is not a JSON object Queuety can store; nothing was
     written. (A :class:`WorkflowDefinitionError` too, which is what dispatch raised before.)"""

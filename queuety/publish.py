@@ -27,6 +27,8 @@ EXECUTE_STEP = "queuety.execute_step"
 RESUME_PARENT = "queuety.resume_parent"
 #: The task that sends one webhook delivery row.
 DELIVER_WEBHOOK = "queuety.deliver_webhook"
+#: The task that processes one bulk operation (queuety.bulk_actions).
+BULK_OPERATION = "queuety.bulk_operation"
 #: The task that starts a concurrency group's throttled steps into its free slots.
 WAKE_GROUP = "queuety.wake_group"
 
@@ -189,6 +191,18 @@ def _send_deliveries(delivery_ids: list[int], countdown: float | None) -> None:
         except Exception:  # noqa: BLE001 - the sweeper sends due deliveries anyway
             logger.exception("Could not publish %s(%r); the sweeper will do it.",
                              DELIVER_WEBHOOK, delivery_id)
+
+
+def bulk_operation(op_id: int) -> None:
+    """Send ``queuety.bulk_operation`` for bulk operation ``op_id`` (on ``QUEUETY["QUEUE"]``).
+    A broker error is logged, not raised: the sweeper sends it again once the operation's
+    lease lapses (``queuety.runtime.bulk_recovery``)."""
+    options: dict[str, Any] = {"queue": settings.QUEUE} if settings.QUEUE else {}
+    try:
+        _send(BULK_OPERATION, (op_id,), options)
+    except Exception:  # noqa: BLE001 - the sweeper is the backstop
+        logger.exception("Could not publish %s(%r); the sweeper will do it.", BULK_OPERATION,
+                         op_id)
 
 
 #: The tasks :func:`send_later` is running here under ``task_always_eager`` (this context).

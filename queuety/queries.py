@@ -4,6 +4,7 @@ counts ``manage.py queuety status`` shows."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db.models import Count, Min, Q, QuerySet
@@ -22,7 +23,13 @@ from queuety.runtime import artifacts
 from queuety.runtime.landing import workflow_wait
 from queuety.store import groups as group_rows
 from queuety.store import rows
-from queuety.store.definitions import definition_hash, effective_policy, load_spec, wait_kinds
+from queuety.store.definitions import (
+    definition_hash,
+    effective_policy,
+    find_definition,
+    load_spec,
+    wait_kinds,
+)
 from queuety.store.tags import tagged
 
 
@@ -289,6 +296,8 @@ WAITING = (RunStatus.WAITING_FOR_SIGNAL, RunStatus.WAITING_FOR_WORKFLOWS)
 
 def runs_matching(*, status: str | None = None, workflow: str | None = None,
                   version: str | None = None, waiting: str | None = None,
+                  definition: str | int | None = None, older_than: timedelta | None = None,
+                  error_type: str | None = None, as_of: datetime | None = None,
                   tags: Mapping[str, str] | None = None) -> QuerySet[WorkflowRun]:
     """Runs newest first, filtered on the run row only, so the ``(status, -id)``, name and
     definition indexes serve them (``GET runs/``).
@@ -297,13 +306,21 @@ def runs_matching(*, status: str | None = None, workflow: str | None = None,
     ``waiting`` is ``true``/``false`` (waiting for anything, or not) or a kind of wait:
     ``approval``, ``decision``, ``input``, ``signal`` (any signal wait) or ``workflows``;
     ``tags``: runs carrying every one of these tags (the GIN index ``queuety_run_tags``).
+    ``definition`` a stored definition's id, hash or hash prefix (of ``workflow`` if given:
+    what ``GET runs/`` answers as ``definition_hash``); ``older_than`` runs created more than
+    this long before ``as_of`` (default now); ``error_type`` runs whose recorded error (a
+    failed run's ``error``) is of this exception type, as it is stored: ``ValueError`` for a
+    builtin, ``module.Class`` otherwise.
 
     Raises:
-        ValueError: an unknown status or kind of wait, saying which values are allowed.
+        ValueError: an unknown status or kind of wait, or a negative ``older_than``, saying
+            which values are allowed.
+        UnknownDefinition: ``definition`` names no stored definition (of ``workflow``).
     """
     for what, value in (("status", status), ("workflow", workflow), ("version", version),
-                        ("waiting", waiting)):
-        if value is not None and "\x00" in value:  # PostgreSQL text holds no NUL character
+                        ("waiting", waiting), ("definition", definition),
+                        ("error_type", error_type)):
+        if isinstance(value, str) and "\x00" in value:  # PostgreSQL text holds no NUL character
             raise ValueError(f"The {what} filter contains a NUL character; no run has one.")
     # A page of summaries needs none of the big JSON columns (the state above all).
     runs = WorkflowRun.objects.order_by("-pk").defer("state", "state_writes", "error",
@@ -319,6 +336,7 @@ def runs_matching(*, status: str | None = None, workflow: str | None = None,
         if workflow is not None:
             definitions = definitions.filter(name=workflow)
         runs = runs.filter(definition_id__in=list(definitions.values_list("pk", flat=True)))
+    runs = _narrowed(runs, workflow, definition, older_than, error_type, as_of)
     if waiting is not None:
         wanted = waiting.lower()
         if wanted in ("true", "1", "yes"):
@@ -335,6 +353,46 @@ def runs_matching(*, status: str | None = None, workflow: str | None = None,
             raise ValueError(f"Unknown waiting filter {waiting!r}; use true, false or one of "
                              f"{', '.join(WAIT_KINDS)}.")
     return runs.filter(tagged(tags or {}))
+
+
+def _narrowed(runs: QuerySet[WorkflowRun], workflow: str | None,
+              definition: str | int | None, older_than: timedelta | None,
+              error_type: str | None, as_of: datetime | None) -> QuerySet[WorkflowRun]:
+    """``runs_matching``'s definition, age and error-type filters (see it)."""
+    if definition is not None:
+        runs = runs.filter(definition_id=find_definition(definition, name=workflow).pk)
+    if older_than is not None:
+        if older_than < timedelta(0):
+            raise ValueError(f"older_than must not be negative (got {older_than}).")
+        runs = runs.filter(created_at__lt=(as_of or timezone.now()) - older_than)
+    if error_type is not None:
+        # The run's error is a JSON record ({"type": ..., "message": ...}); narrowed by the
+        # status index first wherever the caller gives a status, so no index of its own.
+        runs = runs.filter(error__type=error_type)
+    return runs
+
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_age(text: str) -> timedelta:
+    """An ``older_than`` as the API and the CLI take it: a number of seconds, or a number
+    followed by ``s``, ``m``, ``h``, ``d`` or ``w`` (``7d``, ``12h``, ``90m``).
+
+    Raises:
+        ValueError: any other text, saying what is accepted.
+    """
+    value = text.strip().lower()
+    unit = value[-1:] if value[-1:] in _UNITS else "s"
+    number = value[:-1] if value[-1:] in _UNITS else value
+    try:
+        amount = float(number)
+    except ValueError:
+        amount = -1.0
+    if not number or amount < 0 or amount != amount or amount == float("inf"):
+        raise ValueError(f"older_than {text!r} is not an age; give a number of seconds or a "
+                         "number with a unit s, m, h, d or w (such as 7d or 12h).")
+    return timedelta(seconds=amount * _UNITS[unit])
 
 
 def run_summary(run: WorkflowRun) -> dict[str, Any]:

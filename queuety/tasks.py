@@ -17,7 +17,7 @@ from celery.worker.request import Request
 from django.db import DatabaseError, close_old_connections
 from django.utils import timezone
 
-from queuety import schedules
+from queuety import bulk_actions, schedules
 from queuety.runtime import attempt, lane, recovery, settle, sweep_tick, wakeups
 from queuety.runtime.claim import name_worker, worker_id
 from queuety.runtime.workers import MainProcessBeat
@@ -169,6 +169,13 @@ def sweep() -> dict[str, int] | None:
     """Sweep, if it is this interval's turn (every worker sweeps by itself: this message, from
     an optional beat entry, takes the same turns); None when another process swept."""
     return sweep_tick.sweep_once(f"{worker_id()} (queuety.sweep)")
+
+
+@shared_task(name="queuety.bulk_operation", ignore_result=True)
+def bulk_operation(op_id: int) -> str:
+    """Process one bulk operation under its lease until it is done (``queuety.bulk_actions``;
+    the sweeper sends this again when its worker dies)."""
+    return bulk_actions.process(op_id)
 
 
 @shared_task(name="queuety.resume_parent", ignore_result=True)

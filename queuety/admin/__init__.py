@@ -25,8 +25,11 @@ Pages:
   or error, each linking to its run's page (``admin/jobs.py``).
 - the events list: every run's events newest first, by kind, workflow, age, run or error
   type, each linking to its run's page, read-only (``admin/events.py``).
+- bulk operations: each ``queuety.bulk()`` operation (the runs changelist's "Select all N"
+  starts one over its filter) with its progress, read-only, with a cancel action
+  (``admin/bulk.py``).
 """
 
-from queuety.admin import definitions, events, groups, inbound, jobs, runs, webhooks
+from queuety.admin import bulk, definitions, events, groups, inbound, jobs, runs, webhooks
 
-__all__ = ["definitions", "events", "groups", "inbound", "jobs", "runs", "webhooks"]
+__all__ = ["bulk", "definitions", "events", "groups", "inbound", "jobs", "runs", "webhooks"]

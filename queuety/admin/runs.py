@@ -30,7 +30,7 @@ from django.utils.text import capfirst
 from django.utils.translation import gettext
 
 from queuety import exceptions, export, machines, operations, queries, replyforms
-from queuety.admin import artifacts, display
+from queuety.admin import artifacts, bulk, display
 from queuety.admin.actions import (
     RUN_ACTIONS,
     LockedRun,
@@ -281,32 +281,40 @@ class WorkflowRunAdmin(StartRunPages, MigrationPages, _ModelAdmin):
         return response
 
     def _bulk(self, request: HttpRequest, queryset: QuerySet[WorkflowRun],
-              operation: Callable[..., Any], done_one: str, done_many: str) -> None:
-        ids = self._selected_ids(request, queryset)
+              operation: Callable[..., Any], done_one: str, done_many: str
+              ) -> HttpResponse | None:
+        # "Select all N": a durable bulk operation over the changelist's filter instead.
+        across = bulk.start_across(request, operation.__name__)
+        ids = None if across is not None else self._selected_ids(request, queryset)
         if ids is None:
-            return
+            return across
         for text, level in bulk_outcome(request, ids, operation, done_one, done_many,
                                         ("run", "runs")):
             self.message_user(request, text, level)
+        return None
 
     @admin.action(description="Retry selected failed runs", permissions=["operate"])
-    def retry_selected(self, request: HttpRequest, queryset: QuerySet[WorkflowRun]) -> None:
-        self._bulk(request, queryset, operations.retry,
+    def retry_selected(self, request: HttpRequest, queryset: QuerySet[WorkflowRun]
+                    ) -> HttpResponse | None:
+        return self._bulk(request, queryset, operations.retry,
                    "Run %(ids)s was scheduled for retry.", "Runs %(ids)s were scheduled for retry.")
 
     @admin.action(description="Pause selected runs", permissions=["operate"])
-    def pause_selected(self, request: HttpRequest, queryset: QuerySet[WorkflowRun]) -> None:
-        self._bulk(request, queryset, operations.pause,
+    def pause_selected(self, request: HttpRequest, queryset: QuerySet[WorkflowRun]
+                    ) -> HttpResponse | None:
+        return self._bulk(request, queryset, operations.pause,
                    "Run %(ids)s was paused.", "Runs %(ids)s were paused.")
 
     @admin.action(description="Resume selected paused runs", permissions=["operate"])
-    def resume_selected(self, request: HttpRequest, queryset: QuerySet[WorkflowRun]) -> None:
-        self._bulk(request, queryset, operations.resume,
+    def resume_selected(self, request: HttpRequest, queryset: QuerySet[WorkflowRun]
+                    ) -> HttpResponse | None:
+        return self._bulk(request, queryset, operations.resume,
                    "Run %(ids)s was resumed.", "Runs %(ids)s were resumed.")
 
     @admin.action(description="Cancel selected runs", permissions=["operate"])
-    def cancel_selected(self, request: HttpRequest, queryset: QuerySet[WorkflowRun]) -> None:
-        self._bulk(request, queryset, operations.cancel,
+    def cancel_selected(self, request: HttpRequest, queryset: QuerySet[WorkflowRun]
+                    ) -> HttpResponse | None:
+        return self._bulk(request, queryset, operations.cancel,
                    "Run %(ids)s was cancelled.", "Runs %(ids)s were cancelled.")
 
     # -- URLs

@@ -54,6 +54,15 @@ LIST_FILTERS = [
     OpenApiParameter("tag", str, many=True, explode=True,
                      description="Only runs carrying this tag, as key:value (customer:42); "
                                  "repeat it for several, all of which must match."),
+    OpenApiParameter("definition", str, description="Only runs of this definition: its id, "
+                                                    "hash or a hash prefix (8 characters at "
+                                                    "least)."),
+    OpenApiParameter("older_than", str, description="Only runs created longer ago than this: "
+                                                    "seconds, or a number with s, m, h, d or "
+                                                    "w (7d, 12h)."),
+    OpenApiParameter("error_type", str, description="Only runs whose recorded error is of "
+                                                    "this exception type (ValueError, "
+                                                    "myapp.errors.Declined)."),
     OpenApiParameter("cursor", str, description="The page: from a previous answer's next or "
                                                 "previous link."),
     OpenApiParameter("page_size", int, description="Runs per page (default 50, at most 500)."),
@@ -87,11 +96,14 @@ class RunListView(RunAPIView):
     def get(self, request: Request) -> Response:
         params = request.query_params
         try:
+            older = params.get("older_than")
             runs = queries.runs_matching(
                 status=params.get("status"), workflow=params.get("workflow"),
                 version=params.get("version"), waiting=params.get("waiting"),
+                definition=params.get("definition"), error_type=params.get("error_type"),
+                older_than=None if older is None else queries.parse_age(older),
                 tags=tag_rules.parse_filters(params.getlist("tag"), ":"))
-        except ValueError as error:
+        except (ValueError, exceptions.UnknownDefinition) as error:
             raise api_errors.QueuetyAPIError(str(error), "invalid_filter",
                                              status.HTTP_400_BAD_REQUEST) from None
         paginator = RunCursorPagination()

@@ -32,6 +32,8 @@ def _no_extra(error: Any) -> dict[str, object]:
 #: before its base); the first class the error is an instance of answers.
 _ANSWERS: tuple[tuple[type[Exception], str, int, Callable[[Any], dict[str, object]]], ...] = (
     (exceptions.RunNotFound, "run_not_found", status.HTTP_404_NOT_FOUND, _no_extra),
+    (exceptions.BulkOperationNotFound, "bulk_operation_not_found", status.HTTP_404_NOT_FOUND,
+     _no_extra),
     (exceptions.WaitExpired, "wait_expired", status.HTTP_409_CONFLICT, _no_extra),
     (exceptions.AlreadyAnswered, "already_answered", status.HTTP_409_CONFLICT, _no_extra),
     (exceptions.RunNotWaiting, "run_not_waiting", status.HTTP_409_CONFLICT, _no_extra),

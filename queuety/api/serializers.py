@@ -305,3 +305,40 @@ class BulkResultSerializer(serializers.Serializer[Any]):
         help_text="Runs left as they were, by reason: already_paused, waiting_for_workflows, "
                   "not_paused, finished, not_permitted, deleted, changed.")
     failed = BulkFailureSerializer(many=True)
+
+
+class BulkRequestSerializer(serializers.Serializer[Any]):
+    """The body of ``POST runs/bulk/``."""
+
+    action = serializers.ChoiceField(choices=["cancel", "pause", "resume", "retry", "rewind",
+                                              "migrate"])
+    filter = serializers.DictField(
+        required=False, help_text="The runs list's query keys: status, workflow, version, "
+                                  "waiting, definition, older_than (7d, 12h, 90m or seconds), "
+                                  "error_type, tag (a list of key:value, all must match).")
+    dry_run = serializers.BooleanField(required=False, default=False)
+    arguments = serializers.DictField(
+        required=False, help_text="rewind: {\"step\": index or name}; migrate: {\"to\": "
+                                  "\"latest\" | hash | id, \"step_map\": {old: new}}.")
+
+
+class BulkProgressSerializer(serializers.Serializer[Any]):
+    """A bulk operation's record and progress (``queuety.bulk_actions.BulkProgress``)."""
+
+    id = serializers.IntegerField()
+    action = serializers.CharField()
+    status = serializers.ChoiceField(choices=["pending", "running", "done", "cancelled",
+                                              "failed"])
+    dry_run = serializers.BooleanField()
+    filter = serializers.DictField()
+    arguments = serializers.DictField()
+    requested_by = serializers.CharField()
+    matched = serializers.IntegerField(help_text="Runs the filter matched at the start.")
+    acted = serializers.IntegerField()
+    skipped = serializers.IntegerField()
+    processed = serializers.IntegerField()
+    skipped_reasons = serializers.DictField(child=serializers.IntegerField())
+    error = serializers.CharField()
+    created_at = serializers.DateTimeField(allow_null=True)
+    started_at = serializers.DateTimeField(allow_null=True)
+    finished_at = serializers.DateTimeField(allow_null=True)

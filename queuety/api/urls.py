@@ -2,12 +2,15 @@
 
 from django.urls import path, re_path
 
-from queuety.api import artifacts, control, events, hooks, jobs, views
+from queuety.api import artifacts, bulk, control, events, hooks, jobs, views
 
 app_name = "queuety"
 
 urlpatterns = [
     path("runs/", control.RunListView.as_view(), name="run-list"),
+    path("runs/bulk/", bulk.BulkView.as_view(), name="run-bulk"),
+    path("runs/bulk/<int:pk>/", bulk.BulkDetailView.as_view(), name="run-bulk-detail"),
+    path("runs/bulk/<int:pk>/cancel/", bulk.BulkCancelView.as_view(), name="run-bulk-cancel"),
     path("runs/<int:pk>/", views.RunDetailView.as_view(), name="run-detail"),
     path("runs/<int:pk>/cancel/", control.CancelView.as_view(), name="run-cancel"),
     path("runs/<int:pk>/pause/", control.PauseView.as_view(), name="run-pause"),

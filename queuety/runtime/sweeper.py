@@ -23,7 +23,7 @@ from queuety.conf import settings
 from queuety.core import flow
 from queuety.core.status import FINISHED
 from queuety.models import Event, RunStatus, StepRun, StepStatus, Worker, WorkflowRun
-from queuety.runtime import wakeups
+from queuety.runtime import bulk_recovery, wakeups
 from queuety.runtime.claim import claim_of, worker_of
 from queuety.runtime.expiry import expire_due
 from queuety.runtime.finish import fail_run, fail_unloadable, release_stranded
@@ -64,7 +64,8 @@ def sweep(now: datetime | None = None,
         ("throttled", wake_throttled), ("republished", republish_due),
         ("parents", wake_parents), ("expired", expire_due), ("reminded", remind_due),
         ("overdue", fail_overdue), ("queued", release_stranded),
-        ("purged", purge_finished), ("webhooks", webhooks.recover))
+        ("purged", purge_finished), ("webhooks", webhooks.recover),
+        ("bulk", bulk_recovery.recover))
     for name, phase in phases:
         if still_held is not None and not _held(still_held, name):
             break

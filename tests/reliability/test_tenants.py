@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,9 +35,10 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 import queuety
-from queuety import approvals, registry
+from queuety import approvals, bulk_actions, registry
 from queuety.models import (
     Artifact,
+    BulkOperation,
     Event,
     Signal,
     StepRun,
@@ -184,6 +186,50 @@ def _listed(response) -> set[int]:
     return {row["id"] for row in rows}
 
 
+def wait_until(predicate, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.05)
+
+
+def _bulk_cases(api, me: Tenant, other: Tenant, name: str, before, expect, covered) -> None:
+    """Bulk actions by filter: a filter reaches one's own runs only, counted alone, and
+    another's operation is a 404."""
+    covered |= {("run-bulk", "POST"), ("run-bulk-detail", "GET"), ("run-bulk-cancel", "POST")}
+    body = {"action": "resume", "filter": {"workflow": name}}
+    # RUN_ACCESS alone decides runs one at a time: the count is of every run the filter
+    # matches (what the access-only mode leaves open); RUN_SCOPE counts one's own.
+    matched = 4 if ACCESS_ONLY else 2
+    dry = _json(api, "POST", f"{API}/runs/bulk/", {**body, "dry_run": True})
+    expect(f"{me.name}: bulk dry run counts its own runs", dry.status_code == 200
+           and dry.json()["matched"] == matched, (dry.status_code, dry.content[:160]))
+    started = _json(api, "POST", f"{API}/runs/bulk/", body)
+    expect(f"{me.name}: bulk resume counts its own runs", started.status_code == 202
+           and started.json()["matched"] == matched, (started.status_code, started.content[:160]))
+    if started.status_code == 202:  # the worker's pass (nothing is paused: no change) ends
+        op_id = started.json()["id"]
+        wait_until(lambda: BulkOperation.objects.get(pk=op_id).status == "done")
+    # Processed here, where the tenancy settings apply (the session worker has none): every
+    # chunk narrowed by the requesting user's scope.
+    for action in ("pause", "resume"):
+        op = BulkOperation.objects.create(action=action, filter={"workflow": name},
+                                          requested_by=me.user, for_user=True,
+                                          max_run_id=max(other.runs + me.runs))
+        bulk_actions.process(op.pk)
+        op.refresh_from_db()
+        expect(f"{me.name}: bulk {action} acts on its own runs only",
+               (op.status, op.acted) == ("done", 2) and footprint(other.runs) == before,
+               (op.status, op.acted, op.skipped_reasons))
+    theirs = BulkOperation.objects.create(action="cancel", filter={"workflow": name},
+                                          requested_by=other.user, for_user=True,
+                                          status=BulkOperation.DONE)
+    for response in (api.get(f"{API}/runs/bulk/{theirs.pk}/"),
+                     _json(api, "POST", f"{API}/runs/bulk/{theirs.pk}/cancel/")):
+        expect(f"{me.name} -> {other.name}'s bulk operation", response.status_code == 404,
+               response.status_code)
+
+
 def test_api__every_endpoint_keeps_the_tenants_apart(world, figures):
     name, tenants = world
     a, b = tenants["a"], tenants["b"]
@@ -273,6 +319,7 @@ def test_api__every_endpoint_keeps_the_tenants_apart(world, figures):
                 expect(f"{me.name}: {action} counts skipped runs of its own only",
                        sum(response.json().get("skipped", {}).values()) == 0,
                        response.json().get("skipped"))
+            _bulk_cases(api, me, other, name, before, expect, covered)
             expect(f"{me.name}: nothing written to {other.name}'s runs",
                    footprint(other.runs) == before, footprint(other.runs))
 

@@ -16,6 +16,7 @@ from queuety.core import artifacts as artifact_rules
 from queuety.core import tags as tag_rules
 from queuety.core.describe import format_status, tags_text
 from queuety.management import acting, deploying, eventlog, migrating, quarantine, starting
+from queuety.management import bulk as bulk_commands
 from queuety.management import jobs as job_commands
 from queuety.management import machines as machine_commands
 from queuety.management.starting import Error
@@ -94,9 +95,11 @@ class Command(BaseCommand):
                                                   "pause,resume,cancel,approve,reject,input,"
                                                   "signal,timeline,state-at,rewind,fork,"
                                                   "export,replay,artifacts,artifact,"
-                                                  "delete-artifact,chunks,migrate,diff}")
+                                                  "delete-artifact,chunks,migrate,diff,bulk,"
+                                                  "bulk-status,bulk-cancel}")
         starting.add_workflow_actions(actions)
         migrating.add_migrate_action(actions)
+        bulk_commands.add_bulk_actions(actions)
         diff = actions.add_parser("diff", help="Show what changed between two stored "
                                                "definitions (steps, options, handlers).")
         for side, which in (("a", "The older definition"), ("b", "The newer definition")):
@@ -231,7 +234,8 @@ class Command(BaseCommand):
             return
         options["acting_user"] = user = acting.acting_user(options)
         acting.check_run(user, options.get("run_id"))
-        if migrating.migrate_action(options["action"], options, self.stdout.write, self._table):
+        if migrating.migrate_action(options["action"], options, self.stdout.write, self._table) \
+                or bulk_commands.bulk_action(options["action"], options, self.stdout.write):
             return
         if quarantine.definition_action(options["action"], options, self.stdout.write):
             return
