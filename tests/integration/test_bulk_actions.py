@@ -282,6 +282,36 @@ def test_cli_bulk_dry_run_then_cancel_and_status(worker, token):
     assert statuses(runs) == ["cancelled"] * 2
 
 
+def test_a_tag_filter_acts_only_on_runs_carrying_every_tag(worker, token):
+    flow = approval_flow(token)
+    both = [flow.dispatch({"token": token}, tags={"customer": "42", "plan": "pro"})
+            for _ in range(2)]
+    one = flow.dispatch({"token": token}, tags={"customer": "42", "plan": "free"})
+    none = flow.dispatch({"token": token})
+    wait_for(lambda: statuses([*both, one, none]) == ["waiting_for_signal"] * 4)
+
+    assert queuety.bulk("cancel", workflow=name_of(flow), tags={"customer": "42"},
+                        dry_run=True).matched == 3
+    out = StringIO()
+    call_command("queuety", "workflow", "bulk", "cancel", "--workflow", name_of(flow),
+                 "--tag", "customer=42", "--tag", "plan=pro", "--dry-run", stdout=out)
+    assert "Dry run: 2 run(s) match" in out.getvalue()
+
+    user = make_user("change_workflowrun", "view_workflowrun")
+    client = APIClient()
+    client.force_authenticate(user)
+    answer = client.post("/queuety/api/runs/bulk/", {
+        "action": "cancel", "dry_run": False,
+        "filter": {"workflow": name_of(flow), "tag": ["customer:42", "plan:pro"]}},
+        format="json")
+    assert answer.status_code == 202, answer.content
+    op = finished(answer.json()["id"])
+
+    assert (op.matched, op.acted) == (2, 2)
+    assert statuses([*both, one, none]) == ["cancelled", "cancelled", "waiting_for_signal",
+                                            "waiting_for_signal"]
+
+
 # -- admin --------------------------------------------------------------------------------------
 
 def test_admin_select_all_matching_starts_a_bulk_operation_over_the_changelists_filter(
