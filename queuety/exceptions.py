@@ -315,3 +315,24 @@ class RunConflict(QueuetyError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.workflow, self.key, self.run_id))
+
+
+class RunPurged(QueuetyError):
+    """A dispatch reused an idempotency key whose run retention purged: the key is kept as a
+    tombstone (until the run's own retention passes again), so it neither starts a second run
+    nor answers with the id of a run that no longer exists. The REST API answers a 409."""
+
+    def __init__(self, key: str, workflow: str, run_id: int, purged_at: str) -> None:
+        super().__init__(
+            f"Idempotency key {key!r} started run {run_id} of workflow {workflow!r}, which "
+            f"retention purged on {purged_at}; nothing was dispatched. Use a new key for a new "
+            "run, or bring the run back with 'manage.py queuety archive import'.")
+        self.key, self.workflow, self.run_id, self.purged_at = key, workflow, run_id, purged_at
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.key, self.workflow, self.run_id, self.purged_at))
+
+
+class ArchiveError(QueuetyError):
+    """The run archive could not be written or read (``queuety.archive``): a storage that
+    does not overwrite, an object that does not exist, a line that is not JSON."""

@@ -41,6 +41,8 @@ _ANSWERS: tuple[tuple[type[Exception], str, int, Callable[[Any], dict[str, objec
      lambda e: {"errors": e.errors}),
     (exceptions.IdempotencyConflict, "idempotency_conflict", status.HTTP_409_CONFLICT,
      _no_extra),
+    (exceptions.RunPurged, "run_purged", status.HTTP_409_CONFLICT,
+     lambda e: {"key": e.key, "purged_at": e.purged_at}),
     (exceptions.RunConflict, "run_conflict", status.HTTP_409_CONFLICT,
      lambda e: {"key": e.key, "run_id": e.run_id}),
     (exceptions.InvalidTransition, "invalid_transition", status.HTTP_409_CONFLICT, _no_extra),
