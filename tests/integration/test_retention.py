@@ -246,3 +246,20 @@ def test_import__a_missing_object_is_refused_by_name(tmp_path):
     with retained(tmp_path, {}), pytest.raises(Exception, match="is neither a local file nor "
                                                "an object of storage 'archive'"):
         cli("archive", "import", "queuety/archive/none/2026-01-01/1.jsonl")
+
+
+def test_unique_job__retention_frees_its_key_with_it(worker, token, tmp_path):
+    from tests import job_tasks
+
+    first = job_tasks.charge_once.enqueue(token, 11)
+    wait_for(int(first.id), worker=worker)
+    age(int(first.id), 2)
+    with retained(tmp_path, {"task:tests.job_tasks.charge_once": "1d"}):
+        assert retention.purge().counts[("task:tests.job_tasks.charge_once", "completed")] >= 1
+    assert exists(int(first.id)) == [False]
+    assert not DispatchKey.objects.filter(run_id=int(first.id)).exists()  # no tombstone
+
+    again = job_tasks.charge_once.enqueue(token, 11)  # a new job, not RunPurged
+
+    assert again.id != first.id
+    assert wait_for(int(again.id), worker=worker).status == "completed"

@@ -209,6 +209,11 @@ class Command(BaseCommand):
         eventlog.add_log_group(groups)
         retaining.add_retention_groups(groups)
 
+    #: The groups whose action takes the options and a writer, each over its service.
+    _WRITERS: dict[str, Callable[[dict[str, Any], Callable[[str], None]], None]] = {
+        "deploy-check": deploying.deploy_check, "purge": retaining.purge_action,
+        "archive": retaining.archive_action}
+
     def handle(self, *args: Any, **options: Any) -> None:
         if options["group"] == "sweep":
             self.stdout.write(_json(sweeper.sweep()))
@@ -216,20 +221,14 @@ class Command(BaseCommand):
         if options["group"] == "status":
             self._overview(**options)
             return
-        if options["group"] == "deploy-check":
-            deploying.deploy_check(options, self.stdout.write)
-            return
         if options["group"] == "metrics":
             self._metrics(options["minutes"], options["format"])
             return
         if options["group"] == "log":
             eventlog.log_action(options, self.stdout.write, self.stdout.flush)
             return
-        if options["group"] == "purge":
-            retaining.purge_action(options, self.stdout.write)
-            return
-        if options["group"] == "archive":
-            retaining.archive_action(options, self.stdout.write)
+        if options["group"] in self._WRITERS:
+            self._WRITERS[options["group"]](options, self.stdout.write)
             return
         if options["group"] == "job":
             job_commands.job_action(options, self.stdout.write, self._table)
