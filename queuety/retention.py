@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Count, Exists, OuterRef, Q, QuerySet
 from django.db.models.functions import TruncDate
 from django.utils import timezone
@@ -43,8 +43,11 @@ from queuety.models import (
 
 logger = logging.getLogger("queuety")
 
-#: Runs archived and deleted per transaction.
+#: Runs archived and deleted per transaction (``manage.py queuety purge``).
 BATCH = 500
+#: ... and in the sweeper's phase, one batch a sweep: exporting a run for the archive costs
+#: about 20 ms, so a batch stays a few seconds, well inside the sweeper's lease.
+SWEEP_BATCH = 100
 
 
 def due_runs(rules: RetentionRules, now: datetime) -> QuerySet[WorkflowRun]:
@@ -115,8 +118,9 @@ def purge(now: datetime | None = None, batch: int = BATCH,
 
 
 def sweep_phase(now: datetime) -> int:
-    """The sweeper's purge phase: one batch, and one batch of expired tombstones."""
-    report = purge(now, max_batches=1)
+    """The sweeper's purge phase: one batch of :data:`SWEEP_BATCH` runs, and one batch of
+    expired tombstones."""
+    report = purge(now, batch=SWEEP_BATCH, max_batches=1)
     return report.total + report.forgotten
 
 
@@ -157,14 +161,13 @@ def _delete(rules: RetentionRules, ids: list[int], now: datetime) -> dict[str, i
         gone = [run["pk"] for run in runs]
         if not gone:
             return {}
-        # Children first, each one statement by its run index; the run's own delete then
-        # finds none of them to load.
-        Event.objects.filter(run_id__in=gone).delete()
-        StepChunk.objects.filter(run_id__in=gone).delete()
-        Artifact.objects.filter(run_id__in=gone).delete()
-        Signal.objects.filter(run_id__in=gone).delete()
-        WorkflowDependency.objects.filter(run_id__in=gone).delete()
-        StepRun.objects.filter(run_id__in=gone).delete()
+        # Children first, one statement per table by its run index (the events before the
+        # step rows they name); the runs' own delete then has none of them to load, and still
+        # applies the on_delete of any model of the site's that points at a run.
+        with connection.cursor() as cursor:
+            for model in (Event, StepChunk, Artifact, Signal, WorkflowDependency, StepRun):
+                cursor.execute(f"DELETE FROM {connection.ops.quote_name(model._meta.db_table)} "
+                               "WHERE run_id = ANY(%s)", [gone])
         # A live child of a purged parent stays, unlinked (it wakes no one when it ends).
         WorkflowRun.objects.filter(parent_id__in=gone).update(parent=None)
         WorkflowRun.objects.filter(started_by_id__in=gone).update(started_by=None)
