@@ -240,6 +240,13 @@ def test_tombstone__rest_answers_409_run_purged(worker, token, tmp_path):
         again = client.post("/queuety/api/runs/", body, format="json")
     assert again.status_code == 409 and again.json()["code"] == "run_purged"
     assert again.json()["key"] == key and "reg_letters" in again.json()["detail"]
+    # With tenants the purged run cannot be checked against the scope: the key is "taken",
+    # naming no run and no workflow.
+    with override_settings(QUEUETY={**TEST_QUEUETY, "RUN_SCOPE": "tests.workflows.tenant_scope"}):
+        hidden = client.post("/queuety/api/runs/", body, format="json")
+    assert hidden.status_code == 409 and hidden.json()["code"] == "idempotency_key_taken"
+    assert "reg_letters" not in hidden.json()["detail"]
+    assert "started run" not in hidden.json()["detail"]
 
 
 def test_import__a_missing_object_is_refused_by_name(tmp_path):
@@ -263,3 +270,22 @@ def test_unique_job__retention_frees_its_key_with_it(worker, token, tmp_path):
 
     assert again.id != first.id
     assert wait_for(int(again.id), worker=worker).status == "completed"
+
+
+def test_a_run_whose_starter_is_live__is_kept_past_its_retention(worker, token, tmp_path):
+    parent_name, child_name = f"ret_parent_{token}", f"ret_child_{token}"
+    child = queuety.workflow(child_name).then(workflows.step_a)
+    parent_id = (queuety.workflow(parent_name).start_workflows("items", child, name=child_name)
+                 .wait_for_signal("go").dispatch({"token": token, "items": [{"n": 1}]}))
+    wait_for(parent_id, statuses=("waiting_for_signal",), worker=worker)
+    [child_id] = WorkflowRun.objects.filter(started_by_id=parent_id).values_list("pk", flat=True)
+    wait_for(child_id, worker=worker)
+    age(child_id, 10)
+    with retained(tmp_path, {child_name: "7d", parent_name: "7d"}):
+        assert retention.plan().counts.get((child_name, "completed")) is None
+        retention.purge()
+        assert exists(child_id) == [True]  # its starter is live: kept
+        queuety.cancel(parent_id)
+        age(parent_id, 10)
+        retention.purge()
+    assert exists(parent_id, child_id) == [False, False]
