@@ -87,15 +87,7 @@ def read_archive(path_or_name: str) -> Iterator[tuple[int, dict[str, Any]]]:
         with open(path_or_name, encoding="utf-8") as handle:
             text = handle.read()
     else:
-        storage = archive_storage()
-        if storage is None or not storage.exists(path_or_name):
-            where = "QUEUETY['ARCHIVE_STORAGE'] is not set" if storage is None else \
-                f"nor an object of storage {settings.ARCHIVE_STORAGE!r}"
-            raise exceptions.ArchiveError(
-                f"{path_or_name!r} is neither a local file {where}; give a file path or an "
-                f"object name such as {object_name('order', date(2026, 1, 31), 1)!r}.")
-        with storage.open(path_or_name, "rb") as handle:
-            text = handle.read().decode("utf-8")
+        text = _read_object(path_or_name)
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
@@ -105,6 +97,23 @@ def read_archive(path_or_name: str) -> Iterator[tuple[int, dict[str, Any]]]:
             raise exceptions.ArchiveError(
                 f"Line {number} of {path_or_name!r} is not JSON ({error}); the lines before it "
                 "were imported.") from None
+
+
+def _read_object(name: str) -> str:
+    """An object of the archive storage, read whole. Opened, not first asked ``exists()``:
+    some django-storages releases answer False for every name when overwriting is on."""
+    storage = archive_storage()
+    problem = "QUEUETY['ARCHIVE_STORAGE'] is not set"
+    if storage is not None:
+        try:
+            with storage.open(name, "rb") as handle:
+                return bytes(handle.read()).decode("utf-8")
+        except Exception as error:  # noqa: BLE001 - each backend raises its own kind
+            problem = (f"nor an object of storage {settings.ARCHIVE_STORAGE!r} "
+                       f"({type(error).__name__}: {error})")
+    raise exceptions.ArchiveError(
+        f"{name!r} is neither a local file {problem}; give a file path or an object name "
+        f"such as {object_name('order', date(2026, 1, 31), 1)!r}.")
 
 
 def restore(document: Any) -> int | None:
