@@ -164,10 +164,11 @@ def _delete(rules: RetentionRules, ids: list[int], now: datetime) -> dict[str, i
         # Children first, one statement per table by its run index (the events before the
         # step rows they name); the runs' own delete then has none of them to load, and still
         # applies the on_delete of any model of the site's that points at a run.
+        marks = ", ".join(["%s"] * len(gone))
         with connection.cursor() as cursor:
             for model in (Event, StepChunk, Artifact, Signal, WorkflowDependency, StepRun):
                 cursor.execute(f"DELETE FROM {connection.ops.quote_name(model._meta.db_table)} "
-                               "WHERE run_id = ANY(%s)", [gone])
+                               f"WHERE run_id IN ({marks})", gone)
         # A live child of a purged parent stays, unlinked (it wakes no one when it ends).
         WorkflowRun.objects.filter(parent_id__in=gone).update(parent=None)
         WorkflowRun.objects.filter(started_by_id__in=gone).update(started_by=None)

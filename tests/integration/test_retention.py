@@ -214,7 +214,7 @@ def test_tombstone__a_purged_key_refuses_a_dispatch_until_its_own_retention(work
         with pytest.raises(exceptions.RunPurged) as refused:
             queuety.workflow(name).idempotency_key(key).then(workflows.step_a).dispatch(
                 {"token": token})
-        assert f"Idempotency key {key!r} started run {run_id} of workflow {name!r}" in str(
+        assert f"Idempotency key {key!r} started run {run_id}, of workflow {name!r}" in str(
             refused.value) and "retention purged on" in str(refused.value)
         assert not WorkflowRun.objects.filter(idempotency_key=key).exists()
         assert retention.forget_tombstones(timezone.now() + timedelta(days=8)) >= 1
@@ -289,3 +289,24 @@ def test_a_run_whose_starter_is_live__is_kept_past_its_retention(worker, token, 
         age(parent_id, 10)
         retention.purge()
     assert exists(parent_id, child_id) == [False, False]
+
+
+def test_migration__a_key_purged_before_tombstones_existed_refuses_too(worker, token):
+    import importlib
+
+    from django.apps import apps
+
+    migration = importlib.import_module("queuety.migrations.0022_retention_archives")
+    hashes = {"payload_hash": "0" * 64, "definition_hash": "0" * 64}
+    DispatchKey.objects.create(key=f"legacy-{token}", run_id=2**62, **hashes)
+    DispatchKey.objects.create(key=f"job:legacy-{token}", run_id=2**62, **hashes)
+
+    migration.tombstone_purged_keys(apps, None)
+
+    legacy = DispatchKey.objects.get(key=f"legacy-{token}")
+    assert legacy.purged_at is not None and legacy.forget_at is None  # kept, as keys were
+    assert DispatchKey.objects.get(key=f"job:legacy-{token}").purged_at is None  # its enqueue
+    with pytest.raises(exceptions.RunPurged, match=rf"started run {2**62}, which was purged "
+                                                   "before"):
+        queuety.workflow(f"ret_legacy_{token}").idempotency_key(f"legacy-{token}").then(
+            workflows.step_a).dispatch({"token": token})
