@@ -137,15 +137,6 @@ class RunListView(RunAPIView):
         except exceptions.IdempotencyConflict as error:
             self._check_key_owner(request, key, error.run_id)
             raise
-        except exceptions.RunPurged:
-            if settings.RUN_SCOPE is not None:
-                # The purged run cannot be checked against the scope: a site with tenants
-                # is told the key is taken, naming no run and no workflow.
-                raise api_errors.QueuetyAPIError(
-                    f"Idempotency key {key!r} is already taken; nothing was dispatched. Use a "
-                    "new key for a new run.", "idempotency_key_taken",
-                    status.HTTP_409_CONFLICT) from None
-            raise
         except exceptions.RunConflict as error:
             if scope.find_run(request.user, error.run_id, "pk") is None:
                 # Another tenant's live run: say the key is busy, name no run.
