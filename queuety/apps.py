@@ -31,6 +31,11 @@ class QueuetyConfig(AppConfig):
         autodiscover_modules("workflows")
 
         post_migrate.connect(_schedule_sweeper, sender=self)
+        # The sweeper's purge phase archives through the export, which sits above the runtime.
+        from queuety import retention
+        from queuety.runtime import sweeper
+
+        sweeper.use_purger(retention.sweep_phase)
         # A schedule's fire is keyed by the moment beat sent it (queuety.schedules).
         from celery.signals import before_task_publish
 

@@ -17,6 +17,7 @@ from django.core.signals import setting_changed
 from django.utils.module_loading import import_string
 
 from queuety.core import imports
+from queuety.core import retention as retention_rules
 from queuety.core.retry import NO_RETRY, RetryPolicy
 
 DEFAULTS: dict[str, Any] = {
@@ -108,9 +109,16 @@ DEFAULTS: dict[str, Any] = {
     # lookup of the API, the admin and the CLI's --as-user (queuety.scope). A run outside it
     # is "not found". None: every run.
     "RUN_SCOPE": None,
-    # Days after which finished runs (and their steps, events, signals) are purged by the
-    # sweeper; None keeps them forever. Dispatch keys are never purged.
+    # How long finished runs are kept, per workflow and terminal status, before the sweeper
+    # archives and purges them (docs/guide/operating-runs.md, "Retention"), such as
+    # {"default": "30d", "order_fulfilment": {"completed": "7d", "failed": "90d"}}.
+    # None (or no "default"): runs of workflows not listed are kept forever.
+    "RETENTION": None,
+    # The older form: RETENTION's default in days (both giving a default is an error).
     "RETENTION_DAYS": None,
+    # An alias of Django's STORAGES that purged runs are archived into (JSON Lines of export
+    # documents, one object per workflow, day and batch); None purges without an archive.
+    "ARCHIVE_STORAGE": None,
     # Module prefixes whose code a replayed document may name when this site has never stored
     # its definition (see queuety.export.replay); the default trusts only known definitions.
     "REPLAY_MODULES": [],
@@ -203,6 +211,29 @@ def _check_resources(values: dict[str, Any]) -> None:
             f"'low' each a Celery priority from 0 to 255 (got {priorities!r}).")
 
 
+def _check_retention(values: dict[str, Any]) -> None:
+    """Refuse malformed retention rules and an archive storage Django does not define."""
+    try:
+        retention_rules.compile_rules(values["RETENTION"], values["RETENTION_DAYS"])
+    except ValueError as error:
+        raise ImproperlyConfigured(str(error)) from None
+    alias = values["ARCHIVE_STORAGE"]
+    if alias is None:
+        return
+    storages = getattr(django_settings, "STORAGES", {}) or {}
+    if not isinstance(alias, str) or alias not in storages:
+        raise ImproperlyConfigured(
+            f"QUEUETY['ARCHIVE_STORAGE'] is {alias!r}, which is not an alias of the STORAGES "
+            f"setting (it defines {', '.join(map(repr, storages)) or 'none'}); add "
+            f"STORAGES[{alias!r}] (such as django-storages' S3 backend), or set None to purge "
+            "without an archive.")
+
+
+def retention() -> retention_rules.RetentionRules:
+    """The retention rules in force (``RETENTION``, with ``RETENTION_DAYS`` as its default)."""
+    return retention_rules.compile_rules(settings.RETENTION, settings.RETENTION_DAYS)
+
+
 def _whole(least: int) -> Callable[[Any], bool]:
     """A whole number (not a bool) of at least ``least``."""
     return lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= least
@@ -277,6 +308,7 @@ class QueuetySettings:
                 raise ImproperlyConfigured(f"QUEUETY[{key!r}] must be "
                                            + message.format(value=values[key]))
         _check_resources(values)
+        _check_retention(values)
         for key, shape in _HOOKS.items():
             values[key] = _hook(key, values[key], shape)
         aliases = imports.alias_problem(values["HANDLER_ALIASES"])

@@ -78,6 +78,7 @@ def dispatch_run(spec: WorkflowSpec, payload: dict[str, Any] | None = None, *,
         BudgetExceeded: the payload alone exceeds ``max_state_bytes``; nothing is written.
         IdempotencyConflict: the key was used with another payload or definition and
             ``on_conflict="error"``.
+        RunPurged: the key's run was purged by retention (its key is a tombstone).
     """
     state = first_state(spec, payload)
     run_tags = tag_rules.of_spec(spec, tags)
@@ -186,6 +187,9 @@ def _dispatch_postgres(spec: WorkflowSpec, definition_pk: int, state: dict[str, 
 
 def _reused_key(used: DispatchKey, spec: WorkflowSpec, payload_hash: str,
                 on_conflict: str) -> int:
+    if used.purged_at is not None:  # a tombstone: its run is gone (queuety.retention)
+        raise exceptions.RunPurged(used.key, used.purged_workflow, used.run_id,
+                                   used.purged_at.isoformat())
     differences = [what for what, same in (
         ("payload", used.payload_hash == payload_hash),
         ("definition", used.definition_hash == spec.definition_hash)) if not same]

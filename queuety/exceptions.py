@@ -331,3 +331,28 @@ class RunConflict(QueuetyError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.workflow, self.key, self.run_id))
+
+
+class RunPurged(QueuetyError):
+    """A dispatch reused an idempotency key whose run retention purged: the key is kept as a
+    tombstone (until the run's own retention passes again), so it neither starts a second run
+    nor answers with the id of a run that no longer exists. The REST API answers a 409."""
+
+    def __init__(self, key: str, workflow: str, run_id: int, purged_at: str) -> None:
+        # A key whose run was purged before tombstones existed (migration 0022) names no
+        # workflow: its run was purged some time before that migration.
+        gone = (f"of workflow {workflow!r}, which retention purged on {purged_at}" if workflow
+                else f"which was purged before {purged_at}")
+        super().__init__(
+            f"Idempotency key {key!r} started run {run_id}, {gone}; nothing was dispatched. "
+            "Use a new key for a new run, or bring the run back with 'manage.py queuety "
+            "archive import'.")
+        self.key, self.workflow, self.run_id, self.purged_at = key, workflow, run_id, purged_at
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.key, self.workflow, self.run_id, self.purged_at))
+
+
+class ArchiveError(QueuetyError):
+    """The run archive could not be written or read (``queuety.archive``): a storage that
+    does not overwrite, an object that does not exist, a line that is not JSON."""

@@ -278,7 +278,7 @@ def replay(document: Any) -> int:
             error=source.get("error"), transitions=counters.get("transitions", 0),
             cost_units=counters.get("cost_units", 0),
             started_workflows=counters.get("started_workflows", 0),
-            groups=_groups(source.get("groups")), tags=tags,
+            groups=run_groups(source.get("groups")), tags=tags,
             finished_at=now if status in FINISHED else None,
             deadline_at=(now + _deadline_left(source, document.get("exported_at"), now))
             if spec.deadline_seconds else None,
@@ -309,7 +309,7 @@ def replay(document: Any) -> int:
     return run.pk
 
 
-def _groups(value: Any) -> dict[str, list[int]]:
+def run_groups(value: Any) -> dict[str, list[int]]:
     """The ``groups`` of an exported run, checked: ``{group key: [run ids]}``."""
     if value is None:
         return {}

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from django.contrib.postgres.indexes import GinIndex
 from django.conf import settings as dj_settings
+from django.contrib.postgres.indexes import GinIndex
 from django.core.exceptions import ValidationError
 from django.db import models
 from django.db.models import F, Q
@@ -131,6 +131,9 @@ class WorkflowRun(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    # Set when ``archive import`` brought the run back from an archive: retention counts from
+    # the later of this and finished_at, so a restored run is not purged again at once.
+    restored_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         indexes = [
@@ -166,10 +169,12 @@ class WorkflowRun(models.Model):
 
 
 class DispatchKey(models.Model):
-    """A used idempotency key and the run it started. Global; never purged with runs.
+    """A used idempotency key and the run it started. Global.
 
-    ``run_id`` is a plain integer, not a foreign key, so the key keeps answering with the
-    original id after that run is purged.
+    ``run_id`` is a plain integer, not a foreign key. When retention purges the run, the key
+    stays as a tombstone (``purged_at`` set): a dispatch reusing it raises ``RunPurged``
+    instead of answering with a dangling id, until ``forget_at`` (the purge plus the run's
+    own retention), when the sweeper deletes the key.
     """
 
     key = models.CharField(max_length=255, unique=True)
@@ -177,9 +182,14 @@ class DispatchKey(models.Model):
     payload_hash = models.CharField(max_length=64)
     definition_hash = models.CharField(max_length=64)
     created_at = models.DateTimeField(auto_now_add=True)
+    purged_at = models.DateTimeField(null=True, blank=True)
+    purged_workflow = models.CharField(max_length=255, blank=True, default="", db_default="")
+    forget_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         db_table = "queuety_workflow_dispatch_keys"
+        indexes = [models.Index(fields=["forget_at"], name="queuety_key_forget",
+                                condition=Q(forget_at__isnull=False))]
 
     def __str__(self) -> str:
         return f"{self.key} -> run {self.run_id}"

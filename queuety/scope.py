@@ -89,6 +89,11 @@ def hidden_key(user: Any, key: str | None, run_id: int) -> str | None:
     tenant's payload)."""
     if find_run(user, run_id, "pk") is not None:
         return None
+    return taken_key(key)
+
+
+def taken_key(key: str | None) -> str:
+    """What a caller is told of an idempotency key it may not learn more about."""
     return (f"Idempotency key {key!r} is already taken; nothing was dispatched. Use a new "
             "key for a new run.")
 

@@ -8,7 +8,8 @@ from typing import Any
 from rest_framework import status
 from rest_framework.exceptions import APIException, ErrorDetail
 
-from queuety import exceptions
+from queuety import exceptions, scope
+from queuety.conf import settings
 
 
 class QueuetyAPIError(APIException):
@@ -43,6 +44,8 @@ _ANSWERS: tuple[tuple[type[Exception], str, int, Callable[[Any], dict[str, objec
      lambda e: {"errors": e.errors}),
     (exceptions.IdempotencyConflict, "idempotency_conflict", status.HTTP_409_CONFLICT,
      _no_extra),
+    (exceptions.RunPurged, "run_purged", status.HTTP_409_CONFLICT,
+     lambda e: {"key": e.key, "purged_at": e.purged_at}),
     (exceptions.RunConflict, "run_conflict", status.HTTP_409_CONFLICT,
      lambda e: {"key": e.key, "run_id": e.run_id}),
     (exceptions.InvalidTransition, "invalid_transition", status.HTTP_409_CONFLICT, _no_extra),
@@ -71,6 +74,11 @@ _TOO_LARGE: tuple[tuple[type[Exception], str], ...] = (
 def translate(error: Exception) -> QueuetyAPIError:
     """Return the API error for a domain error raised by the service layer; re-raise any
     other error."""
+    if isinstance(error, exceptions.RunPurged) and settings.RUN_SCOPE is not None:
+        # A purged run can no longer be checked against the caller's scope: a site with
+        # tenants is told the key is taken, naming no run and no workflow (scope.hidden_key).
+        return QueuetyAPIError(scope.taken_key(error.key), "idempotency_key_taken",
+                               status.HTTP_409_CONFLICT)
     for cls, code in _TOO_LARGE:
         if isinstance(error, cls) and getattr(error, "too_large", False):
             return QueuetyAPIError(str(error), code, status.HTTP_413_REQUEST_ENTITY_TOO_LARGE)

@@ -304,15 +304,20 @@ def _fail_if_overdue(run_id: int, now: datetime) -> None:
             data={"error": error, "previous_status": run.status}))
 
 
-def purge_finished(now: datetime | None = None, batch: int = 500) -> int:
-    """Delete finished runs older than ``QUEUETY["RETENTION_DAYS"]`` (one batch); return how
-    many. Their steps, events and signals go with them; dispatch keys stay."""
-    days = settings.RETENTION_DAYS
-    if days is None:
+#: The purge phase's work (``queuety.retention.sweep_phase``, which archives through the
+#: export above this layer), installed by the app's ``ready()``.
+_purger: Callable[[datetime], int] | None = None
+
+
+def use_purger(purger: Callable[[datetime], int]) -> None:
+    """Install the purge phase's function (called once, by ``QueuetyConfig.ready``)."""
+    global _purger  # noqa: PLW0603 - one function installed at start, as signals' sinks
+    _purger = purger
+
+
+def purge_finished(now: datetime | None = None) -> int:
+    """Archive and purge one batch of finished runs past ``QUEUETY["RETENTION"]`` and forget
+    one batch of expired dispatch-key tombstones; return how many (queuety.retention)."""
+    if _purger is None:
         return 0
-    cutoff = (now or timezone.now()) - timedelta(days=days)
-    ids = list(WorkflowRun.objects.filter(status__in=FINISHED, finished_at__lt=cutoff)
-               .order_by("pk").values_list("pk", flat=True)[:batch])
-    if ids:
-        WorkflowRun.objects.filter(pk__in=ids).delete()
-    return len(ids)
+    return _purger(now or timezone.now())

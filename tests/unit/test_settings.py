@@ -48,6 +48,19 @@ from queuety.conf import settings
                                                   r"function f\(user, run\) -> bool"),
     ({"WEBHOOK_ALLOW_PRIVATE": "yes"}, r"QUEUETY\['WEBHOOK_ALLOW_PRIVATE'\] must be True or "
                                        r"False\."),
+    ({"RETENTION": {"default": "30x"}},
+     r"QUEUETY\['RETENTION'\]\['default'\] must be a positive duration: \"30d\" \(days\), "
+     r"\"12h\" \(hours\), \"90m\" \(minutes\), a datetime.timedelta, or None \(got '30x'\)"),
+    ({"RETENTION": {"order": {"done": "7d"}}},
+     r"QUEUETY\['RETENTION'\]\['order'\] names 'done', which is not a terminal status; a "
+     r"rule may name completed, failed, cancelled"),
+    ({"RETENTION": {"order": {"failed": "7w"}}}, r"QUEUETY\['RETENTION'\]\['order'\]\['failed'\]"),
+    ({"RETENTION": "30d"}, r"QUEUETY\['RETENTION'\] must be a dict such as"),
+    ({"RETENTION": {"default": "30d"}, "RETENTION_DAYS": 30},
+     r"QUEUETY\['RETENTION_DAYS'\] and QUEUETY\['RETENTION'\]\['default'\] are both set"),
+    ({"ARCHIVE_STORAGE": "archive"},
+     r"QUEUETY\['ARCHIVE_STORAGE'\] is 'archive', which is not an alias of the STORAGES "
+     r"setting \(it defines 'default', 'staticfiles'\)"),
 ])
 def test_settings__unworkable_values_are_refused(values, message):
     with override_settings(QUEUETY=values), pytest.raises(ImproperlyConfigured, match=message):

@@ -15,7 +15,15 @@ from queuety import timeline as timelines
 from queuety.core import artifacts as artifact_rules
 from queuety.core import tags as tag_rules
 from queuety.core.describe import format_status, tags_text
-from queuety.management import acting, deploying, eventlog, migrating, quarantine, starting
+from queuety.management import (
+    acting,
+    deploying,
+    eventlog,
+    migrating,
+    quarantine,
+    retaining,
+    starting,
+)
 from queuety.management import bulk as bulk_commands
 from queuety.management import jobs as job_commands
 from queuety.management import machines as machine_commands
@@ -88,7 +96,7 @@ class Command(BaseCommand):
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         groups = parser.add_subparsers(dest="group", required=True,
                                        metavar="{workflow,job,schedule,status,sweep,"
-                                               "metrics,deploy-check,log}")
+                                               "metrics,deploy-check,log,purge,archive}")
         workflow = groups.add_parser("workflow", help="Workflow runs.")
         actions = workflow.add_subparsers(dest="action", required=True,
                                           metavar="{dispatch,definitions,diff,status,list,retry,"
@@ -208,6 +216,12 @@ class Command(BaseCommand):
         job_commands.add_job_group(groups)
         machine_commands.add_machine_group(groups)
         eventlog.add_log_group(groups)
+        retaining.add_retention_groups(groups)
+
+    #: The groups whose action takes the options and a writer, each over its service.
+    _WRITERS: dict[str, Callable[[dict[str, Any], Callable[[str], None]], None]] = {
+        "deploy-check": deploying.deploy_check, "purge": retaining.purge_action,
+        "archive": retaining.archive_action}
 
     def handle(self, *args: Any, **options: Any) -> None:
         if options["group"] == "sweep":
@@ -217,13 +231,15 @@ class Command(BaseCommand):
             self._overview(**options)
             return
         groups: dict[str, Callable[[], Any]] = {
-            "deploy-check": lambda: deploying.deploy_check(options, self.stdout.write),
             "metrics": lambda: self._metrics(options["minutes"], options["format"]),
             "log": lambda: eventlog.log_action(options, self.stdout.write, self.stdout.flush),
             "job": lambda: job_commands.job_action(options, self.stdout.write, self._table),
             "machine": lambda: machine_commands.machine_action(options, self.stdout.write,
                                                                self._table),
         }
+        if options["group"] in self._WRITERS:
+            self._WRITERS[options["group"]](options, self.stdout.write)
+            return
         if options["group"] in groups:
             groups[options["group"]]()
             return

@@ -1,0 +1,312 @@
+"""Retention with archives (queuety.retention, queuety.archive): per workflow and status,
+archived as JSON Lines into a Django storage before the delete, brought back by
+``archive import``; purged keys are tombstones that refuse a second dispatch."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import UTC, timedelta
+from io import StringIO
+
+import pytest
+from django.conf import settings as django_settings
+from django.core.management import call_command
+from django.test import override_settings
+from django.utils import timezone
+from rest_framework.test import APIClient
+
+import queuety
+from queuety import archive, exceptions, retention
+from queuety import export as exports
+from queuety.models import DispatchKey, Event, StepRun, WorkflowRun
+from queuety.runtime import sweeper
+from tests import workflows
+from tests.integration.conftest import wait_for
+from tests.settings import QUEUETY as TEST_QUEUETY
+
+pytestmark = pytest.mark.worker
+
+#: An instant well in the past, the same UTC day for every run a test ages to it.
+NOW = timezone.now()
+
+
+def retained(tmp_path, rules, archive_to: str | None = "archive"):
+    """The settings of a site with ``rules`` and (by default) a filesystem archive in
+    ``tmp_path``."""
+    storages = {**django_settings.STORAGES, "archive": {
+        "BACKEND": "django.core.files.storage.FileSystemStorage",
+        "OPTIONS": {"location": str(tmp_path)}}}
+    return override_settings(STORAGES=storages, QUEUETY={
+        **TEST_QUEUETY, "RETENTION": rules, "ARCHIVE_STORAGE": archive_to})
+
+
+def finished(worker, name, token, fail=False, key=None) -> int:
+    builder = queuety.workflow(name).then(workflows.boom if fail else workflows.step_a)
+    if key:
+        builder = builder.idempotency_key(key)
+    run_id = builder.dispatch({"token": token})
+    assert wait_for(run_id, worker=worker).status == ("failed" if fail else "completed")
+    return run_id
+
+
+def age(run_id, days, hour=12):
+    """Say the run finished ``days`` ago (at ``hour`` UTC, so runs aged alike share a day)."""
+    when = (NOW - timedelta(days=days)).astimezone(UTC).replace(hour=hour, minute=0)
+    WorkflowRun.objects.filter(pk=run_id).update(finished_at=when)
+    return when
+
+
+def cli(*args) -> str:
+    out = StringIO()
+    call_command("queuety", *args, stdout=out)
+    return out.getvalue()
+
+
+def archived(tmp_path) -> dict[str, list[dict]]:
+    """Every archive object under ``tmp_path``: its name, and its documents."""
+    return {str(path.relative_to(tmp_path)): [json.loads(line) for line in
+                                              path.read_text().splitlines()]
+            for path in sorted(tmp_path.rglob("*.jsonl"))}
+
+
+def exists(*run_ids) -> list[bool]:
+    present = set(WorkflowRun.objects.filter(pk__in=run_ids).values_list("pk", flat=True))
+    return [run_id in present for run_id in run_ids]
+
+
+def test_rules__per_workflow_and_status_and_the_dry_run_changes_nothing(worker, token,
+                                                                         tmp_path):
+    a, b = f"ret_a_{token}", f"ret_b_{token}"
+    a_done_old, a_done_new = finished(worker, a, token), finished(worker, a, token)
+    a_failed_mid, a_failed_old = (finished(worker, a, token, fail=True),
+                                  finished(worker, a, token, fail=True))
+    b_old, b_new = finished(worker, b, token), finished(worker, b, token)
+    for run_id, days in ((a_done_old, 10), (a_done_new, 3), (a_failed_mid, 10),
+                         (a_failed_old, 100), (b_old, 40), (b_new, 20)):
+        age(run_id, days)
+    rules = {"default": "30d", a: {"completed": "7d", "failed": "90d"}}
+
+    with retained(tmp_path, rules):
+        planned = retention.plan()
+        text = cli("purge", "--dry-run")
+        assert {k: n for k, n in planned.counts.items() if k[0] in (a, b)} == {
+            (a, "completed"): 1, (a, "failed"): 1, (b, "completed"): 1}
+        assert f"{a}  completed: 1" in text and f"{a}  failed: 1" in text
+        assert f"{b}  completed: 1" in text and "Would archive and delete" in text
+        assert all(exists(a_done_old, a_failed_old, b_old)) and archived(tmp_path) == {}
+
+        out = json.loads(cli("purge", "--format", "json"))
+
+    assert exists(a_done_old, a_done_new, a_failed_mid, a_failed_old, b_old, b_new) == [
+        False, True, True, False, False, True]
+    assert not Event.objects.filter(run_id__in=(a_done_old, a_failed_old, b_old)).exists()
+    assert not StepRun.objects.filter(run_id__in=(a_done_old, a_failed_old, b_old)).exists()
+    mine = {(r["workflow"], r["status"]): r["count"] for r in out["runs"]
+            if r["workflow"] in (a, b)}
+    assert mine == {(a, "completed"): 1, (a, "failed"): 1, (b, "completed"): 1}
+    ids = {doc["run"]["id"] for docs in archived(tmp_path).values() for doc in docs}
+    assert {a_done_old, a_failed_old, b_old} <= ids
+
+
+def test_archive__one_jsonl_object_per_workflow_and_day_then_import_brings_the_run_back(
+        worker, token, tmp_path):
+    name = f"ret_day_{token}"
+    first, second, other_day = (finished(worker, name, token) for _ in range(3))
+    day = age(first, 10, hour=3).date()
+    age(second, 10, hour=20)
+    age(other_day, 11)
+    before = exports.export(first)
+
+    with retained(tmp_path, {name: "7d"}):
+        report = retention.purge()
+
+    objects = archived(tmp_path)
+    same_day = archive.object_name(name, day, first)
+    assert objects[same_day] and same_day in report.objects
+    assert [d["run"]["id"] for d in objects[same_day]] == [first, second]
+    assert [d["run"]["id"] for d in objects[archive.object_name(
+        name, day - timedelta(days=1), other_day)]] == [other_day]
+    document = objects[same_day][0]
+    assert document["format_version"] == 2 and document["run"]["status"] == "completed"
+    assert document["events"] == before["events"] and document["steps"] == before["steps"]
+    assert not any(exists(first, second, other_day))
+
+    with retained(tmp_path, {name: "7d"}):
+        text = cli("archive", "import", same_day)  # an object name in the archive storage
+        again = cli("archive", "import", str(tmp_path / same_day))  # a local file
+        assert retention.purge().counts.get((name, "completed")) is None  # kept: restored
+    assert f"Restored run #{first}" in text and "2 runs restored, 0 skipped" in text
+    assert f"Skipped run #{first}: a run with that id exists." in again
+    restored = exports.export(first)
+    assert restored["run"]["status"] == "completed"
+    assert restored["run"]["finished_at"] == before["run"]["finished_at"]
+    assert restored["events"][:-1] == before["events"]  # the same ids, kinds, data and times
+    assert restored["events"][-1]["kind"] == "run_restored"
+    assert [s["id"] for s in restored["steps"]] == [s["id"] for s in before["steps"]]
+
+
+def test_archive__a_restored_run_is_kept_a_full_retention_from_its_import(worker, token,
+                                                                          tmp_path):
+    name = f"ret_back_{token}"
+    run_id = finished(worker, name, token)
+    age(run_id, 10)
+    with retained(tmp_path, {name: "7d"}):
+        retention.purge()
+        [object_name] = archived(tmp_path)
+        cli("archive", "import", object_name)
+        assert retention.plan().counts.get((name, "completed")) is None
+        retention.purge()
+        assert exists(run_id) == [True]
+        later = timezone.now() + timedelta(days=8)
+        assert retention.plan(later).counts[(name, "completed")] == 1
+
+
+def test_archive__a_crash_between_the_write_and_the_delete_rewrites_the_same_object(
+        worker, token, tmp_path):
+    name = f"ret_crash_{token}"
+    runs = [finished(worker, name, token) for _ in range(2)]
+    day = age(runs[0], 10).date()
+    age(runs[1], 10)
+    with retained(tmp_path, {name: "7d"}):
+        # What the crashed pass left: the batch's object written, its runs not deleted.
+        written = archive.write_batch(archive.archive_storage(), name, day,
+                                      [exports.export(run_id) for run_id in runs])
+        assert all(exists(*runs))
+        report = retention.purge()
+    assert report.objects == [written]
+    objects = archived(tmp_path)
+    assert list(objects) == [written]  # replaced, not a second copy beside it
+    assert [d["run"]["id"] for d in objects[written]] == runs
+    assert not any(exists(*runs))
+
+
+def test_no_archive_storage__purges_without_archive(worker, token, tmp_path):
+    name = f"ret_bare_{token}"
+    run_id = finished(worker, name, token)
+    age(run_id, 2)
+    with retained(tmp_path, {name: {"completed": "12h"}}, archive_to=None):
+        text = cli("purge")
+    assert "Deleted (no ARCHIVE_STORAGE: no archive)" in text and exists(run_id) == [False]
+    assert archived(tmp_path) == {}
+
+
+def test_sweeper_phase__purges_one_batch_per_tick(worker, token, tmp_path):
+    name = f"ret_sweep_{token}"
+    run_id = finished(worker, name, token)
+    age(run_id, 10)
+    with retained(tmp_path, {name: "7d"}):
+        assert sweeper.purge_finished() >= 1
+        assert sweeper.sweep()["purged"] >= 0
+    assert exists(run_id) == [False] and len(archived(tmp_path)) == 1
+
+
+def test_tombstone__a_purged_key_refuses_a_dispatch_until_its_own_retention(worker, token,
+                                                                           tmp_path):
+    name, key = f"ret_key_{token}", f"ret-key-{token}"
+    run_id = finished(worker, name, token, key=key)
+    age(run_id, 10)
+    with retained(tmp_path, {name: "7d"}):
+        retention.purge()
+        tombstone = DispatchKey.objects.get(key=key)
+        assert tombstone.run_id == run_id and tombstone.purged_workflow == name
+        assert timedelta(days=6) < tombstone.forget_at - timezone.now() <= timedelta(days=7)
+        with pytest.raises(exceptions.RunPurged) as refused:
+            queuety.workflow(name).idempotency_key(key).then(workflows.step_a).dispatch(
+                {"token": token})
+        assert f"Idempotency key {key!r} started run {run_id}, of workflow {name!r}" in str(
+            refused.value) and "retention purged on" in str(refused.value)
+        assert not WorkflowRun.objects.filter(idempotency_key=key).exists()
+        assert retention.forget_tombstones(timezone.now() + timedelta(days=8)) >= 1
+    assert not DispatchKey.objects.filter(key=key).exists()
+    fresh = finished(worker, name, token, key=key)  # forgotten: the key starts a new run
+    assert fresh != run_id
+
+
+def test_tombstone__rest_answers_409_run_purged(worker, token, tmp_path):
+    from django.contrib.auth.models import User
+
+    key = f"ret-rest-{uuid.uuid4().hex}"
+    client = APIClient()
+    client.force_authenticate(User.objects.create_superuser(f"r{uuid.uuid4().hex[:10]}"))
+    body = {"workflow": "reg_letters", "payload": {"token": token}, "idempotency_key": key}
+    started = client.post("/queuety/api/runs/", body, format="json")
+    assert started.status_code == 201, started.content
+    run_id = started.json()["run"]["id"]
+    wait_for(run_id, worker=worker)
+    age(run_id, 400)
+    with retained(tmp_path, {"reg_letters": "365d"}):
+        retention.purge()
+        again = client.post("/queuety/api/runs/", body, format="json")
+    assert again.status_code == 409 and again.json()["code"] == "run_purged"
+    assert again.json()["key"] == key and "reg_letters" in again.json()["detail"]
+    # With tenants the purged run cannot be checked against the scope: the key is "taken",
+    # naming no run and no workflow.
+    with override_settings(QUEUETY={**TEST_QUEUETY, "RUN_SCOPE": "tests.workflows.tenant_scope"}):
+        hidden = client.post("/queuety/api/runs/", body, format="json")
+    assert hidden.status_code == 409 and hidden.json()["code"] == "idempotency_key_taken"
+    assert "reg_letters" not in hidden.json()["detail"]
+    assert "started run" not in hidden.json()["detail"]
+
+
+def test_import__a_missing_object_is_refused_by_name(tmp_path):
+    with retained(tmp_path, {}), pytest.raises(Exception, match="is neither a local file nor "
+                                               "an object of storage 'archive'"):
+        cli("archive", "import", "queuety/archive/none/2026-01-01/1.jsonl")
+
+
+def test_unique_job__retention_frees_its_key_with_it(worker, token, tmp_path):
+    from tests import job_tasks
+
+    first = job_tasks.charge_once.enqueue(token, 11)
+    wait_for(int(first.id), worker=worker)
+    age(int(first.id), 2)
+    with retained(tmp_path, {"task:tests.job_tasks.charge_once": "1d"}):
+        assert retention.purge().counts[("task:tests.job_tasks.charge_once", "completed")] >= 1
+    assert exists(int(first.id)) == [False]
+    assert not DispatchKey.objects.filter(run_id=int(first.id)).exists()  # no tombstone
+
+    again = job_tasks.charge_once.enqueue(token, 11)  # a new job, not RunPurged
+
+    assert again.id != first.id
+    assert wait_for(int(again.id), worker=worker).status == "completed"
+
+
+def test_a_run_whose_starter_is_live__is_kept_past_its_retention(worker, token, tmp_path):
+    parent_name, child_name = f"ret_parent_{token}", f"ret_child_{token}"
+    child = queuety.workflow(child_name).then(workflows.step_a)
+    parent_id = (queuety.workflow(parent_name).start_workflows("items", child, name=child_name)
+                 .wait_for_signal("go").dispatch({"token": token, "items": [{"n": 1}]}))
+    wait_for(parent_id, statuses=("waiting_for_signal",), worker=worker)
+    [child_id] = WorkflowRun.objects.filter(started_by_id=parent_id).values_list("pk", flat=True)
+    wait_for(child_id, worker=worker)
+    age(child_id, 10)
+    with retained(tmp_path, {child_name: "7d", parent_name: "7d"}):
+        assert retention.plan().counts.get((child_name, "completed")) is None
+        retention.purge()
+        assert exists(child_id) == [True]  # its starter is live: kept
+        queuety.cancel(parent_id)
+        age(parent_id, 10)
+        retention.purge()
+    assert exists(parent_id, child_id) == [False, False]
+
+
+def test_migration__a_key_purged_before_tombstones_existed_refuses_too(worker, token):
+    import importlib
+
+    from django.apps import apps
+
+    migration = importlib.import_module("queuety.migrations.0024_retention_archives")
+    hashes = {"payload_hash": "0" * 64, "definition_hash": "0" * 64}
+    DispatchKey.objects.create(key=f"legacy-{token}", run_id=2**62, **hashes)
+    DispatchKey.objects.create(key=f"job:legacy-{token}", run_id=2**62, **hashes)
+
+    migration.tombstone_purged_keys(apps, None)
+
+    legacy = DispatchKey.objects.get(key=f"legacy-{token}")
+    assert legacy.purged_at is not None and legacy.forget_at is None  # kept, as keys were
+    assert DispatchKey.objects.get(key=f"job:legacy-{token}").purged_at is None  # its enqueue
+    with pytest.raises(exceptions.RunPurged, match=rf"started run {2**62}, which was purged "
+                                                   "before"):
+        queuety.workflow(f"ret_legacy_{token}").idempotency_key(f"legacy-{token}").then(
+            workflows.step_a).dispatch({"token": token})
