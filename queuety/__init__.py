@@ -38,6 +38,7 @@ from queuety.exceptions import (
     InvalidSchedule,
     InvalidSignalData,
     InvalidSignature,
+    InvalidStateEdit,
     InvalidStepOutput,
     InvalidTransition,
     PermanentError,
@@ -72,6 +73,7 @@ __all__ = [
     "InvalidMigration",
     "InvalidPayload",
     "InvalidSchedule",
+    "InvalidStateEdit",
     "InvalidProgress",
     "InvalidArtifact",
     "InvalidSignalData",
@@ -127,6 +129,7 @@ __all__ = [
     "resume",
     "resume_definition",
     "retry",
+    "edit_state",
     "rewind",
     "schedule",
     "signal",
@@ -507,11 +510,33 @@ def resume_definition(ref: str | int, *, actor: str = "") -> BulkResult:
     return quarantine.resume_definition(ref, actor=actor)
 
 
-def retry(run_id: int) -> None:
-    """Run a failed run again from its failed step, keeping earlier outputs."""
+def retry(run_id: int, *, from_step: str | int | None = None, actor: str = "") -> None:
+    """Run a failed run again from its failed step, keeping earlier outputs.
+
+    With ``from_step`` (a step's name or index, at or before the failed step) it runs that
+    step and every later one again, from the state that step last started from: what they
+    merged is discarded (see ``queuety.operations.retry``).
+    """
     from queuety import operations
 
-    operations.retry(run_id)
+    operations.retry(run_id, from_step=from_step, actor=actor)
+
+
+def edit_state(run_id: int, patch: dict[str, Any], *, reason: str, actor: str = ""
+               ) -> list[dict[str, Any]]:
+    """Edit a paused or failed run's state with a JSON merge patch (RFC 7396: a key set to a
+    value sets it, objects merge, ``null`` deletes); return the changes, each
+    ``{"path", "before", "after"}``. Recorded as a ``state_edited`` event with ``actor`` and
+    ``reason`` (required). A later ``resume()`` or ``retry()`` runs with the edited state.
+
+    Raises:
+        InvalidTransition: the run is not paused or failed, or a step of it is running.
+        InvalidStateEdit: no reason, a patch that is not plain JSON, changes nothing, or makes
+            a state over the workflow's ``max_state_bytes``. Nothing is changed.
+    """
+    from queuety import state_edits
+
+    return state_edits.edit_state(run_id, patch, reason=reason, actor=actor).changes
 
 
 def rewind(run_id: int, step: int | str) -> None:

@@ -30,3 +30,21 @@ def _mask(value: Any, secret: set[str]) -> Any:
     if isinstance(value, list):
         return [_mask(item, secret) for item in value]
     return value
+
+
+def mask_changes(changes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Return a state diff (``{"path", "before", "after"}`` changes, JSON Pointer paths) with
+    ``before``/``after`` masked where the path passes through a secret key, and masked inside
+    (an object value's own secret keys)."""
+    secret = {key.lower() for key in settings.SECRET_KEYS}
+    if not secret:
+        return changes
+    masked = []
+    for change in changes:
+        tokens = [token.replace("~1", "/").replace("~0", "~").lower()
+                  for token in change["path"].split("/")[1:]]
+        hidden = any(token in secret for token in tokens)
+        masked.append({key: (MASK if hidden else _mask(value, secret))
+                       if key in ("before", "after") else value
+                       for key, value in change.items()})
+    return masked

@@ -17,7 +17,9 @@ from queuety.store.definitions import load_spec
 
 #: Event kinds that carry the run's whole public state in ``data["state"]``.
 STATE_RESETS = ("workflow_started", "workflow_rewound", "workflow_forked", "workflow_replayed",
-                "run_migrated")
+                "run_migrated", "state_edited")
+#: The event kinds that start a run's state (the state before its first step).
+_BEGINNINGS = ("workflow_started", "workflow_forked", "workflow_replayed")
 #: Event kinds whose ``data["output"]`` was merged into the state.
 MERGES = ("step_completed", "wait_settled", "wait_timed_out")
 
@@ -43,6 +45,26 @@ def timeline(run_id: int, limit: int = 100, offset: int = 0) -> list[dict[str, A
 
 def states_after_steps(run_id: int) -> dict[int, dict[str, Any]]:
     """Rebuild, from the timeline, the public state after each step's latest completion."""
+    return {index: state for index, state in _states(run_id).items() if index >= 0}
+
+
+def state_before(run_id: int, index: int) -> dict[str, Any]:
+    """Return the public state step ``index`` last started from: the state recorded right
+    after step ``index - 1`` last completed (the run's first state for step 0), with the
+    ``state_edited`` edits made while the run stood at step ``index``.
+
+    Raises:
+        LookupError: nothing records that state (step ``index - 1`` never completed).
+    """
+    states = _states(run_id)
+    if index - 1 not in states:
+        raise LookupError(f"No recorded state found for workflow run {run_id} before step "
+                          f"{index}: step {index - 1} never completed.")
+    return states[index - 1]
+
+
+def _states(run_id: int) -> dict[int, dict[str, Any]]:
+    """The states after each step (:func:`states_after_steps`), and at ``-1`` the first."""
     state: dict[str, Any] = {}
     after: dict[int, dict[str, Any]] = {}
     for kind, step_index, data in (Event.objects.filter(run_id=run_id).order_by("pk")
@@ -51,6 +73,11 @@ def states_after_steps(run_id: int) -> dict[int, dict[str, Any]]:
             state = dict(data["state"])
             if kind == "run_migrated":  # the steps before the move, at their new positions
                 after = _moved(after, data.get("step_indexes") or {})
+            elif kind in _BEGINNINGS and -1 not in after:
+                after[-1] = dict(state)
+            elif kind == "state_edited" and isinstance(data.get("at_step"), int):
+                # An edit amends what the step it stood at starts from (a retry, a rewind).
+                after[data["at_step"] - 1] = dict(state)
         elif kind in MERGES:
             output = data.get("output") or {}
             state = {**state, **{k: v for k, v in output.items() if not k.startswith("_")}}
@@ -65,9 +92,10 @@ def states_after_steps(run_id: int) -> dict[int, dict[str, Any]]:
 def _moved(after: dict[int, dict[str, Any]], positions: dict[str, int]
            ) -> dict[int, dict[str, Any]]:
     """The states after steps recorded before a ``run_migrated``, keyed by the positions
-    those steps have in the definition the run moved to (steps it lacks are dropped)."""
-    return {positions[str(old)]: state for old, state in after.items()
-            if str(old) in positions}
+    those steps have in the definition the run moved to (steps it lacks are dropped; the
+    first state, at ``-1``, stays)."""
+    return {-1 if old == -1 else positions[str(old)]: state for old, state in after.items()
+            if old == -1 or str(old) in positions}
 
 
 def moved_position(run_id: int, transitions: int, index: int) -> int:

@@ -22,7 +22,7 @@ from queuety.models import WorkflowRun
 #: existing runs. The others (dispatch, definitions, diff, replay, migrate) refuse it.
 SCOPED_ACTIONS = ("status", "list", "approve", "reject", "input", "signal", "retry", "pause",
                   "resume", "cancel", "fork", "timeline", "state-at", "rewind", "export",
-                  "artifacts", "artifact", "delete-artifact", "chunks")
+                  "artifacts", "artifact", "delete-artifact", "chunks", "edit-state")
 
 
 def add_as_user(actions: Any) -> None:

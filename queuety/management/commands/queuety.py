@@ -14,7 +14,15 @@ from queuety import export as exports  # "export" and "timeline" name sub-parser
 from queuety import timeline as timelines
 from queuety.core import artifacts as artifact_rules
 from queuety.core.describe import format_status
-from queuety.management import acting, deploying, eventlog, migrating, quarantine, starting
+from queuety.management import (
+    acting,
+    deploying,
+    editing,
+    eventlog,
+    migrating,
+    quarantine,
+    starting,
+)
 from queuety.management import jobs as job_commands
 from queuety.management.starting import Error
 from queuety.runtime import sweeper
@@ -91,6 +99,7 @@ class Command(BaseCommand):
                                           metavar="{dispatch,definitions,diff,status,list,retry,"
                                                   "pause,resume,cancel,approve,reject,input,"
                                                   "signal,timeline,state-at,rewind,fork,"
+                                                  "edit-state,"
                                                   "export,replay,artifacts,artifact,"
                                                   "delete-artifact,chunks,migrate,diff}")
         starting.add_workflow_actions(actions)
@@ -179,6 +188,7 @@ class Command(BaseCommand):
                               help="text: the chunks joined (strings as they are); json: "
                                    "each chunk with its index and attempt.")
 
+        editing.add_edit_actions(actions)
         acting.add_as_user(actions)
         starting.add_schedule_group(groups)
 
@@ -229,6 +239,8 @@ class Command(BaseCommand):
         if migrating.migrate_action(options["action"], options, self.stdout.write, self._table):
             return
         if quarantine.definition_action(options["action"], options, self.stdout.write):
+            return
+        if editing.edit_action(options["action"], options, self.stdout.write):
             return
         if options["action"] in self._LIFECYCLE:
             self._lifecycle(options["action"], options["run_id"])
