@@ -7,7 +7,6 @@ import json
 from io import StringIO
 
 import pytest
-from django.contrib.auth.models import Permission, User
 from django.core.management import CommandError, call_command
 from django.test import override_settings
 from rest_framework.test import APIClient
@@ -17,6 +16,7 @@ from queuety.models import Event, StepRun
 from tests import edit_steps, workflows
 from tests.integration.conftest import wait_for
 from tests.integration.test_operations import wait_until
+from tests.settings import QUEUETY as TEST_QUEUETY
 
 pytestmark = pytest.mark.worker
 
@@ -153,3 +153,160 @@ def test_retry_from_step_refusals(worker, token):
     assert wait_for(done, worker=worker).status == "completed"
     with pytest.raises(queuety.InvalidTransition, match="it is completed, not failed"):
         queuety.retry(done, from_step="fetch")
+
+
+# -- the REST API -----------------------------------------------------------------------------
+
+API = "/queuety/api"
+
+
+def api_as(*perms):
+    from tests.integration.test_api import make_user
+
+    client = APIClient()
+    client.force_authenticate(make_user(*perms))
+    return client
+
+
+def post(client, path, body):
+    return client.post(path, data=json.dumps(body), content_type="application/json")
+
+
+def test_rest_edit_state_and_retry_from_step(worker, token):
+    run_id = failed_checkout(worker, token)
+    viewer = api_as("view_workflowrun")
+    operator = api_as("view_workflowrun", "change_workflowrun")
+    edit = f"{API}/runs/{run_id}/edit-state/"
+
+    refused = post(viewer, edit, {"patch": {"card": "x"}, "reason": "r"})
+    assert refused.status_code == 403 and edits(run_id) == []
+    assert post(viewer, f"{API}/runs/{run_id}/retry/", {"from_step": "price"}
+                ).status_code == 403
+    assert post(operator, f"{API}/runs/999999999/edit-state/",
+                {"patch": {}, "reason": "r"}).status_code == 404
+    bad = post(operator, edit, {"patch": {"card": "x"}})
+    assert bad.status_code == 400 and bad.json()["code"] == "invalid_state_edit"
+    assert "needs a reason" in bad.json()["detail"]
+    assert post(operator, edit, {"patch": [1], "reason": "r"}).status_code == 400
+    assert post(operator, edit, {"state": {}, "reason": "r"}).json()["code"] == \
+        "invalid_request"
+
+    with override_settings(QUEUETY={**TEST_QUEUETY, "SECRET_KEYS": ["card"]}):
+        done = post(operator, edit, {"patch": {"card": "visa-1"}, "reason": "on file"})
+    assert done.status_code == 200, done.content
+    assert done.json()["changes"] == [{"path": "/card", "after": "********"}]
+    assert done.json()["run"]["status"] == "failed"
+    [event] = edits(run_id)
+    assert event["by"].startswith("api:user:") and event["reason"] == "on file"
+    assert event["changes"] == [{"path": "/card", "after": "********"}]  # masked when written
+
+    unknown = post(operator, f"{API}/runs/{run_id}/retry/", {"from_step": "nope"})
+    assert unknown.status_code == 400 and "no step named 'nope'" in unknown.json()["detail"]
+    retried = post(operator, f"{API}/runs/{run_id}/retry/", {"from_step": "charge"})
+    assert retried.status_code == 200
+    assert wait_for(run_id, worker=worker).state["charged"] == "10 on visa-1"
+    again = post(operator, edit, {"patch": {"card": "x"}, "reason": "late"})
+    assert again.status_code == 409 and again.json()["code"] == "invalid_transition"
+    assert f"Cannot edit the state of workflow run {run_id}: it is completed" in \
+        again.json()["detail"]
+
+
+# -- the CLI ----------------------------------------------------------------------------------
+
+def cli(*args):
+    out = StringIO()
+    call_command("queuety", "workflow", *args, stdout=out)
+    return out.getvalue()
+
+
+def test_cli_edit_state_and_retry_from_step(worker, token, tmp_path):
+    run_id = failed_checkout(worker, token)
+    with pytest.raises(CommandError, match="--patch is not valid JSON"):
+        cli("edit-state", str(run_id), "--patch", "{card:", "--reason", "r")
+    with pytest.raises(CommandError, match="needs a reason"):
+        cli("edit-state", str(run_id), "--patch", '{"card": "x"}', "--reason", " ")
+    said = cli("edit-state", str(run_id), "--patch", '{"card": "mc-3", "log": null}',
+               "--reason", "from the ticket")
+    assert f"Workflow #{run_id}'s state edited (2 change(s))" in said
+    assert '/card: (absent) -> "mc-3"' in said and "/log:" in said
+    assert edits(run_id)[-1]["by"] == "manage.py"
+    patch = tmp_path / "patch.json"
+    patch.write_text('{"card": "mc-4"}')
+    shown = json.loads(cli("edit-state", str(run_id), "--patch-file", str(patch), "--reason",
+                           "newer card", "--format", "json"))
+    assert shown["changes"] == [{"path": "/card", "before": "mc-3", "after": "mc-4"}]
+
+    assert "scheduled for retry from step price" in cli("retry", str(run_id), "--from-step",
+                                                        "price")
+    final = wait_for(run_id, worker=worker)
+    # From price: the state after fetch, so the card edits (made at charge) are gone.
+    assert final.status == "failed" and "card" not in final.state
+    with pytest.raises(CommandError, match="no step named 'nope'"):
+        cli("retry", str(run_id), "--from-step", "nope")
+
+
+# -- the admin --------------------------------------------------------------------------------
+
+def test_admin_edit_state_previews_the_diff_then_saves(worker, token, admin_client):
+    run_id = failed_checkout(worker, token, api_key="s3cret")
+    page_url = f"/admin/queuety/workflowrun/{run_id}/edit-state/"
+    with override_settings(QUEUETY={**TEST_QUEUETY, "SECRET_KEYS": ["api_key"]}):
+        run_page = admin_client.get(f"/admin/queuety/workflowrun/{run_id}/change/")
+        assert page_url in run_page.content.decode()  # the "Edit state" link
+        assert 'id="retry-from-form"' in run_page.content.decode()
+        page = admin_client.get(page_url)
+        text = page.content.decode()
+        assert page.status_code == 200 and "s3cret" not in text and "********" in text
+        state = json.loads(page.context["text"])
+        revision = page.context["revision"]
+        state["card"] = "visa-9"
+        state.pop("log")
+
+        bad = admin_client.post(page_url, {"state": "{not json", "reason": "r",
+                                           "revision": revision, "preview": "1"})
+        assert bad.status_code == 400 and "not valid JSON" in bad.content.decode()
+        preview = admin_client.post(page_url, {"state": json.dumps(state), "reason": "ticket 9",
+                                               "revision": revision, "preview": "1"})
+        shown = preview.content.decode()
+        assert preview.status_code == 200 and 'id="edit-state-diff"' in shown
+        assert preview.context["changes"] == [
+            {"path": "/card", "after": "visa-9"},
+            {"path": "/log", "before": ["fetch", "price"]}]
+        assert 'id="edit-save"' in shown and edits(run_id) == []  # nothing saved yet
+
+        saved = admin_client.post(page_url, {"state": json.dumps(state), "reason": "ticket 9",
+                                             "revision": revision, "save": "1"}, follow=True)
+    assert saved.redirect_chain and "state was edited (2 change(s))" in saved.content.decode()
+    final_state = queuety.workflow_status(run_id).state
+    assert final_state["card"] == "visa-9" and "log" not in final_state
+    assert final_state["api_key"] == "s3cret"  # left masked: kept as it was
+    [event] = edits(run_id)
+    assert event["by"].startswith("admin:") and event["reason"] == "ticket 9"
+    # A second save from the same (now stale) page is refused, and saves nothing.
+    stale = admin_client.post(page_url, {"state": "{}", "reason": "again",
+                                         "revision": revision, "save": "1"})
+    assert stale.status_code == 400 and "changed since this page was loaded" in \
+        stale.content.decode() and len(edits(run_id)) == 1
+
+    run_page = admin_client.get(f"/admin/queuety/workflowrun/{run_id}/change/")
+    retried = admin_client.post(f"/admin/queuety/workflowrun/{run_id}/act/retry_from/", {
+        "revision": run_page.context["run"].revision, "from_step": "charge"}, follow=True)
+    assert [str(m) for m in retried.context["messages"]] == [
+        f"Run {run_id} was scheduled for retry from step 'charge': it and the later steps run "
+        "again."]
+    assert wait_for(run_id, worker=worker).state["charged"] == "10 on visa-9"
+
+
+def test_admin_edit_state_needs_the_change_permission(worker, token):
+    from django.test import Client
+
+    from tests.integration.test_api import make_user
+
+    run_id = failed_checkout(worker, token)
+    viewer = make_user("view_workflowrun", staff=True)
+    browser = Client()
+    browser.force_login(viewer)
+    page_url = f"/admin/queuety/workflowrun/{run_id}/edit-state/"
+    assert browser.get(page_url).status_code == 403
+    assert page_url not in browser.get(f"/admin/queuety/workflowrun/{run_id}/change/"
+                                       ).content.decode()
