@@ -238,9 +238,8 @@ class Command(BaseCommand):
         acting.check_run(user, options.get("run_id"))
         if migrating.migrate_action(options["action"], options, self.stdout.write, self._table):
             return
-        if quarantine.definition_action(options["action"], options, self.stdout.write):
-            return
-        if editing.edit_action(options["action"], options, self.stdout.write):
+        if (quarantine.definition_action(options["action"], options, self.stdout.write)
+                or editing.edit_action(options["action"], options, self.stdout.write)):
             return
         if options["action"] in self._LIFECYCLE:
             self._lifecycle(options["action"], options["run_id"])
