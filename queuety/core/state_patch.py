@@ -35,7 +35,10 @@ def check_patch(patch: Any) -> dict[str, Any]:
     if reserved:
         raise InvalidStateEdit(f"State keys starting with '_' are reserved and never stored; the "
                            f"patch names {', '.join(map(repr, reserved))}.")
-    check_json(patch, "")
+    try:
+        check_json(patch, "")
+    except RecursionError:
+        raise InvalidStateEdit("The state patch is nested too deeply to store.") from None
     return patch
 
 

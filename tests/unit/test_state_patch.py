@@ -68,3 +68,13 @@ def test_check_patch_refuses_what_a_state_cannot_hold(patch, words):
 def test_check_patch_takes_plain_json():
     patch = {"a": {"b": [1, 2.5, "x", True, None]}, "c": None}
     assert state_patch.check_patch(patch) is patch
+
+
+def test_check_patch_refuses_a_patch_nested_too_deeply():
+    deep: dict = {}
+    inner = deep
+    for _ in range(5000):
+        inner["a"] = {}
+        inner = inner["a"]
+    with pytest.raises(InvalidStateEdit, match="nested too deeply"):
+        state_patch.check_patch(deep)
