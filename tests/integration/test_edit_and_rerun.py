@@ -144,6 +144,18 @@ def test_retry_from_the_first_step_starts_from_the_first_state(worker, token):
     assert ledger(token) == ["fetch", "price", "charge"] * 2
 
 
+def test_a_rewind_to_the_step_before_keeps_the_edit(worker, token):
+    run_id = failed_checkout(worker, token)
+    queuety.edit_state(run_id, {"card": "jcb-5"}, reason="card found")
+    assert queuety.workflow_state_at(run_id, "price")["card"] == "jcb-5"
+
+    queuety.rewind(run_id, "price")  # back to just after price: charge next, with the edit
+
+    final = wait_for(run_id, worker=worker)
+    assert final.status == "completed" and final.state["charged"] == "10 on jcb-5"
+    assert ledger(token) == ["fetch", "price", "charge", "charge"]
+
+
 def test_retry_from_step_refusals(worker, token):
     run_id = failed_checkout(worker, token)
     with pytest.raises(queuety.UnknownStep, match="no step named 'nope'"):
