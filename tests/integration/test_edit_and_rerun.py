@@ -136,6 +136,78 @@ def test_retry_from_step_reruns_it_and_later_steps_and_discards_their_state(work
     assert queuety.workflow_state_at(run_id, "price")["price_runs"] == 1
 
 
+def test_a_retry_from_a_step_discards_an_edit_made_after_it_from_the_timeline(worker, token):
+    run_id = failed_checkout(worker, token)
+    queuety.edit_state(run_id, {"card": "visa"}, reason="card found")
+    queuety.retry(run_id, from_step="price")
+    assert wait_for(run_id, worker=worker).status == "failed"
+    assert ledger(token) == ["fetch", "price", "charge", "price", "charge"]
+
+    # The discarded edit is gone from the rebuilt states too, and so from a rewind.
+    assert "card" not in queuety.workflow_state_at(run_id, "price")
+    queuety.rewind(run_id, "price")
+    again = wait_for(run_id, worker=worker)
+    assert again.status == "failed" and "card" not in again.state
+
+
+def hops(name, token, **payload):
+    return (queuety.workflow(name).then(edit_steps.hop_a).then(edit_steps.hop_b)
+            .then(edit_steps.hop_c).then(edit_steps.hop_d).dispatch({"token": token, **payload}))
+
+
+def test_retry_from_a_step_reached_by_a_loop_starts_from_its_latest_visit(worker, token):
+    # hop_a (n=1), hop_b, hop_c jumps back to hop_a, hop_a (n=2) jumps to hop_c, hop_d fails.
+    run_id = hops("edit_loop", token, loop=True)
+    assert wait_for(run_id, worker=worker).status == "failed"
+    assert ledger(token) == ["hop_a", "hop_b", "hop_c", "hop_a", "hop_c", "hop_d"]
+
+    queuety.retry(run_id, from_step="hop_c")
+
+    retried = Event.objects.filter(run_id=run_id, kind="workflow_retried").get().data
+    assert {k: retried["state"].get(k) for k in ("n", "b_seen", "c_runs")} == {
+        "n": 2, "b_seen": 1, "c_runs": 1}
+    again = wait_for(run_id, worker=worker)
+    assert again.status == "failed" and again.state["c_runs"] == 2 and again.state["n"] == 2
+    assert ledger(token)[6:] == ["hop_c", "hop_d"]
+
+
+def test_retry_from_a_step_whose_previous_step_was_skipped(worker, token):
+    # hop_a jumps over hop_b (n starts at 1): hop_b never ran, hop_c did.
+    run_id = hops("edit_skip", token, n=1)
+    assert wait_for(run_id, worker=worker).status == "failed"
+    assert ledger(token) == ["hop_a", "hop_c", "hop_d"]
+
+    with pytest.raises(queuety.InvalidTransition) as refused:
+        queuety.retry(run_id, from_step="hop_b")
+    assert str(refused.value) == (
+        f"Cannot retry workflow run {run_id} from step 'hop_b': No visit of step 1 of "
+        f"workflow run {run_id} completed, so nothing records the state it started from. "
+        "Retry from a step that ran, or without from_step.")
+    assert queuety.workflow_status(run_id).status == "failed"  # nothing changed
+
+    queuety.retry(run_id, from_step="hop_c")
+    again = wait_for(run_id, worker=worker)
+    # It started from the state after hop_a: what hop_c merged before is gone.
+    assert again.status == "failed" and again.state["c_runs"] == 1 and "b_seen" not in again.state
+    assert ledger(token)[3:] == ["hop_c", "hop_d"]
+
+
+def test_retry_from_a_step_reached_by_a_route(worker, token):
+    run_id = (queuety.workflow("edit_route")
+              .route(workflows.classify, {"skip": "hop_c", "go": "hop_b"})
+              .then(edit_steps.hop_b).then(edit_steps.hop_c).then(edit_steps.hop_d)
+              .dispatch({"token": token, "label": "skip"}))
+    assert wait_for(run_id, worker=worker).status == "failed"
+    assert ledger(token) == ["hop_c", "hop_d"]
+    queuety.edit_state(run_id, {"ok": True}, reason="fixed upstream")
+
+    queuety.retry(run_id, from_step="hop_c")  # hop_b, the step before, never ran
+
+    final = wait_for(run_id, worker=worker)
+    assert final.status == "failed" and final.state["c_runs"] == 1  # the edit was discarded
+    assert "ok" not in final.state and ledger(token)[2:] == ["hop_c", "hop_d"]
+
+
 def test_retry_from_the_first_step_starts_from_the_first_state(worker, token):
     run_id = failed_checkout(worker, token)
     queuety.retry(run_id, from_step="fetch")
