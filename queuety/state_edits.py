@@ -2,7 +2,9 @@
 
 An edit is a JSON merge patch (RFC 7396, :mod:`queuety.core.state_patch`) applied in one
 transaction with the run's row (and its live step rows) locked, recorded as a ``state_edited``
-event naming who, why, the patch, the changes and the whole new state. The run's status does
+event naming who, why, the patch, the changes and the whole new state (stored with the real
+values, as every event stores the state; ``queuety.masking.mask`` hides secret keys' values
+on read, in the changes too). The run's status does
 not change: a paused run edited is resumed, a failed one retried, with the edited state.
 
 The edit amends the state the run's current step starts from: ``retry(from_step=)`` of that
@@ -28,6 +30,12 @@ from queuety.store.definitions import load_spec
 
 #: The statuses whose state may be edited: nothing runs that could merge over the edit.
 EDITABLE = (RunStatus.PAUSED, RunStatus.FAILED)
+
+
+def editable(run: WorkflowRun) -> bool:
+    """Whether ``run``'s state may be edited as it stands (paused or failed, compensations
+    not run); a step still running refuses the edit too, found when it is tried."""
+    return run.status in EDITABLE and not run.cleanup
 
 
 @dataclass(frozen=True)
@@ -78,7 +86,7 @@ def edit_state(run_id: int, patch: Any, *, reason: str, actor: str = "") -> Stat
         Event.objects.create(
             run_id=run.pk, kind="state_edited", data={
                 "by": actor, "reason": reason.strip(), "patch": patch,
-                "changes": mask_changes(edit.changes), "state": edit.state,
+                "changes": edit.changes, "state": edit.state,
                 "at_step": run.current_step, "status": run.status})
     return edit
 
@@ -95,7 +103,7 @@ def _edited(run: WorkflowRun, patch: Any) -> StateEdit:
         raise exceptions.InvalidTransition(
             run.pk, f"Cannot edit the state of workflow run {run.pk}: its step {running!r} is "
             "still running and would merge its output over the edit; wait for it to finish "
-            "(the run stays paused) and edit then.")
+            "and edit then.")
     if run.cleanup:
         raise exceptions.InvalidTransition(
             run.pk, f"Cannot edit the state of workflow run {run.pk}: its compensations "

@@ -81,7 +81,8 @@ def _replay(run_id: int) -> tuple[dict[int, dict[str, Any]], dict[int, dict[str,
             if kind == "run_migrated":  # the steps before the move, at their new positions
                 after = _moved(after, data.get("step_indexes") or {})
                 started = _moved(started, data.get("step_indexes") or {})
-            elif kind == "workflow_retried":  # from a step: what it and later steps did is gone
+            elif kind == "workflow_retried" and step_index is not None:
+                # Retried from a step: what it and the later steps did is gone.
                 after, started = ({i: s for i, s in states.items() if i < step_index}
                                   for states in (after, started))
             elif kind == "state_edited" and isinstance(data.get("at_step"), int):

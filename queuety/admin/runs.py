@@ -394,7 +394,7 @@ class WorkflowRunAdmin(StartRunPages, MigrationPages, StateEditPages, _ModelAdmi
                                           for a in actions},
             can_operate=allowed["operate"], can_signal=allowed["signal"],
             edit_state_url=self._url("edit_state", run.pk)
-            if allowed["operate"] and run.status in state_edits.EDITABLE else None,
+            if allowed["operate"] and state_edits.editable(run) else None,
             export_url=self._url("export", run.pk),
             **artifacts.artifact_rows(run.pk, status.artifact_count,
                                       lambda key: self._url("artifact", run.pk, key)),

@@ -2,8 +2,9 @@
 the diff, and a "Save" that applies it (thin over ``queuety.state_edits``).
 
 Mixed into the runs admin, whose helpers (``_url``, ``_context``, ``_breadcrumbs``) it uses.
-The textarea shows the state masked (``QUEUETY["SECRET_KEYS"]``): what is saved is the merge
-patch from the masked state to the text, so a secret left masked keeps its real value. Editing
+The textarea shows the state masked (``QUEUETY["SECRET_KEYS"]``): a value the text still holds
+masked where it was masked (in objects and lists) keeps its real value, and what is saved is
+the merge patch from the real state to that. Editing
 needs ``queuety.change_workflowrun``; a run outside the user's ``RUN_SCOPE`` is a 404.
 """
 
@@ -22,7 +23,7 @@ from django.urls import URLPattern, path
 from queuety import exceptions, replyforms, state_edits
 from queuety.admin.display import actor, reachable_or_404
 from queuety.core import state_patch
-from queuety.masking import mask, mask_changes
+from queuety.masking import mask, mask_changes, unmask
 from queuety.models import WorkflowRun
 from queuety.store import rows
 
@@ -71,17 +72,17 @@ class StateEditPages:
             text = request.POST.get("state", "")
             reason = request.POST.get("reason", "").strip()
             try:
-                revision = int(request.POST.get("revision", ""))
-                patch = _patch(shown, text)
+                revision = _revision(run.pk, request.POST.get("revision", ""))
+                patch = _patch(run.state or {}, shown, text)
                 if "save" in request.POST:
                     self._save(request, run.pk, revision, patch, reason)
                     return HttpResponseRedirect(self._url("change", run.pk))
-                changes = mask_changes(state_edits.preview_edit(run.pk, patch).changes)
+                changes = _shown(state_edits.preview_edit(run.pk, patch).changes)
             except ValueError as problem:  # bad JSON, InvalidStateEdit
                 error = str(problem)
             except exceptions.QueuetyError as problem:  # InvalidTransition, a stale form
                 error = str(problem)
-        editable = run.status in state_edits.EDITABLE
+        editable = state_edits.editable(run)
         return TemplateResponse(request, TEMPLATE, self._context(
             request, title=f"Edit the state of {run.name} #{run.pk}", run=run, text=text,
             reason=reason, error=error, changes=changes, revision=revision,
@@ -104,11 +105,27 @@ class StateEditPages:
                         f"Edit state: {message}")
 
 
-def _patch(shown: dict[str, Any], text: str) -> dict[str, Any]:
-    """The merge patch from the state as shown (masked) to the edited ``text``.
+def _revision(pk: int, posted: str) -> int:
+    """The run revision the page was loaded at (a hidden field).
 
     Raises:
-        ValueError: ``text`` is not a JSON object (InvalidStateEdit for a null it cannot set).
+        ValueError: it is missing or not a number (a form not rendered by this page).
+    """
+    try:
+        return int(posted)
+    except ValueError:
+        raise ValueError(f"The form holds no valid revision of workflow run {pk}, so nothing "
+                         "was saved; reload the Edit state page and try again.") from None
+
+
+def _patch(real: dict[str, Any], shown: dict[str, Any], text: str) -> dict[str, Any]:
+    """The merge patch from the real state to the edited ``text`` of its masked form
+    ``shown``: where the text still holds the mask at a masked place (in an object or a list)
+    the real value is kept.
+
+    Raises:
+        ValueError: ``text`` is not a JSON object (InvalidStateEdit for a null it cannot set,
+            or a list holding masked values that changed length).
     """
     try:
         edited = json.loads(text, parse_constant=replyforms.refuse_constant)
@@ -116,4 +133,10 @@ def _patch(shown: dict[str, Any], text: str) -> dict[str, Any]:
         raise ValueError(f"The state is not valid JSON: {error}. Nothing was changed.") from None
     if not isinstance(edited, dict):
         raise ValueError("The state must be a JSON object ({...}); nothing was changed.")
-    return state_patch.make_patch(shown, edited)
+    return state_patch.make_patch(real, unmask(shown, edited, real))
+
+
+def _shown(changes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The preview's rows: each change masked, its values as JSON text."""
+    return [{key: value if key == "path" else json.dumps(value, ensure_ascii=False)
+             for key, value in change.items()} for change in mask_changes(changes)]

@@ -36,6 +36,7 @@ from queuety.api.views import (
 from queuety.conf import settings
 from queuety.core.keyed import Batch, FlowOptions, flow_options
 from queuety.core.status import RunStatus
+from queuety.masking import mask
 from queuety.models import WorkflowRun
 from queuety.store.definitions import find_definition
 
@@ -247,7 +248,8 @@ class RetryView(RunActionView):
     action = "retry"
 
     def _act(self, request: Request, pk: int) -> Response:
-        body = read_json_body(request) or {}
+        body = read_json_body(request)
+        body = {} if body is None else body  # an empty body; [] or 0 is a wrong one
         if not isinstance(body, dict) or set(body) - {"from_step"} or not isinstance(
                 body.get("from_step"), (str, int, type(None))) or isinstance(
                 body.get("from_step"), bool):
@@ -269,7 +271,7 @@ class EditStateView(RunAPIView):
     """``POST runs/<id>/edit-state/``: apply a JSON merge patch to a paused or failed run's
     state, with a reason; 409 ``invalid_transition`` on any other run (or one whose step is
     running), 400 ``invalid_state_edit`` for a patch it cannot take. Secret keys' values are
-    masked in the answer's changes."""
+    masked throughout the answer (its changes and the run's state)."""
 
     required_permissions = {"POST": "queuety.change_workflowrun"}
 
@@ -286,7 +288,9 @@ class EditStateView(RunAPIView):
         reason = body.get("reason")
         edit = state_edits.edit_state(pk, body["patch"], actor=_actor(request),
                                       reason=reason if isinstance(reason, str) else "")
-        return Response({**edit.to_dict(), "run": queries.workflow_status(pk).to_dict()})
+        # Masked throughout (the changes and the run's state), as the events endpoint shows
+        # the timeline: the reply is also stored for an Idempotency-Key replay.
+        return Response(mask({**edit.to_dict(), "run": queries.workflow_status(pk).to_dict()}))
 
 
 DEFINITION_PATH = [

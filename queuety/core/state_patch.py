@@ -97,7 +97,10 @@ def make_patch(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
                                    "null (a JSON merge patch reads null as delete). Remove the "
                                    "key, or give it another value.")
         elif not _same(old, value):
-            patch[key] = value
+            if isinstance(value, dict):  # set whole over a non-object: a patch merges it
+                patch[key] = make_patch({}, value)
+            else:
+                patch[key] = value
     return patch
 
 

@@ -71,6 +71,23 @@ def check_run(user: Any, run_id: int | None) -> None:
                     "or without --as-user for full access.")
 
 
+def actor(user: Any) -> str:
+    """Who the timeline names for a command: ``manage.py``, or ``manage.py:as-user:<name>``."""
+    return "manage.py" if user is None else f"manage.py:as-user:{user.get_username()}"
+
+
+def check_change(user: Any, run_id: int) -> None:
+    """Refuse a change of run ``run_id`` (an edit) for a ``--as-user`` user without
+    ``queuety.change_workflowrun`` (no ``--as-user``: full access).
+
+    Raises:
+        Error: the user lacks the permission.
+    """
+    if user is not None and not user.has_perm("queuety.change_workflowrun"):
+        raise Error(f"User {user.get_username()!r} may not change workflow #{run_id}: it needs "
+                    "the queuety.change_workflowrun permission. Nothing was changed.")
+
+
 def reachable(user: Any) -> QuerySet[WorkflowRun] | None:
     """The runs ``user`` may reach, as a queryset to narrow further (None: every run)."""
     return None if user is None else scope.scoped_runs(user, WorkflowRun.objects.all())

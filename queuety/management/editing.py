@@ -8,10 +8,8 @@ from collections.abc import Callable
 from typing import Any
 
 from queuety import exceptions, operations, state_edits
+from queuety.management import acting
 from queuety.management.starting import Error
-
-#: Who the timeline names as the editor of a run from the command line.
-ACTOR = "manage.py"
 
 
 def add_edit_actions(actions: Any) -> None:
@@ -35,23 +33,29 @@ def add_edit_actions(actions: Any) -> None:
 
 
 def edit_action(action: str, options: dict[str, Any], write: Callable[[str], None]) -> bool:
-    """Run ``edit-state``, or ``retry`` with ``--from-step``; False for any other action."""
+    """Run ``edit-state``, or ``retry`` with ``--from-step``; False for any other action.
+
+    With ``--as-user`` (``options["acting_user"]``) the user needs
+    ``queuety.change_workflowrun`` (an edit is a change) and the timeline names them."""
+    user = options.get("acting_user")
     if action == "edit-state":
-        _edit_state(options, write)
+        acting.check_change(user, options["run_id"])
+        _edit_state(options, acting.actor(user), write)
         return True
     if action == "retry" and options.get("from_step") is not None:
+        acting.check_change(user, options["run_id"])
         step = options["from_step"]
         where = int(step) if step.isdigit() else step
-        _call(operations.retry, options["run_id"], actor=ACTOR, from_step=where)
+        _call(operations.retry, options["run_id"], actor=acting.actor(user), from_step=where)
         write(f"Success: Workflow #{options['run_id']} scheduled for retry from step {step}.")
         return True
     return False
 
 
-def _edit_state(options: dict[str, Any], write: Callable[[str], None]) -> None:
+def _edit_state(options: dict[str, Any], actor: str, write: Callable[[str], None]) -> None:
     run_id = options["run_id"]
     patch = _read_patch(options["patch"], options["patch_file"])
-    edit = _call(state_edits.edit_state, run_id, patch, reason=options["reason"], actor=ACTOR)
+    edit = _call(state_edits.edit_state, run_id, patch, reason=options["reason"], actor=actor)
     shown = edit.to_dict()
     if options["format"] == "json":
         write(json.dumps(shown, indent=4, ensure_ascii=False))

@@ -12,9 +12,10 @@ from django.test import override_settings
 from rest_framework.test import APIClient
 
 import queuety
-from queuety.models import Event, StepRun
+from queuety.models import Event, StepRun, WorkflowRun
 from tests import edit_steps, workflows
 from tests.integration.conftest import wait_for
+from tests.integration.test_api import make_user
 from tests.integration.test_operations import wait_until
 from tests.settings import QUEUETY as TEST_QUEUETY
 
@@ -277,12 +278,23 @@ def test_rest_edit_state_and_retry_from_step(worker, token):
 
     with override_settings(QUEUETY={**TEST_QUEUETY, "SECRET_KEYS": ["card"]}):
         done = post(operator, edit, {"patch": {"card": "visa-1"}, "reason": "on file"})
-    assert done.status_code == 200, done.content
-    assert done.json()["changes"] == [{"path": "/card", "after": "********"}]
-    assert done.json()["run"]["status"] == "failed"
+        assert done.status_code == 200, done.content
+        # The whole answer is masked (its replay too); the timeline keeps the real values,
+        # masked when read.
+        assert done.json()["changes"] == [{"path": "/card", "after": "********"}]
+        assert done.json()["run"]["status"] == "failed"
+        assert done.json()["run"]["state"]["card"] == "********"
+        events = operator.get(f"{API}/events/?run={run_id}")
+        assert events.status_code == 200, events.content
+        [shown] = [e for e in events.json()["results"] if e["kind"] == "state_edited"]
+        assert shown["data"]["changes"] == [{"path": "/card", "after": "********"}]
+        assert "visa-1" not in events.content.decode()
     [event] = edits(run_id)
     assert event["by"].startswith("api:user:") and event["reason"] == "on file"
-    assert event["changes"] == [{"path": "/card", "after": "********"}]  # masked when written
+    assert event["changes"] == [{"path": "/card", "after": "visa-1"}]
+    for empty in ([], 0, ""):
+        wrong = post(operator, f"{API}/runs/{run_id}/retry/", empty)
+        assert wrong.status_code == 400 and wrong.json()["code"] == "invalid_request"
 
     unknown = post(operator, f"{API}/runs/{run_id}/retry/", {"from_step": "nope"})
     assert unknown.status_code == 400 and "no step named 'nope'" in unknown.json()["detail"]
@@ -314,11 +326,23 @@ def test_cli_edit_state_and_retry_from_step(worker, token, tmp_path):
     assert f"Workflow #{run_id}'s state edited (2 change(s))" in said
     assert '/card: (absent) -> "mc-3"' in said and "/log:" in said
     assert edits(run_id)[-1]["by"] == "manage.py"
+    viewer = make_user("view_workflowrun")
+    with pytest.raises(CommandError, match=(
+            f"User '{viewer.username}' may not change workflow #{run_id}: it needs the "
+            "queuety.change_workflowrun permission. Nothing was changed.")):
+        cli("edit-state", str(run_id), "--patch", '{"card": "x"}', "--reason", "r",
+            "--as-user", viewer.username)
+    with pytest.raises(CommandError, match="needs the queuety.change_workflowrun"):
+        cli("retry", str(run_id), "--from-step", "price", "--as-user", viewer.username)
+    operator = make_user("view_workflowrun", "change_workflowrun")
+    cli("edit-state", str(run_id), "--patch", '{"card": "mc-2"}', "--reason", "as a user",
+        "--as-user", operator.username)
+    assert edits(run_id)[-1]["by"] == f"manage.py:as-user:{operator.username}"
     patch = tmp_path / "patch.json"
     patch.write_text('{"card": "mc-4"}')
     shown = json.loads(cli("edit-state", str(run_id), "--patch-file", str(patch), "--reason",
                            "newer card", "--format", "json"))
-    assert shown["changes"] == [{"path": "/card", "before": "mc-3", "after": "mc-4"}]
+    assert shown["changes"] == [{"path": "/card", "before": "mc-2", "after": "mc-4"}]
 
     assert "scheduled for retry from step price" in cli("retry", str(run_id), "--from-step",
                                                         "price")
@@ -353,9 +377,15 @@ def test_admin_edit_state_previews_the_diff_then_saves(worker, token, admin_clie
                                                "revision": revision, "preview": "1"})
         shown = preview.content.decode()
         assert preview.status_code == 200 and 'id="edit-state-diff"' in shown
-        assert preview.context["changes"] == [
-            {"path": "/card", "after": "visa-9"},
-            {"path": "/log", "before": ["fetch", "price"]}]
+        assert preview.context["changes"] == [  # the values shown as JSON
+            {"path": "/card", "after": '"visa-9"'},
+            {"path": "/log", "before": '["fetch", "price"]'}]
+        assert "<code>[&quot;fetch&quot;, &quot;price&quot;]</code>" in shown
+        missing = admin_client.post(page_url, {"state": json.dumps(state), "reason": "r",
+                                               "preview": "1"})
+        assert missing.status_code == 400 and (
+            f"The form holds no valid revision of workflow run {run_id}, so nothing was "
+            "saved; reload the Edit state page and try again.") in missing.content.decode()
         assert 'id="edit-save"' in shown and edits(run_id) == []  # nothing saved yet
 
         saved = admin_client.post(page_url, {"state": json.dumps(state), "reason": "ticket 9",
@@ -379,6 +409,40 @@ def test_admin_edit_state_previews_the_diff_then_saves(worker, token, admin_clie
         f"Run {run_id} was scheduled for retry from step 'charge': it and the later steps run "
         "again."]
     assert wait_for(run_id, worker=worker).state["charged"] == "10 on visa-9"
+
+
+def test_admin_edit_state_keeps_a_masked_secret_inside_a_list(worker, token, admin_client):
+    cards = [{"number": "4111", "label": "x"}, {"number": "5500", "label": "y"}]
+    run_id = failed_checkout(worker, token, cards=cards)
+    page_url = f"/admin/queuety/workflowrun/{run_id}/edit-state/"
+    with override_settings(QUEUETY={**TEST_QUEUETY, "SECRET_KEYS": ["number"]}):
+        page = admin_client.get(page_url)
+        state = json.loads(page.context["text"])
+        assert state["cards"][0] == {"number": "********", "label": "x"}
+        state["cards"][0]["label"] = "work"
+        form = {"state": json.dumps(state), "reason": "relabel",
+                "revision": page.context["revision"]}
+        preview = admin_client.post(page_url, {**form, "preview": "1"})
+        [change] = preview.context["changes"]
+        assert change["path"] == "/cards" and json.loads(change["after"]) == [
+            {"number": "********", "label": "work"}, {"number": "********", "label": "y"}]
+        dropped = admin_client.post(page_url, {**form, "state": json.dumps(
+            {**state, "cards": state["cards"][1:]}), "save": "1"})
+        assert dropped.status_code == 400 and "The list at /cards holds masked secret " \
+            "values and now has 1 items instead of 2" in dropped.content.decode()
+        saved = admin_client.post(page_url, {**form, "save": "1"})
+    assert saved.status_code == 302, saved.content.decode()
+    assert queuety.workflow_status(run_id).state["cards"] == [
+        {"number": "4111", "label": "work"}, {"number": "5500", "label": "y"}]
+
+
+def test_admin_offers_no_edit_once_compensations_ran(worker, token, admin_client):
+    run_id = failed_checkout(worker, token)
+    WorkflowRun.objects.filter(pk=run_id).update(cleanup={"cause": "failure", "done": True})
+    run_page = admin_client.get(f"/admin/queuety/workflowrun/{run_id}/change/")
+    assert 'id="edit-state-link"' not in run_page.content.decode()
+    page = admin_client.get(f"/admin/queuety/workflowrun/{run_id}/edit-state/")
+    assert page.context["editable"] is False
 
 
 def test_admin_edit_state_needs_the_change_permission(worker, token):

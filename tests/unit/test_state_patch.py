@@ -78,3 +78,12 @@ def test_check_patch_refuses_a_patch_nested_too_deeply():
         inner = inner["a"]
     with pytest.raises(InvalidStateEdit, match="nested too deeply"):
         state_patch.check_patch(deep)
+
+
+def test_make_patch_refuses_a_null_nested_in_an_object_that_replaces_a_value():
+    # {"a": {"b": null}} over a non-object would merge as {"a": {}}: the null is lost.
+    for before in ({"a": 1}, {}):
+        with pytest.raises(InvalidStateEdit, match="The key 'b' is set to null"):
+            state_patch.make_patch(before, {"a": {"b": None, "c": 1}})
+    patch = state_patch.make_patch({"a": 1}, {"a": {"c": {"d": 2}}})
+    assert state_patch.apply_patch({"a": 1}, patch) == {"a": {"c": {"d": 2}}}
