@@ -14,6 +14,7 @@ step, and a rewind to the step before it, start from the edited state too (``tim
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import transaction
@@ -81,6 +82,7 @@ def edit_state(run_id: int, patch: Any, *, reason: str, actor: str = "") -> Stat
         run = rows.lock_run(run_id, steps_first=True)
         edit = _edited(run, patch)
         now = timezone.now()
+        _fence_claims(run.pk, now)
         WorkflowRun.objects.filter(pk=run.pk).update(
             state=edit.state, updated_at=now, revision=F("revision") + 1)
         Event.objects.create(
@@ -89,6 +91,26 @@ def edit_state(run_id: int, patch: Any, *, reason: str, actor: str = "") -> Stat
                 "changes": edit.changes, "state": edit.state,
                 "at_step": run.current_step, "status": run.status})
     return edit
+
+
+#: How far an edit moves its run's due pending step rows ahead: more than the clocks of the
+#: site's hosts disagree, far less than anything a person notices (a resume or retry sets
+#: them due at once anyway).
+CLAIM_FENCE = timedelta(seconds=30)
+
+
+def _fence_claims(run_id: int, now: datetime) -> None:
+    """Write the run's due pending step rows, moving them ``CLAIM_FENCE`` ahead.
+
+    A claim statement that read the run as running before it was paused may be waiting on
+    those rows' locks (held here): under READ COMMITTED it then re-checks only the step
+    row, not the run it read before, and would claim the step with the state from before
+    the edit. A row this transaction wrote is re-checked as written, and is not due at the
+    waiting claim's time, so that claim takes nothing.
+    """
+    StepRun.objects.filter(run_id=run_id, kind="step", status=StepStatus.PENDING,
+                           available_at__lt=now + CLAIM_FENCE).update(
+        available_at=now + CLAIM_FENCE)
 
 
 def _edited(run: WorkflowRun, patch: Any) -> StateEdit:

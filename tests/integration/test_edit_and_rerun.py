@@ -4,15 +4,22 @@
 from __future__ import annotations
 
 import json
+import threading
+import time
 from io import StringIO
 
 import pytest
 from django.core.management import CommandError, call_command
+from django.db import connection, transaction
 from django.test import override_settings
+from django.utils import timezone
 from rest_framework.test import APIClient
 
 import queuety
+from queuety import publish
 from queuety.models import Event, StepRun, WorkflowRun
+from queuety.runtime import claim
+from queuety.store import rows
 from tests import edit_steps, workflows
 from tests.integration.conftest import wait_for
 from tests.integration.test_api import make_user
@@ -238,6 +245,44 @@ def test_retry_from_step_refusals(worker, token):
     assert wait_for(done, worker=worker).status == "completed"
     with pytest.raises(queuety.InvalidTransition, match="it is completed, not failed"):
         queuety.retry(done, from_step="fetch")
+
+
+def test_a_claim_waiting_on_an_edits_locks_claims_nothing(token, no_sweeps):
+    # A claim statement that read the run as running, then waited on the step row's lock
+    # while the run was paused and edited, re-checks only the step row when the lock goes:
+    # the edit writes that row, so the claim finds it not due and takes nothing.
+    with publish.captured():  # nobody else gets a message for the row
+        run_id = checkout().dispatch({"token": token})
+    row = StepRun.objects.get(run_id=run_id)
+    began = timezone.now()  # the claim's clock: its statement began before the pause
+    claimed = {}
+
+    def claimer():
+        claimed["claim"] = claim.claim(row.pk, began)
+        connection.close()
+
+    thread = threading.Thread(target=claimer)
+    with transaction.atomic():
+        rows.lock_run(run_id, steps_first=True)  # the lock edit_state takes, held from here
+        thread.start()
+        waiting_on_me = """SELECT count(*) FROM pg_locks WHERE NOT granted AND
+            locktype = 'transactionid' AND transactionid::text::bigint = txid_current()
+            % 4294967296"""
+        deadline = time.monotonic() + 10
+        with connection.cursor() as cursor:
+            while not (cursor.execute(waiting_on_me), cursor.fetchone()[0])[1]:
+                assert time.monotonic() < deadline, "the claim never waited on the lock"
+                time.sleep(0.02)
+        queuety.pause(run_id)
+        queuety.edit_state(run_id, {"card": "visa"}, reason="card found")
+    thread.join(10)
+    assert claimed == {"claim": None}
+    assert StepRun.objects.get(pk=row.pk).status == "pending"
+    with publish.captured() as sent:
+        queuety.resume(run_id)  # a resume makes the row due at once again
+    assert [m.step_run_id for m in sent] == [row.pk]
+    assert StepRun.objects.get(pk=row.pk).available_at <= timezone.now()
+    queuety.cancel(run_id)
 
 
 # -- the REST API -----------------------------------------------------------------------------
