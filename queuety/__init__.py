@@ -511,12 +511,7 @@ def resume_definition(ref: str | int, *, actor: str = "") -> BulkResult:
 
 
 def retry(run_id: int, *, from_step: str | int | None = None, actor: str = "") -> None:
-    """Run a failed run again from its failed step, keeping earlier outputs.
-
-    With ``from_step`` (a step's name or index, at or before the failed step) it runs that
-    step and every later one again, from the state that step last started from: what they
-    merged is discarded (see ``queuety.operations.retry``).
-    """
+    """Run a failed run again from its failed step, or ``from_step`` (``operations.retry``)."""
     from queuety import operations
 
     operations.retry(run_id, from_step=from_step, actor=actor)
@@ -524,16 +519,7 @@ def retry(run_id: int, *, from_step: str | int | None = None, actor: str = "") -
 
 def edit_state(run_id: int, patch: dict[str, Any], *, reason: str, actor: str = ""
                ) -> list[dict[str, Any]]:
-    """Edit a paused or failed run's state with a JSON merge patch (RFC 7396: a key set to a
-    value sets it, objects merge, ``null`` deletes); return the changes, each
-    ``{"path", "before", "after"}``. Recorded as a ``state_edited`` event with ``actor`` and
-    ``reason`` (required). A later ``resume()`` or ``retry()`` runs with the edited state.
-
-    Raises:
-        InvalidTransition: the run is not paused or failed, or a step of it is running.
-        InvalidStateEdit: no reason, a patch that is not plain JSON, changes nothing, or makes
-            a state over the workflow's ``max_state_bytes``. Nothing is changed.
-    """
+    """Merge-patch a paused or failed run's state; the changes (``state_edits.edit_state``)."""
     from queuety import state_edits
 
     return state_edits.edit_state(run_id, patch, reason=reason, actor=actor).changes
