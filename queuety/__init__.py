@@ -41,6 +41,7 @@ from queuety.exceptions import (
     InvalidSchedule,
     InvalidSignalData,
     InvalidSignature,
+    InvalidStateEdit,
     InvalidStepOutput,
     InvalidTransition,
     NotAMachine,
@@ -77,6 +78,7 @@ __all__ = [
     "InvalidMigration",
     "InvalidPayload",
     "InvalidSchedule",
+    "InvalidStateEdit",
     "InvalidProgress",
     "InvalidArtifact",
     "InvalidSignalData",
@@ -139,6 +141,7 @@ __all__ = [
     "resume",
     "resume_definition",
     "retry",
+    "edit_state",
     "rewind",
     "schedule",
     "signal",
@@ -596,11 +599,19 @@ def resume_definition(ref: str | int, *, actor: str = "") -> BulkResult:
     return quarantine.resume_definition(ref, actor=actor)
 
 
-def retry(run_id: int) -> None:
-    """Run a failed run again from its failed step, keeping earlier outputs."""
+def retry(run_id: int, *, from_step: str | int | None = None, actor: str = "") -> None:
+    """Run a failed run again from its failed step, or ``from_step`` (``operations.retry``)."""
     from queuety import operations
 
-    operations.retry(run_id)
+    operations.retry(run_id, from_step=from_step, actor=actor)
+
+
+def edit_state(run_id: int, patch: dict[str, Any], *, reason: str, actor: str = ""
+               ) -> list[dict[str, Any]]:
+    """Merge-patch a paused or failed run's state; the changes (``state_edits.edit_state``)."""
+    from queuety import state_edits
+
+    return state_edits.edit_state(run_id, patch, reason=reason, actor=actor).changes
 
 
 def rewind(run_id: int, step: int | str) -> None:

@@ -240,6 +240,12 @@ class InvalidPayload(WorkflowDefinitionError, ValueError):
     written. (A :class:`WorkflowDefinitionError` too, which is what dispatch raised before.)"""
 
 
+class InvalidStateEdit(QueuetyError, ValueError):
+    """A state edit (``edit_state()``) whose patch, or the state it would make, a run cannot
+    take: not a JSON object, a reserved ``_`` key, a value JSON cannot hold, over the run's
+    ``max_state_bytes``. Nothing was changed."""
+
+
 class UnknownWorkflow(QueuetyError, LookupError):
     """No workflow is registered under ``name``; ``known`` lists the registered names."""
 

@@ -20,7 +20,7 @@ from django.utils import timezone
 
 from queuety import exceptions, publish, signals, timeline
 from queuety.cleanup import start_cleanup
-from queuety.core import landing
+from queuety.core import flow, landing
 from queuety.core.definition import WorkflowSpec
 from queuety.core.status import FINISHED, LIVE_OR_HELD
 from queuety.models import Event, RunStatus, StepRun, StepStatus, WorkflowRun
@@ -185,24 +185,44 @@ def _continue(run: WorkflowRun, spec: WorkflowSpec, now: datetime, paused: bool 
     return land(spec, rows.run_view(run, now), run.current_step, [], mode)
 
 
-def retry(run_id: int, *, actor: str = "") -> None:
+def retry(run_id: int, *, actor: str = "", from_step: str | int | None = None) -> None:
     """Run a failed run again from its failed step, keeping what earlier steps merged.
 
     The failed step gets a fresh attempt budget on its own row (no new row). Budgets are not
     reset: a run failed by a budget fails again unless the budget was the problem's cause. A
     run failed by its deadline gets a fresh deadline window.
 
+    With ``from_step`` (a step's name or index, at or before the failed step), the run goes
+    back to that step and runs it and every later step again: its state is the one the step's
+    latest visit started from (however the run got there: the next step, a route, a jump or
+    a loop; with the edits made while the run stood there), so what it and the later steps
+    merged is discarded, and loops that start after it are entered afresh. ``from_step``
+    naming the failed step is a plain retry.
+
     Raises:
         InvalidTransition: the run is not failed, or its compensations already ran.
+            With ``from_step``: the step comes after the failed step, or no visit of it
+            completed (a route or jump skipped it).
+        UnknownStep: ``from_step`` names no step of the run's definition.
     """
     now = timezone.now()
     with transaction.atomic():
-        run = rows.lock_run(run_id)
+        run = rows.lock_run(run_id, steps_first=from_step is not None)
         if run.status != RunStatus.FAILED:
             raise _refuse(run, "retry", f"it is {run.status}, not failed")
         if run.cleanup:
             raise _refuse(run, "retry", "its compensations already ran")
         spec = load_spec(run.definition_id)
+        if from_step is not None:
+            index = _step_index(spec, from_step)
+            if index > run.current_step:
+                raise exceptions.InvalidTransition(
+                    run.pk, f"Cannot retry workflow run {run.pk} from step "
+                    f"{spec.steps[index].name!r}: it comes after the failed step "
+                    f"{spec.steps[run.current_step].name!r}, so it never ran.")
+            if index < run.current_step:
+                _retry_from(run, spec, index, actor, now)
+                return
         # The row of this visit of the step: failed, or cancelled when a deadline struck.
         latest = (StepRun.objects.filter(run_id=run.pk, kind="step", seq=run.transitions,
                                          step_index=run.current_step)
@@ -239,6 +259,47 @@ def retry(run_id: int, *, actor: str = "") -> None:
                 + effective_policy(spec, run.current_step, row.branch).max_attempts)
         run.refresh_from_db()
         _continue(run, spec, now)
+
+
+def _step_index(spec: WorkflowSpec, step: str | int) -> int:
+    if isinstance(step, int):
+        if not 0 <= step < len(spec.steps):
+            raise exceptions.UnknownStep(
+                f"Workflow {spec.name!r} has no step at index {step}; its steps are 0 to "
+                f"{len(spec.steps) - 1}.", str(step))
+        return step
+    return spec.index_of(step)
+
+
+def _retry_from(run: WorkflowRun, spec: WorkflowSpec, index: int, actor: str,
+                now: datetime) -> None:
+    """Put locked failed ``run`` back on step ``index`` (before its failed step) with the
+    state that step's latest visit started from; its row is a new visit (``transitions + 1``).
+    """
+    name = spec.steps[index].name
+    try:
+        state = timeline.state_before(run.pk, index)
+    except LookupError as error:
+        raise exceptions.InvalidTransition(
+            run.pk, f"Cannot retry workflow run {run.pk} from step {name!r}: {error}. Retry "
+            "from a step that ran, or without from_step.") from None
+    rows.stop_live_steps(run.pk, now)
+    Event.objects.create(run_id=run.pk, kind="workflow_retried", step_index=index,
+                         step_name=name, data={
+                             "by": actor, "error": run.error, "from_step": name,
+                             "failed_step": spec.steps[run.current_step].name, "state": state})
+    deadline = run.deadline_at
+    if deadline is not None and deadline <= now and spec.deadline_seconds:
+        deadline = now + timedelta(seconds=spec.deadline_seconds)
+    WorkflowRun.objects.filter(pk=run.pk).update(
+        state=state, current_step=index, status=RunStatus.PAUSED, error=None,
+        finished_at=None, transitions=F("transitions") + 1, updated_at=now,
+        deadline_at=deadline, wait_expires_at=None, remind_at=None, waiting_since=None,
+        reminders=0, revision=F("revision") + 1,
+        loops=flow.loops_from(spec, index, run.loops or {}),
+        state_writes={key: at for key, at in (run.state_writes or {}).items() if key in state})
+    run.refresh_from_db()
+    _continue(run, spec, now)  # lands on step ``index``: a new row for it, as a rewind's
 
 
 def rewind(run_id: int, step: int | str, *, actor: str = "") -> None:

@@ -17,7 +17,7 @@ from queuety.store.definitions import load_spec
 
 #: Event kinds that carry the run's whole public state in ``data["state"]``.
 STATE_RESETS = ("workflow_started", "workflow_rewound", "workflow_forked", "workflow_replayed",
-                "run_migrated")
+                "run_migrated", "state_edited", "workflow_retried")
 #: Event kinds whose ``data["output"]`` was merged into the state.
 MERGES = ("step_completed", "wait_settled", "wait_timed_out")
 
@@ -43,23 +43,68 @@ def timeline(run_id: int, limit: int = 100, offset: int = 0) -> list[dict[str, A
 
 def states_after_steps(run_id: int) -> dict[int, dict[str, Any]]:
     """Rebuild, from the timeline, the public state after each step's latest completion."""
+    return {index: state for index, state in _states(run_id).items() if index >= 0}
+
+
+def state_before(run_id: int, index: int) -> dict[str, Any]:
+    """Return the public state step ``index``'s latest visit started from: the state just
+    before the event that merged that visit's output (so a visit reached by a route, a
+    ``_next_step`` jump or a loop counts, and the ``state_edited`` edits made while the run
+    stood at the step are in it).
+
+    Raises:
+        LookupError: no visit of step ``index`` completed since the run's last retry from an
+            earlier step (a route or jump skipped it, or it never ran).
+    """
+    started = _replay(run_id)[1]
+    if index not in started:
+        raise LookupError(f"No visit of step {index} of workflow run {run_id} completed, so "
+                          "nothing records the state it started from")
+    return started[index]
+
+
+def _states(run_id: int) -> dict[int, dict[str, Any]]:
+    """The states after each step's latest completion (:func:`states_after_steps`)."""
+    return _replay(run_id)[0]
+
+
+def _replay(run_id: int) -> tuple[dict[int, dict[str, Any]], dict[int, dict[str, Any]]]:
+    """Replay the timeline: the state after each step's latest completion, and the state
+    each step's latest completed visit started from (the state just before its merge)."""
     state: dict[str, Any] = {}
     after: dict[int, dict[str, Any]] = {}
+    started: dict[int, dict[str, Any]] = {}
     for kind, step_index, data in (Event.objects.filter(run_id=run_id).order_by("pk")
                                    .values_list("kind", "step_index", "data")):
-        if kind in STATE_RESETS and "state" in (data or {}):
+        if _resets(kind, data):
             state = dict(data["state"])
             if kind == "run_migrated":  # the steps before the move, at their new positions
                 after = _moved(after, data.get("step_indexes") or {})
+                started = _moved(started, data.get("step_indexes") or {})
+            elif kind == "workflow_retried" and step_index is not None:
+                # Retried from a step: what it and the later steps did is gone.
+                after, started = ({i: s for i, s in states.items() if i < step_index}
+                                  for states in (after, started))
+            elif kind == "state_edited" and isinstance(data.get("at_step"), int):
+                # An edit amends what the step it stood at starts from (a rewind to the one
+                # before it keeps it).
+                after[data["at_step"] - 1] = dict(state)
         elif kind in MERGES:
+            if step_index is not None:  # a merge always names its step
+                started[step_index] = dict(state)
             output = data.get("output") or {}
             state = {**state, **{k: v for k, v in output.items() if not k.startswith("_")}}
             state = pruning.replay(state, data)  # what prune_state_after dropped
-            if step_index is not None:  # a merge always names its step
+            if step_index is not None:
                 after[step_index] = dict(state)
         elif data and data.get("pruned"):  # a transition that merged nothing still prunes
             state = pruning.replay(state, data)
-    return after
+    return after, started
+
+
+def _resets(kind: str, data: dict[str, Any] | None) -> bool:
+    """Whether the event puts the whole state back (a retry does so only from a step)."""
+    return kind in STATE_RESETS and "state" in (data or {})
 
 
 def _moved(after: dict[int, dict[str, Any]], positions: dict[str, int]

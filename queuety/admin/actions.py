@@ -57,6 +57,16 @@ def _retry(request: HttpRequest, run: LockedRun) -> str:
     return f"Run {run.pk} was scheduled for retry from its failed step."
 
 
+def _retry_from(request: HttpRequest, run: LockedRun) -> str:
+    step = request.POST.get("from_step", "").strip()
+    if not step:
+        raise exceptions.InvalidTransition(
+            run.pk, f"Choose the step to retry workflow run {run.pk} from; nothing was done.")
+    operations.retry(run.pk, actor=actor(request), from_step=step)
+    return (f"Run {run.pk} was scheduled for retry from step {step!r}: it and the later "
+            "steps run again.")
+
+
 def _pause(request: HttpRequest, run: LockedRun) -> str:
     operations.pause(run.pk, actor=actor(request))
     return f"Run {run.pk} was paused: a step in flight finishes, nothing new starts."
@@ -105,6 +115,7 @@ def _input(request: HttpRequest, run: LockedRun) -> str:
 
 RUN_ACTIONS = {action.name: action for action in (
     RunAction("retry", "Retry", "operate", _retry),
+    RunAction("retry_from", "Retry from step", "operate", _retry_from),
     RunAction("pause", "Pause", "operate", _pause),
     RunAction("resume", "Resume", "operate", _resume),
     RunAction("cancel", "Cancel", "operate", _cancel),
@@ -119,7 +130,7 @@ def valid_actions(run: WorkflowRun, spec: WorkflowSpec) -> list[str]:
     found = []
     if run.status == RunStatus.FAILED and not (
             run.cleanup and run.cleanup.get("cause") in ("failure", "deadline")):
-        found.append("retry")
+        found += ["retry", "retry_from"]
     if run.status in (RunStatus.RUNNING, RunStatus.WAITING_FOR_SIGNAL):
         found.append("pause")
     if run.status == RunStatus.PAUSED:

@@ -32,7 +32,7 @@ else:
 KINDS = ("workflow_started", "step_completed", "step_retried", "step_failed", "item_failed",
          "workflow_failed", "workflow_completed", "signal_received", "wait_settled",
          "wait_timed_out", "workflow_paused", "workflow_resumed", "workflow_cancelled",
-         "workflow_deadline_exceeded")
+         "workflow_deadline_exceeded", "workflow_retried", "state_edited")
 #: The ages the "since" filter offers.
 AGES = (("15m", "last 15 minutes"), ("1h", "last hour"), ("1d", "last day"),
         ("7d", "last 7 days"))

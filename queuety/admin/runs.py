@@ -29,7 +29,7 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.utils.text import capfirst
 from django.utils.translation import gettext
 
-from queuety import exceptions, export, machines, operations, queries, replyforms
+from queuety import exceptions, export, machines, operations, queries, replyforms, state_edits
 from queuety.admin import artifacts, bulk, display
 from queuety.admin.actions import (
     RUN_ACTIONS,
@@ -57,6 +57,7 @@ from queuety.admin.filters import (
 from queuety.admin.graph import run_graph
 from queuety.admin.migrate import MigrationPages
 from queuety.admin.start import StartRunPages
+from queuety.admin.state_edit import StateEditPages
 from queuety.core import budget as budgets
 from queuety.core import imports
 from queuety.core.definition import WorkflowSpec
@@ -98,7 +99,7 @@ else:
 
 
 @admin.register(WorkflowRun)
-class WorkflowRunAdmin(StartRunPages, MigrationPages, _ModelAdmin):
+class WorkflowRunAdmin(StartRunPages, MigrationPages, StateEditPages, _ModelAdmin):
     """Workflow runs: a fast changelist, a run page with its actions, approvals and exports.
 
     Viewing needs ``queuety.view_workflowrun``; retry, pause, resume and cancel need
@@ -326,6 +327,7 @@ class WorkflowRunAdmin(StartRunPages, MigrationPages, _ModelAdmin):
             path("approvals/", wrap(self.approvals_view), name=f"{prefix}_approvals"),
             *self.start_urls(),
             *self.migrate_urls(),
+            *self.state_edit_urls(),
             path("<int:object_id>/export/", wrap(self.export_view), name=f"{prefix}_export"),
             path("<int:object_id>/artifacts/<str:key>/", wrap(self.artifact_view),
                  name=f"{prefix}_artifact"),
@@ -420,6 +422,8 @@ class WorkflowRunAdmin(StartRunPages, MigrationPages, _ModelAdmin):
             actions=actions, action_urls={a.name: self._url("act", run.pk, a.name)
                                           for a in actions},
             can_operate=allowed["operate"], can_signal=allowed["signal"],
+            edit_state_url=self._url("edit_state", run.pk)
+            if allowed["operate"] and state_edits.editable(run) else None,
             export_url=self._url("export", run.pk),
             **artifacts.artifact_rows(run.pk, status.artifact_count,
                                       lambda key: self._url("artifact", run.pk, key)),

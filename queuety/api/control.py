@@ -13,7 +13,16 @@ from rest_framework.pagination import CursorPagination
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from queuety import exceptions, keyed, operations, quarantine, queries, registry, scope
+from queuety import (
+    exceptions,
+    keyed,
+    operations,
+    quarantine,
+    queries,
+    registry,
+    scope,
+    state_edits,
+)
 from queuety.api import exceptions as api_errors
 from queuety.api import serializers
 from queuety.api.views import (
@@ -28,6 +37,7 @@ from queuety.conf import settings
 from queuety.core import tags as tag_rules
 from queuety.core.keyed import Batch, FlowOptions, flow_options
 from queuety.core.status import RunStatus
+from queuety.masking import mask
 from queuety.models import WorkflowRun
 from queuety.store.definitions import find_definition
 
@@ -246,8 +256,59 @@ class ResumeView(RunActionView):
     action = "resume"
 
 
+@extend_schema(parameters=[RUN_ID, IDEMPOTENCY_KEY], request=serializers.RetryRequestSerializer,
+               responses={200: serializers.WorkflowStatusSerializer, **ERRORS})
 class RetryView(RunActionView):
+    """``POST runs/<id>/retry/``: retry a failed run from its failed step, or with
+    ``{"from_step": "name"}`` from an earlier step (discarding what it and later steps
+    merged)."""
+
     action = "retry"
+
+    def _act(self, request: Request, pk: int) -> Response:
+        body = read_json_body(request)
+        body = {} if body is None else body  # an empty body; [] or 0 is a wrong one
+        if not isinstance(body, dict) or set(body) - {"from_step"} or not isinstance(
+                body.get("from_step"), (str, int, type(None))) or isinstance(
+                body.get("from_step"), bool):
+            raise api_errors.QueuetyAPIError(
+                'The body of a retry must be empty or {"from_step": "<step name or index>"}.',
+                "invalid_request", status.HTTP_400_BAD_REQUEST)
+        try:
+            operations.retry(pk, actor=_actor(request), from_step=body.get("from_step"))
+        except exceptions.UnknownStep as error:  # a field of the body, not a missing resource
+            raise api_errors.QueuetyAPIError(str(error), "invalid_request",
+                                             status.HTTP_400_BAD_REQUEST) from None
+        return Response(queries.workflow_status(pk).to_dict())
+
+
+@extend_schema(parameters=[RUN_ID, IDEMPOTENCY_KEY],
+               request=serializers.EditStateRequestSerializer,
+               responses={200: serializers.StateEditSerializer, **ERRORS})
+class EditStateView(RunAPIView):
+    """``POST runs/<id>/edit-state/``: apply a JSON merge patch to a paused or failed run's
+    state, with a reason; 409 ``invalid_transition`` on any other run (or one whose step is
+    running), 400 ``invalid_state_edit`` for a patch it cannot take. Secret keys' values are
+    masked throughout the answer (its changes and the run's state)."""
+
+    required_permissions = {"POST": "queuety.change_workflowrun"}
+
+    def post(self, request: Request, pk: int) -> Response:
+        self.get_run(pk)
+        return replayable(request, lambda: self._edit(request, pk))
+
+    def _edit(self, request: Request, pk: int) -> Response:
+        body = read_json_body(request)
+        if not isinstance(body, dict) or set(body) - {"patch", "reason"} or "patch" not in body:
+            raise api_errors.QueuetyAPIError(
+                'The body must be {"patch": {...}, "reason": "..."}: a JSON merge patch of '
+                "the run's state and why.", "invalid_request", status.HTTP_400_BAD_REQUEST)
+        reason = body.get("reason")
+        edit = state_edits.edit_state(pk, body["patch"], actor=_actor(request),
+                                      reason=reason if isinstance(reason, str) else "")
+        # Masked throughout (the changes and the run's state), as the events endpoint shows
+        # the timeline: the reply is also stored for an Idempotency-Key replay.
+        return Response(mask({**edit.to_dict(), "run": queries.workflow_status(pk).to_dict()}))
 
 
 DEFINITION_PATH = [

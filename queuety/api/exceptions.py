@@ -51,6 +51,7 @@ _ANSWERS: tuple[tuple[type[Exception], str, int, Callable[[Any], dict[str, objec
     (exceptions.InvalidTransition, "invalid_transition", status.HTTP_409_CONFLICT, _no_extra),
     (exceptions.UnknownWorkflow, "unknown_workflow", status.HTTP_400_BAD_REQUEST,
      lambda e: {"known": list(e.known)}),
+    (exceptions.InvalidStateEdit, "invalid_state_edit", status.HTTP_400_BAD_REQUEST, _no_extra),
     (exceptions.InvalidPayload, "invalid_payload", status.HTTP_400_BAD_REQUEST, _no_extra),
     (exceptions.ArtifactNotFound, "artifact_not_found", status.HTTP_404_NOT_FOUND, _no_extra),
     (exceptions.InvalidArtifact, "invalid_artifact", status.HTTP_400_BAD_REQUEST, _no_extra),

@@ -342,3 +342,38 @@ class BulkProgressSerializer(serializers.Serializer[Any]):
     created_at = serializers.DateTimeField(allow_null=True)
     started_at = serializers.DateTimeField(allow_null=True)
     finished_at = serializers.DateTimeField(allow_null=True)
+
+
+class RetryRequestSerializer(serializers.Serializer[Any]):
+    """The body of ``POST runs/<id>/retry/`` (optional: an empty body retries the failed
+    step)."""
+
+    from_step = serializers.JSONField(
+        required=False, allow_null=True,
+        help_text="A step's name (or index) at or before the failed step: run it and every "
+                  "later step again, from the state it last started from.")
+
+
+class EditStateRequestSerializer(serializers.Serializer[Any]):
+    """The body of ``POST runs/<id>/edit-state/``."""
+
+    patch = serializers.DictField(
+        help_text='A JSON merge patch (RFC 7396): {"key": value} sets a key, objects merge, '
+                  '{"key": null} deletes it.')
+    reason = serializers.CharField(help_text="Why the state is edited (the timeline keeps it).")
+
+
+class StateChangeSerializer(serializers.Serializer[Any]):
+    """One change of a state edit; ``before``/``after`` absent for an added/removed key."""
+
+    path = serializers.CharField(help_text="A JSON Pointer (RFC 6901) into the state.")
+    before = serializers.JSONField(required=False)
+    after = serializers.JSONField(required=False)
+
+
+class StateEditSerializer(serializers.Serializer[Any]):
+    """What ``POST runs/<id>/edit-state/`` answers: the changes and the run's status."""
+
+    run_id = serializers.IntegerField()
+    changes = StateChangeSerializer(many=True)
+    run = WorkflowStatusSerializer()

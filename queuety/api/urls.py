@@ -16,6 +16,7 @@ urlpatterns = [
     path("runs/<int:pk>/pause/", control.PauseView.as_view(), name="run-pause"),
     path("runs/<int:pk>/resume/", control.ResumeView.as_view(), name="run-resume"),
     path("runs/<int:pk>/retry/", control.RetryView.as_view(), name="run-retry"),
+    path("runs/<int:pk>/edit-state/", control.EditStateView.as_view(), name="run-edit-state"),
     path("workflows/", control.WorkflowListView.as_view(), name="workflows"),
     path("workflows/<str:name>/definitions/<str:hash>/pause/",
          control.PauseDefinitionView.as_view(), name="definition-pause"),

@@ -79,6 +79,14 @@ def repeat_decision(spec: WorkflowSpec, run_id: int, index: int, state: dict[str
     return True, {**loops, key: iterations}
 
 
+def loops_from(spec: WorkflowSpec, index: int, loops: dict[str, int]) -> dict[str, int]:
+    """The loop counters of a run sent back to step ``index`` (``retry(from_step=)``): a loop
+    that starts after ``index`` is entered afresh, so its counter goes; a loop the step is
+    inside keeps its count (the iteration in progress is the one run again)."""
+    return {key: count for key, count in loops.items()
+            if spec.index_of(spec.step_of(int(key), RepeatStep).repeat["target"]) <= index}
+
+
 def for_each_items(spec: WorkflowSpec, run_id: int, step: ForEachStep,
                    state: dict[str, Any]) -> list[Any]:
     """The items a for_each step fans out to, checked against ``max_for_each_items``.

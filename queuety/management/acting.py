@@ -22,7 +22,7 @@ from queuety.models import WorkflowRun
 #: existing runs. The others (dispatch, definitions, diff, replay, migrate) refuse it.
 SCOPED_ACTIONS = ("status", "list", "approve", "reject", "input", "signal", "retry", "pause",
                   "resume", "cancel", "fork", "timeline", "state-at", "rewind", "export",
-                  "artifacts", "artifact", "delete-artifact", "chunks")
+                  "artifacts", "artifact", "delete-artifact", "chunks", "edit-state")
 
 
 def add_as_user(actions: Any) -> None:
@@ -69,6 +69,23 @@ def check_run(user: Any, run_id: int | None) -> None:
         raise Error(f"User {user.get_username()!r} may not act on workflow #{run_id}: "
                     "QUEUETY['RUN_ACCESS'] refuses it. Run the command as a user it allows, "
                     "or without --as-user for full access.")
+
+
+def actor(user: Any) -> str:
+    """Who the timeline names for a command: ``manage.py``, or ``manage.py:as-user:<name>``."""
+    return "manage.py" if user is None else f"manage.py:as-user:{user.get_username()}"
+
+
+def check_change(user: Any, run_id: int) -> None:
+    """Refuse a change of run ``run_id`` (an edit) for a ``--as-user`` user without
+    ``queuety.change_workflowrun`` (no ``--as-user``: full access).
+
+    Raises:
+        Error: the user lacks the permission.
+    """
+    if user is not None and not user.has_perm("queuety.change_workflowrun"):
+        raise Error(f"User {user.get_username()!r} may not change workflow #{run_id}: it needs "
+                    "the queuety.change_workflowrun permission. Nothing was changed.")
 
 
 def reachable(user: Any) -> QuerySet[WorkflowRun] | None:

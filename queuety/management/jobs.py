@@ -103,7 +103,7 @@ def add_job_group(groups: Any) -> None:
 def job_action(options: dict[str, Any], write: Write, table: Table) -> None:
     """Run the ``job`` subcommand ``options["action"]``, writing its output with ``write``."""
     user = acting.acting_user(options)
-    actor = "manage.py" if user is None else f"manage.py:as-user:{user.get_username()}"
+    actor = acting.actor(user)
     action = options["action"]
     try:
         _ACTIONS[action](options, user, actor, write, table)

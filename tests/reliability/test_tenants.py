@@ -147,6 +147,8 @@ def _run_calls(run: int) -> dict[tuple[str, str], Callable[[APIClient], object]]
         ("run-pause", "POST"): lambda c: _json(c, "POST", f"{base}/pause/"),
         ("run-resume", "POST"): lambda c: _json(c, "POST", f"{base}/resume/"),
         ("run-retry", "POST"): lambda c: _json(c, "POST", f"{base}/retry/"),
+        ("run-edit-state", "POST"): lambda c: _json(c, "POST", f"{base}/edit-state/",
+                                                    {"patch": {"x": 1}, "reason": "tenants"}),
         ("run-input", "POST"): lambda c: _json(c, "POST", f"{base}/input/"),
         ("run-reject", "POST"): lambda c: _json(c, "POST", f"{base}/reject/"),
         ("run-approve", "POST"): lambda c: _json(c, "POST", f"{base}/approve/"),
@@ -436,9 +438,13 @@ def test_admin__lists_pages_counts_and_bulk_actions_keep_the_tenants_apart(world
                 expect(f"{me.name}: other's run page", response.redirect_chain and
                        "does not exist" in response.content.decode(), response.redirect_chain)
                 for page in (f"{other.runs[0]}/export/", f"{other.runs[0]}/artifacts/partial/",
-                             f"{other.runs[0]}/chunks/{other.stream_row}/"):
+                             f"{other.runs[0]}/chunks/{other.stream_row}/",
+                             f"{other.runs[0]}/edit-state/"):
                     status = browser.get(runs + page).status_code
                     expect(f"{me.name}: other's {page}", status == 404, status)
+                status = browser.post(f"{runs}{other.runs[0]}/edit-state/", {
+                    "state": "{}", "reason": "r", "revision": "0", "save": "1"}).status_code
+                expect(f"{me.name}: edit other's state", status == 404, status)
                 response = browser.post(f"{runs}{other.runs[0]}/act/pause/",
                                         {"revision": "0"}, follow=True)
                 expect(f"{me.name}: action on other's run", "does not exist" in
@@ -483,7 +489,7 @@ def test_admin__lists_pages_counts_and_bulk_actions_keep_the_tenants_apart(world
                 expect(f"{me.name}: other's delivery page", bool(status), status)
                 # One's own run page, export and chunks are there.
                 for page in (f"{me.runs[0]}/change/", f"{me.runs[0]}/export/",
-                             f"{me.runs[0]}/artifacts/partial/",
+                             f"{me.runs[0]}/artifacts/partial/", f"{me.runs[0]}/edit-state/",
                              f"{me.runs[0]}/chunks/{me.stream_row}/"):
                     status = browser.get(runs + page).status_code
                     expect(f"{me.name}: own {page}", status == 200, status)
@@ -511,7 +517,9 @@ def test_cli__as_user_acts_inside_the_users_scope(world):
         for args in (("status", str(b.runs[0])), ("timeline", str(b.runs[0])),
                      ("export", str(b.runs[0])), ("artifacts", str(b.runs[0])),
                      ("chunks", str(b.runs[0]), "stream"), ("pause", str(b.runs[0])),
-                     ("approve", str(b.runs[0]))):
+                     ("approve", str(b.runs[0])),
+                     ("edit-state", str(b.runs[0]), "--patch", '{"x": 1}', "--reason", "r"),
+                     ("retry", str(b.runs[0]), "--from-step", "0")):
             with pytest.raises(CommandError, match=f"Workflow #{b.runs[0]} not found"):
                 cli(*args, "--as-user", a.user.username)
         listed = {row["id"] for row in json.loads(cli("list", "--format", "json", "--limit",

@@ -18,6 +18,7 @@ from queuety.core.describe import format_status, tags_text
 from queuety.management import (
     acting,
     deploying,
+    editing,
     eventlog,
     migrating,
     quarantine,
@@ -102,6 +103,7 @@ class Command(BaseCommand):
                                           metavar="{dispatch,definitions,diff,status,list,retry,"
                                                   "pause,resume,cancel,approve,reject,input,"
                                                   "signal,timeline,state-at,rewind,fork,"
+                                                  "edit-state,"
                                                   "export,replay,artifacts,artifact,"
                                                   "delete-artifact,chunks,migrate,diff,bulk,"
                                                   "bulk-status,bulk-cancel}")
@@ -195,6 +197,7 @@ class Command(BaseCommand):
                               help="text: the chunks joined (strings as they are); json: "
                                    "each chunk with its index and attempt.")
 
+        editing.add_edit_actions(actions)
         acting.add_as_user(actions)
         starting.add_schedule_group(groups)
 
@@ -253,7 +256,8 @@ class Command(BaseCommand):
         if migrating.migrate_action(options["action"], options, self.stdout.write, self._table) \
                 or bulk_commands.bulk_action(options["action"], options, self.stdout.write):
             return
-        if quarantine.definition_action(options["action"], options, self.stdout.write):
+        if (quarantine.definition_action(options["action"], options, self.stdout.write)
+                or editing.edit_action(options["action"], options, self.stdout.write)):
             return
         if options["action"] in self._LIFECYCLE:
             self._lifecycle(options["action"], options["run_id"])
