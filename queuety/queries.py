@@ -11,8 +11,8 @@ from django.utils import timezone
 
 from queuety import exceptions
 from queuety.conf import settings
-from queuety.core import budget as budgets
 from queuety.core import agent_limits, resources, waits
+from queuety.core import budget as budgets
 from queuety.core.definition import ChildStep, WaitStep, WaitWorkflowsStep, WorkflowSpec
 from queuety.core.dependencies import WaitWorkflowsSpec
 from queuety.core.progress import progress_text
@@ -21,8 +21,7 @@ from queuety.models import RunStatus, Signal, StepRun, StepStatus, WorkflowDefin
 from queuety.runtime import artifacts
 from queuety.runtime.landing import workflow_wait
 from queuety.store import groups as group_rows
-from queuety.store import leases
-from queuety.store import rows
+from queuety.store import leases, rows
 from queuety.store.definitions import definition_hash, effective_policy, load_spec, wait_kinds
 
 

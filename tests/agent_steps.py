@@ -99,3 +99,40 @@ def chatty_model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse
 chatty_agent = Agent(FunctionModel(chatty_model, model_name="chatty"), name="chatty_agent")
 chatty_agent_step = AgentStep(chatty_agent, prompt=lambda state: f"ledger {state['token']}",
                               output_key="reply", name="chatty_agent_step")
+
+
+def traced_model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+    """Ask for ``lookup``, then ``flaky_tool``, then answer."""
+    n = _answered(messages) + 1
+    if n == 1:
+        return ModelResponse(parts=[ToolCallPart("lookup", {"q": "a"}, tool_call_id="t1")])
+    if n == 2:
+        return ModelResponse(parts=[ToolCallPart("flaky_tool", {"q": "b"}, tool_call_id="t2")])
+    return ModelResponse(parts=[TextPart("traced")])
+
+
+def attempt_deps(context: queuety.StepContext) -> int:
+    """The attempt number, as the deps."""
+    return context.attempt
+
+
+traced_agent = Agent(FunctionModel(traced_model, model_name="traced"), name="traced_agent",
+                     deps_type=int)
+
+
+@traced_agent.tool_plain
+def lookup(q: str) -> str:
+    """Always answers."""
+    return f"looked up {q}"
+
+
+@traced_agent.tool
+def flaky_tool(ctx: RunContext[int], q: str) -> str:
+    """Fails on the step's first attempt (the step is retried and replays what completed)."""
+    if ctx.deps == 1:
+        raise ConnectionError("the first attempt's tool call fails")
+    return f"flaky {q}"
+
+
+traced_agent_step = AgentStep(traced_agent, prompt="ledger traced", deps=attempt_deps,
+                              output_key="reply", name="traced_agent_step")

@@ -18,8 +18,8 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from django.db import transaction
-from django.utils import timezone
 from django.db.models import F, Q
+from django.utils import timezone
 
 from queuety.conf import settings
 from queuety.core import resources

@@ -6,8 +6,9 @@ test counts what really ran.
   model requests and the first tool call from their checkpoints (the ledger has each once),
   re-runs only the tool call in progress, and the run completes; deps are built per attempt
   and never stored.
-- 20 agent runs on a lane worker of 20 threads against a provider limit of 3
-  (``AGENT_LIMITS["function:limited"]``): never more than 3 requests in flight.
+- 20 agent runs against a provider limit of 3 (``AGENT_LIMITS["function:limited"]``), on a
+  lane worker of 20 threads and on a prefork worker of 6 processes: never more than 3
+  requests in flight.
 - Tokens are cost units: a run with ``max_cost_units`` below one answer's tokens fails with
   ``BudgetExceeded`` after that one request, never retried.
 """
@@ -100,11 +101,31 @@ def lane(db_session, worker, tmp_path_factory):
     wait_gone(handle.app_name)
 
 
-def test_20_agent_runs_never_exceed_the_providers_limit_of_3(lane, token):
+@pytest.fixture(scope="module")
+def wide(db_session, worker, tmp_path_factory):
+    """A prefork worker of 6 processes on a queue of its own (no sweeper)."""
+    handle = Worker(tmp_path_factory.mktemp("agents-wide"),
+                    queue=f"agents-wide-{uuid.uuid4().hex[:6]}", concurrency=6, beat=False)
+    handle.start()
+    yield handle
+    handle.stop()
+
+
+@pytest.mark.parametrize("pool", ["lane", "wide"])
+def test_20_agent_runs_never_exceed_the_providers_limit_of_3(pool, request, token):
+    lane = request.getfixturevalue(pool)
     flow = queuety.workflow(f"agent_limited_{token[:8]}").then(
         agent_steps.limited_agent_step, queue=lane.queue)
     tokens = [f"{token}{i}" for i in range(20)]
     run_ids = [flow.dispatch({"token": each}) for each in tokens]
+    # The groups overview (the admin's groups page) shows the model's group while it is busy.
+    seen = []
+    deadline = time.monotonic() + 30
+    while not seen and time.monotonic() < deadline:
+        seen = [group for group in queuety.resource_groups()
+                if group["group"] == "agent:function:limited" and group["in_flight"]]
+        time.sleep(0.02)
+    assert seen and seen[0]["limit"] == 3 and 1 <= seen[0]["in_flight"] <= 3, seen
     for run_id in run_ids:
         assert wait_for(run_id, timeout=90, worker=lane).status == "completed", [
             (data["error"]["type"], data["error"]["message"][:300]) for data in Event.objects.filter(
@@ -114,11 +135,15 @@ def test_20_agent_runs_never_exceed_the_providers_limit_of_3(lane, token):
         lines = [line.split() for line in marks(f"{each}-limited")]
         starts = [float(fields[2]) for fields in lines if fields[1] == "start"]
         ends = [float(fields[2]) for fields in lines if fields[1] == "end"]
-        assert len(starts) == len(ends) == 1, (lines, [
-            (data["error"]["type"], data["error"]["message"][:300]) for data in Event.objects.filter(
-                run_id__in=run_ids, kind="step_retried").values_list("data", flat=True)])
-        intervals.append((starts[0], ends[0]))
-    # 20 threads would run all 20 requests at once; the group holds them to 3 (and fills it).
+        # One request per run; a second only when the sweeper took a stalled attempt for lost
+        # (WorkerLost, on a loaded machine) before its checkpoint: both count below.
+        assert len(starts) == len(ends) >= 1, lines
+        intervals.extend(zip(sorted(starts), sorted(ends)))
+    lost = Event.objects.filter(run_id__in=run_ids, kind="step_retried").exclude(
+        data__error__type="queuety.exceptions.WorkerLost")
+    assert not lost.exists(), list(lost.values_list("data", flat=True))
+    # 20 threads (6 processes) would run 20 (6) requests at once; the group holds them to 3
+    # (and fills it).
     assert max_overlap(intervals) == 3
     assert not GroupLease.objects.filter(group="agent:function:limited",
                                          step_run__run_id__in=run_ids).exists()

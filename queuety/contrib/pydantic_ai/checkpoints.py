@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from asgiref.sync import sync_to_async
 from django.db import connection, transaction
@@ -27,6 +28,7 @@ from queuety import exceptions
 from queuety.models import AgentCheckpoint, StepRun, WorkflowRun
 
 MODEL, TOOL = AgentCheckpoint.KIND_MODEL, AgentCheckpoint.KIND_TOOL
+T = TypeVar("T")
 
 
 def dump_response(response: ModelResponse) -> Any:
@@ -164,12 +166,29 @@ class Journal:
 
     async def arecord(self, *args: Any, **kwargs: Any) -> int | None:
         """:meth:`record` from async code (the ORM call runs on the sync thread)."""
-        return await sync_to_async(self.record, thread_sensitive=True)(*args, **kwargs)
+        return await in_sync_thread(self.record, *args, **kwargs)
 
     @classmethod
     async def aload(cls, *args: Any, **kwargs: Any) -> Journal:
         """:meth:`load` from async code."""
-        return await sync_to_async(cls.load, thread_sensitive=True)(*args, **kwargs)
+        return await in_sync_thread(cls.load, *args, **kwargs)
+
+
+async def in_sync_thread(function: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """Run ORM code from the event loop, on ``asgiref``'s sync thread.
+
+    With Django's connection pool (an I/O lane worker's), the thread hands its connection back
+    after each call: it would otherwise keep one of the pool's few connections for good, and
+    the worker's heartbeats wait for one.
+    """
+    def call() -> T:
+        try:
+            return function(*args, **kwargs)
+        finally:
+            if getattr(connection, "pool", None) is not None and not connection.in_atomic_block:
+                connection.close()
+
+    return await sync_to_async(call, thread_sensitive=True)()
 
 
 def _record_postgres(row: dict[str, Any]) -> int | None:

@@ -3,8 +3,9 @@ really goes to it (``QUEUETY["AGENT_LIMITS"]``, ``queuety.core.agent_limits``).
 
 A request waits here, inside its step's attempt (the attempt's heartbeat goes on), until its
 model's group has a free slot and its rate window a free start; a replayed request takes no
-slot at all. The slot is a :class:`~queuety.models.GroupLease` row, so the groups page of the
-admin, ``manage.py queuety groups`` and the API show the requests in flight.
+slot at all. The slot is a :class:`~queuety.models.GroupLease` row, so the admin's groups
+page, ``manage.py queuety status`` and ``queuety.resource_groups()`` show the requests in
+flight.
 """
 
 from __future__ import annotations
@@ -14,11 +15,11 @@ import random
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from asgiref.sync import sync_to_async
 from django.utils import timezone
 from pydantic_ai.models import Model
 
 from queuety.conf import settings
+from queuety.contrib.pydantic_ai import checkpoints
 from queuety.core import agent_limits
 from queuety.store import leases
 
@@ -50,10 +51,9 @@ async def slot(limit: agent_limits.AgentLimit, step_run_id: int | None,
     if not limit.gated or step_run_id is None:
         yield
         return
-    acquire = sync_to_async(_acquire, thread_sensitive=True)
     backoff = 0.0
     while True:
-        lease, wait = await acquire(limit, step_run_id, attempt)
+        lease, wait = await checkpoints.in_sync_thread(_acquire, limit, step_run_id, attempt)
         if lease is not None:
             break
         # A waiter asks less and less often (up to every MAX_POLL seconds), with jitter that
@@ -63,4 +63,4 @@ async def slot(limit: agent_limits.AgentLimit, step_run_id: int | None,
     try:
         yield
     finally:
-        await sync_to_async(leases.release, thread_sensitive=True)(lease)
+        await checkpoints.in_sync_thread(leases.release, lease)

@@ -74,11 +74,15 @@ class AgentStep(Step):
             return super().__new__(cls)
         return _define(cls, agent, name, options, sys._getframe(1).f_globals)
 
-    async def handle(self, state: dict[str, Any]) -> dict[str, Any]:
-        """Run the agent, replaying what earlier attempts of this step row recorded."""
+    async def handle(self, state: dict[str, Any]) -> dict[str, Any]:  # type: ignore[override]
+        """Run the agent, replaying what earlier attempts of this step row recorded.
+
+        (An ``async def`` handle: the worker runs it on an event loop, as any async step.)
+        """
         context = self.context
-        prompt = self.prompt(state) if callable(self.prompt) else self.prompt
-        deps = None if type(self).deps is None else type(self).deps(context)  # type: ignore[misc]
+        given, build = type(self).prompt, type(self).deps
+        prompt = given(state) if callable(given) else given
+        deps = None if build is None else build(context)
         if inspect.isawaitable(deps):
             deps = await deps
         turns = _turns(state.get(self.history_key), self.history_key)
