@@ -154,10 +154,10 @@ class Journal:
                "step_index": self.step_index, "seq": seq, "kind": kind, "key": key,
                "name": name[:255], "fingerprint": fingerprint, "payload": payload,
                "tokens": tokens, "attempt": self.attempt, "created_at": timezone.now()}
-        with transaction.atomic():
-            if connection.vendor == "postgresql":
-                used = _record_postgres(row)
-            else:
+        if connection.vendor == "postgresql" and not connection.in_atomic_block:
+            used = _record_postgres(row)
+        else:
+            with transaction.atomic():
                 used = _record_orm(row)
         if used is not None and self.max_cost_units is not None and used > self.max_cost_units:
             raise exceptions.BudgetExceeded("max_cost_units", self.max_cost_units, used,
@@ -191,29 +191,39 @@ async def in_sync_thread(function: Callable[..., T], *args: Any, **kwargs: Any) 
     return await sync_to_async(call, thread_sensitive=True)()
 
 
-def _record_postgres(row: dict[str, Any]) -> int | None:
-    """One statement: the checkpoint, and the tokens charged to the step row and the run.
+#: The SQL type of each column a checkpoint's statement writes.
+_CASTS = {"run_id": "bigint", "step_run_id": "bigint", "step_index": "integer",
+          "seq": "integer", "kind": "varchar", "key": "varchar", "name": "varchar",
+          "fingerprint": "varchar", "payload": "jsonb", "tokens": "integer",
+          "attempt": "integer", "created_at": "timestamptz"}
 
-    The commit does not wait for the WAL flush (``synchronous_commit`` off, as the claim's
-    does): a worker killed after it loses nothing, since the server has the row; only a crash
-    of PostgreSQL itself within its WAL writer delay (200 ms by default) could lose the
-    checkpoint, and the call is then made again, as one in progress would be.
+
+def _record_postgres(row: dict[str, Any]) -> int | None:
+    """One statement, its own transaction: the checkpoint, and the tokens charged to the step
+    row and the run.
+
+    Its commit does not wait for the WAL flush (``synchronous_commit`` off for this
+    transaction, as for the claim's): a worker killed after it loses nothing, since the server
+    has the row; only a crash of PostgreSQL itself within its WAL writer delay (200 ms by
+    default) could lose the checkpoint, and the call is then made again, as one in progress
+    would be.
     """
-    table = AgentCheckpoint._meta.db_table
-    columns = list(row)
+    columns = list(_CASTS)
+    values = ", ".join(f"%s::{_CASTS[column]}" for column in columns)
     params = [json.dumps(row[c]) if c == "payload" else row[c] for c in columns]
     with connection.cursor() as cursor:
-        cursor.execute("SET LOCAL synchronous_commit TO OFF")
         cursor.execute(
-            f"WITH saved AS (INSERT INTO {table} ({', '.join(columns)}) "
-            f"VALUES ({', '.join(['%s'] * len(columns))}) "
+            "WITH config AS MATERIALIZED ("
+            "SELECT set_config('synchronous_commit', 'off', true) AS value), "
+            f"saved AS (INSERT INTO {AgentCheckpoint._meta.db_table} ({', '.join(columns)}) "
+            f"SELECT {values} FROM config "
             # A lost attempt that runs on (its worker stalled, not dead) may record the same
             # checkpoint as its retry: the first one written stays.
-            f"ON CONFLICT DO NOTHING), "
+            "ON CONFLICT DO NOTHING), "
             f"step AS (UPDATE {StepRun._meta.db_table} SET cost_units = cost_units + %s "
-            f"WHERE id = %s AND %s > 0) "
+            "WHERE id = %s AND %s > 0) "
             f"UPDATE {WorkflowRun._meta.db_table} SET cost_units = cost_units + %s "
-            f"WHERE id = %s AND %s > 0 RETURNING cost_units",
+            "WHERE id = %s AND %s > 0 RETURNING cost_units",
             [*params, row["tokens"], row["step_run_id"], row["tokens"], row["tokens"],
              row["run_id"], row["tokens"]])
         found = cursor.fetchone()
