@@ -16,7 +16,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.utils.module_loading import import_string
 
-from queuety.core import imports
+from queuety.core import agent_limits, imports
 from queuety.core import retention as retention_rules
 from queuety.core.retry import NO_RETRY, RetryPolicy
 
@@ -158,6 +158,11 @@ DEFAULTS: dict[str, Any] = {
     "QUEUE_COST_BUDGETS": {},
     # Group name or pattern -> cost units in flight at once in that group.
     "GROUP_COST_BUDGETS": {},
+    # Durable agents (queuety.contrib.pydantic_ai, docs/guide/durable-agents.md): a model as
+    # Pydantic AI names it ("openai:gpt-4o"), or a pattern ("openai:*", "*"), -> its requests'
+    # limits: {"concurrency": requests in flight at once, "rate_limit": "60/m"}, shared by every
+    # run, workflow and worker in the group "agent:<model>".
+    "AGENT_LIMITS": {},
     # Worker admission: before a step starts, a worker process with less headroom than this
     # defers it (no attempt used). Keys: MAX_RSS_MB (the process's resident memory ceiling),
     # MIN_AVAILABLE_MB (memory left to the container's cgroup, else the machine),
@@ -194,6 +199,10 @@ def _check_resources(values: dict[str, Any]) -> None:
         raise ImproperlyConfigured(
             "QUEUETY['RATE_LIMITS'] must be a dict of group names to (starts, seconds) pairs, "
             f"such as {{'openai': (500, 60)}} (got {rates!r}).")
+    try:
+        values["AGENT_LIMITS"] = agent_limits.check_table(values["AGENT_LIMITS"])
+    except ValueError as error:
+        raise ImproperlyConfigured(f"QUEUETY['AGENT_LIMITS'] is wrong: {error}.") from None
     admission = values["ADMISSION"]
     if not isinstance(admission, dict) or any(key not in _ADMISSION_KEYS for key in admission) \
             or not all(isinstance(v, int | float) and not isinstance(v, bool) and v > 0

@@ -22,6 +22,23 @@ class PermanentError(QueuetyError):
     """Raise from a step to fail it at once: a permanent error is never retried."""
 
 
+class AgentReplayMismatch(PermanentError):
+    """A retried agent step asked for something else than its recorded attempt did at the same
+    point (another tool, other arguments, another request): the agent is not deterministic
+    given its recorded responses, so the step fails instead of guessing."""
+
+    def __init__(self, run_id: int, step: str, seq: int, what: str) -> None:
+        super().__init__(
+            f"Run {run_id}, step {step!r}: the replay of agent checkpoint {seq} does not match "
+            f"what was recorded ({what}). An agent step must ask the same given the same "
+            "responses; make the prompt, the deps and the tools deterministic, or start a new "
+            "run.")
+        self.run_id, self.step, self.seq, self.what = run_id, step, seq, what
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.run_id, self.step, self.seq, self.what))
+
+
 class StepTimeout(QueuetyError, TimeoutError):
     """A step attempt ran past its ``timeout`` and was interrupted.
 

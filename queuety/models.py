@@ -595,6 +595,68 @@ class ResourceGroup(models.Model):
         return self.name
 
 
+class GroupLease(models.Model):
+    """A slot of a concurrency group held from inside a running step (an agent's model
+    request, ``queuety.store.leases``), beside the slots whole steps hold.
+
+    It counts only while its step row is processing the attempt that took it: a worker that
+    died mid-request leaves a row that no longer counts (and is deleted by the next acquire).
+    """
+
+    group = models.CharField(max_length=255)
+    step_run = models.ForeignKey("StepRun", on_delete=models.CASCADE, related_name="+",
+                                 db_index=False)
+    attempt = models.PositiveIntegerField()
+    acquired_at = models.DateTimeField()
+
+    class Meta:
+        indexes = [models.Index(fields=["group", "acquired_at"], name="queuety_lease_group"),
+                   models.Index(fields=["step_run"], name="queuety_lease_step")]
+
+    def __str__(self) -> str:
+        return f"{self.group} held by step row {self.step_run_id} (attempt {self.attempt})"
+
+
+class AgentCheckpoint(models.Model):
+    """One completed model request or tool call of an agent step (``queuety.contrib.
+    pydantic_ai``), written in its own transaction as it completes.
+
+    A later attempt of the same step row replays it instead of calling the model or the tool
+    again. Model requests are numbered in order (``seq`` 1, 2, ...); a tool call is keyed by the
+    request whose response asked for it (``seq``) and its tool call id (``key``), since the
+    tool calls of one response may run, and complete, in any order.
+    """
+
+    KIND_MODEL, KIND_TOOL = "model", "tool"
+
+    run = models.ForeignKey(WorkflowRun, on_delete=models.CASCADE, related_name="+",
+                            db_index=False)
+    step_run = models.ForeignKey("StepRun", on_delete=models.CASCADE, related_name="+",
+                                 db_index=False)
+    step_index = models.PositiveIntegerField()
+    seq = models.PositiveIntegerField()
+    kind = models.CharField(max_length=8, choices=[(KIND_MODEL, "model request"),
+                                                   (KIND_TOOL, "tool call")])
+    key = models.CharField(max_length=255, blank=True, default="")
+    name = models.CharField(max_length=255, help_text="The model or the tool.")
+    fingerprint = models.CharField(max_length=64, help_text=(
+        "What was asked (the request's parts, the tool's name and arguments): a replay that "
+        "asks something else is non-deterministic."))
+    payload = models.JSONField(help_text="The ModelResponse, or the tool's return value.")
+    tokens = models.PositiveIntegerField(default=0)
+    attempt = models.PositiveIntegerField()
+    created_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["step_run", "kind", "seq", "key"],
+                                               name="queuety_agent_checkpoint_seq")]
+        indexes = [models.Index(fields=["run", "step_index", "seq"],
+                                name="queuety_agent_checkpoint_run")]
+
+    def __str__(self) -> str:
+        return f"run {self.run_id} step {self.step_index} {self.kind} {self.seq} {self.key}"
+
+
 #: What a job's workflow name starts with (``queuety.jobs.specs.PREFIX``, which sits above the
 #: models; a unit test keeps them equal).
 JOB_PREFIX = "task:"

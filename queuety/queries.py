@@ -12,8 +12,8 @@ from django.utils import timezone
 
 from queuety import exceptions
 from queuety.conf import settings
+from queuety.core import agent_limits, resources, waits
 from queuety.core import budget as budgets
-from queuety.core import resources, waits
 from queuety.core.definition import ChildStep, WaitStep, WaitWorkflowsStep, WorkflowSpec
 from queuety.core.dependencies import WaitWorkflowsSpec
 from queuety.core.progress import progress_text
@@ -22,7 +22,7 @@ from queuety.models import RunStatus, Signal, StepRun, StepStatus, WorkflowDefin
 from queuety.runtime import artifacts
 from queuety.runtime.landing import workflow_wait
 from queuety.store import groups as group_rows
-from queuety.store import rows
+from queuety.store import leases, rows
 from queuety.store.definitions import (
     definition_hash,
     effective_policy,
@@ -178,6 +178,24 @@ def resource_groups(now: Any = None) -> list[dict[str, Any]]:
             "recent_starts": None if rate is None
             else group_rows.recent_starts(row["group"], resources.rate_window(rate[1]), now),
         })
+    found.extend(_lease_groups(now))
+    return sorted(found, key=lambda row: row["group"])
+
+
+def _lease_groups(now: Any) -> list[dict[str, Any]]:
+    """The groups whose slots running steps hold for part of their body (an agent's model
+    requests, ``queuety.store.leases``), with the limits of ``QUEUETY["AGENT_LIMITS"]``."""
+    found = []
+    for group, held in sorted(leases.holding().items()):
+        limit = agent_limits.limit_for(settings.AGENT_LIMITS,
+                                       group.removeprefix(agent_limits.GROUP_PREFIX))
+        rate = limit.rate
+        found.append({
+            "group": group, "in_flight": held, "limit": limit.concurrency, "waiting": 0,
+            "woken": 0, "running_cost": 0, "cost_budget": None,
+            "rate_limit": None if rate is None else [rate[0], rate[1]],
+            "recent_starts": None if rate is None
+            else group_rows.recent_starts(group, resources.rate_window(rate[1]), now)})
     return found
 
 

@@ -142,6 +142,31 @@ def _step_span(trace_context: str, workflow: str, version: str | None, step: str
         yield handle
 
 
+def work_span(name: str, **attributes: Any) -> AbstractContextManager[Span]:
+    """A context that records a piece of a step's work (an agent's model request or tool
+    call) as a span under the current one, the attempt's (a shared no-op when tracing is
+    off)."""
+    if not enabled():
+        return _OFF_CONTEXT
+    return _work_span(name, attributes)
+
+
+@contextmanager
+def _work_span(name: str, attributes: dict[str, Any]) -> Iterator[Span]:
+    from opentelemetry import trace
+
+    with _get_tracer().start_as_current_span(name, kind=trace.SpanKind.CLIENT,
+                                             record_exception=False,
+                                             set_status_on_exception=False) as span:
+        handle = Span(span)
+        handle.set(**attributes)
+        try:
+            yield handle
+        except BaseException as error:
+            handle.fail(error, "failed")
+            raise
+
+
 def current_context() -> str:
     """The current span's W3C context, to store with a run created inside it (a child run
     started by a step); '' when tracing is off or no span is current."""

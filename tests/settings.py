@@ -40,6 +40,8 @@ QUEUETY = {
     # turns this off to see such endpoints refused).
     "WEBHOOK_ALLOW_PRIVATE": True,
     "WEBHOOK_TIMEOUT": 2.0,
+    # tests/integration/test_agents.py: 20 agent runs share a provider limit of 3 requests.
+    "AGENT_LIMITS": {"function:limited": {"concurrency": 3}},
 }
 # A worker started with QUEUETY_TEST_TIMINGS=shipped runs on the shipped defaults (sweeps every
 # 5 s, heartbeats every 10 s, a lost worker after 25 s, a stale step after 60 s), so a test can

@@ -59,6 +59,11 @@ class StepContext:
     sink: AttemptSink | None = None
     """Where this attempt's artifacts and chunks go (set by the worker for task steps and
     fan-out branches)."""
+    step_run_id: int | None = None
+    """The step row this attempt runs (kept across its retries; set by the worker)."""
+    step_index: int | None = None
+    prune_state_after: int | None = None
+    """The workflow's ``prune_state_after(n)`` (None: no pruning)."""
 
     def put_artifact(self, key: str, content: Any, kind: str = "json",
                      metadata: dict[str, Any] | None = None) -> None:

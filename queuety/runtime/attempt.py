@@ -397,7 +397,9 @@ def _context(spec: WorkflowSpec, held: Claim, *, streams: bool = True,
                        budgets.BudgetView(spec.budget, usage),
                        beat=progress_reporter(held.step_run_id, held.run_id, step.name),
                        sink=AttemptOutputs(held, step.name, streams=streams),
-                       tags={} if taggable else None, definition=spec)
+                       tags={} if taggable else None, definition=spec,
+                       step_run_id=held.step_run_id, step_index=held.step_index,
+                       prune_state_after=spec.prune_state_after)
 
 
 def _wrote_artifacts(context: StepContext) -> bool:

@@ -96,3 +96,31 @@ def test_tracing_off__stores_no_context_and_records_nothing(traced, token):
             workflows.step_a).dispatch({"token": token})
         assert EXPORTER.get_finished_spans() == ()
     assert WorkflowRun.objects.get(pk=run_id).trace_context == ""
+
+
+def test_agent_steps__one_span_per_real_model_request_and_tool_call_none_on_replay(traced):
+    from tests import agent_steps
+
+    run_id = (queuety.workflow("traced_agent").on_queue(traced.queue)
+              .then(agent_steps.traced_agent_step,
+                    retry=queuety.RetryPolicy(max_attempts=2, initial_delay=0.1))
+              .dispatch({}))
+    assert wait_for(run_id, worker=traced).status == "completed"
+    deadline = time.monotonic() + 10
+    while len(worker_spans(run_id)) < 9 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    work = [(s["name"], s["attributes"]["queuety.checkpoint"], s["status"])
+            for s in worker_spans(run_id) if s["name"].startswith("queuety.agent.")]
+    # Attempt 1: requests 1 and 2, both tools (the second fails). Attempt 2 replays requests
+    # 1-2 and "lookup" (no spans), runs "flaky_tool" again and request 3.
+    assert sorted(work) == sorted([
+        ("queuety.agent.request function:traced", 1, "UNSET"),
+        ("queuety.agent.tool lookup", 1, "UNSET"),
+        ("queuety.agent.request function:traced", 2, "UNSET"),
+        ("queuety.agent.tool flaky_tool", 2, "ERROR"),
+        ("queuety.agent.tool flaky_tool", 2, "UNSET"),
+        ("queuety.agent.request function:traced", 3, "UNSET")])
+    steps = {s["span_id"]: s for s in worker_spans(run_id) if s["name"].startswith("queuety.step")}
+    assert len(steps) == 2
+    assert all(s["parent_id"] in steps for s in worker_spans(run_id)
+               if s["name"].startswith("queuety.agent."))

@@ -1,0 +1,163 @@
+"""Durable Pydantic AI agents (queuety.contrib.pydantic_ai) on PostgreSQL and real workers,
+offline (FunctionModel): every model request and tool call appends to a ledger file, so a
+test counts what really ran.
+
+- A worker SIGKILLed inside the second tool call: the retried attempt replays the first two
+  model requests and the first tool call from their checkpoints (the ledger has each once),
+  re-runs only the tool call in progress, and the run completes; deps are built per attempt
+  and never stored.
+- 20 agent runs against a provider limit of 3 (``AGENT_LIMITS["function:limited"]``), on a
+  lane worker of 20 threads and on a prefork worker of 6 processes: never more than 3
+  requests in flight.
+- Tokens are cost units: a run with ``max_cost_units`` below one answer's tokens fails with
+  ``BudgetExceeded`` after that one request, never retried.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+import uuid
+
+import pytest
+
+import queuety
+from queuety.models import AgentCheckpoint, Event, GroupLease, WorkflowRun
+from tests import agent_steps
+from tests.integration.conftest import Worker, wait_for
+from tests.integration.test_lane import LaneWorker, max_overlap, wait_gone
+from tests.workflows import marks
+
+pytestmark = pytest.mark.worker
+
+RETRY = queuety.RetryPolicy(max_attempts=3, initial_delay=0.1, max_delay=0.5)
+
+
+def _ledger(token: str) -> list[str]:
+    """The ledger's lines without their pid."""
+    return [line.split(" ", 1)[1] for line in marks(f"{token}-ledger")]
+
+
+def _until(check, timeout: float, worker: Worker):
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, worker.log()[-3000:]
+        time.sleep(0.05)
+
+
+def test_a_worker_killed_between_two_tool_calls_replays_what_completed(worker, token):
+    run_id = (queuety.workflow(f"agent_kill_{token[:8]}")
+              .then(agent_steps.ledger_research, retry=RETRY)
+              .dispatch({"token": token}))
+    # The second tool call lingers on its first execution: kill its process there.
+    _until(lambda: any(line.startswith("tool second start") for line in _ledger(token)),
+           30, worker)
+    pid = int(next(line for line in marks(f"{token}-ledger")
+                   if "tool second start" in line).split()[0])
+    os.kill(pid, signal.SIGKILL)
+
+    status = wait_for(run_id, timeout=60, worker=worker)
+    assert status.status == "completed", status
+    assert _ledger(token) == [
+        "model 1", "tool first attempt=1", "model 2", "tool second start attempt=1",
+        # the retry: requests 1-2 and tool "first" replayed, the unfinished call run again
+        "tool second start attempt=2", "tool second end", "model 3"]
+    assert Event.objects.filter(run_id=run_id, kind="step_retried",
+                                data__error__type="queuety.exceptions.WorkerLost").exists()
+    # Deps were built once per attempt, and are in no checkpoint.
+    assert [line.split(" ", 1)[1] for line in marks(f"deps-{run_id}")] == [
+        "attempt 1", "attempt 2"]
+    rows = list(AgentCheckpoint.objects.filter(run_id=run_id).order_by("kind", "seq", "key")
+                .values_list("kind", "seq", "key", "name", "attempt"))
+    assert rows == [("model", 1, "", "function:ledger", 1), ("model", 2, "", "function:ledger", 1),
+                    ("model", 3, "", "function:ledger", 2), ("tool", 1, "c1", "first", 1),
+                    ("tool", 2, "c2", "second", 2)]
+    assert "secret" not in str(list(AgentCheckpoint.objects.filter(run_id=run_id)
+                                    .values_list("payload", flat=True)))
+
+    run = WorkflowRun.objects.get(pk=run_id)
+    assert run.state["answer"] == f"done {token}"
+    [turn] = run.state["agent_history"]
+    kinds = [message["kind"] for message in turn["messages"]]
+    assert kinds == ["request", "response", "request", "response", "request", "response"]
+    usage = run.state["agent_usage"]
+    assert usage["requests"] == 3 and usage["tool_calls"] == 2
+    tokens = sum(AgentCheckpoint.objects.filter(run_id=run_id).values_list("tokens", flat=True))
+    assert tokens == usage["total_tokens"] > 0
+    assert run.cost_units == tokens + 1  # the requests' tokens, and the step's own unit
+    assert not GroupLease.objects.filter(step_run__run_id=run_id).exists()
+
+
+@pytest.fixture(scope="module")
+def lane(db_session, worker, tmp_path_factory):
+    """A lane worker of 20 threads on a queue of its own."""
+    handle = LaneWorker(tmp_path_factory.mktemp("agents-lane"),
+                        queue=f"agents-{uuid.uuid4().hex[:6]}", concurrency=20,
+                        app_name=f"agents-{uuid.uuid4().hex[:8]}")
+    handle.start()
+    yield handle
+    handle.stop()
+    wait_gone(handle.app_name)
+
+
+@pytest.fixture(scope="module")
+def wide(db_session, worker, tmp_path_factory):
+    """A prefork worker of 6 processes on a queue of its own (no sweeper)."""
+    handle = Worker(tmp_path_factory.mktemp("agents-wide"),
+                    queue=f"agents-wide-{uuid.uuid4().hex[:6]}", concurrency=6, beat=False)
+    handle.start()
+    yield handle
+    handle.stop()
+
+
+@pytest.mark.parametrize("pool", ["lane", "wide"])
+def test_20_agent_runs_never_exceed_the_providers_limit_of_3(pool, request, token):
+    lane = request.getfixturevalue(pool)
+    flow = queuety.workflow(f"agent_limited_{token[:8]}").then(
+        agent_steps.limited_agent_step, queue=lane.queue)
+    tokens = [f"{token}{i}" for i in range(20)]
+    run_ids = [flow.dispatch({"token": each}) for each in tokens]
+    # The groups overview (the admin's groups page) shows the model's group while it is busy.
+    seen = []
+    deadline = time.monotonic() + 30
+    while not seen and time.monotonic() < deadline:
+        seen = [group for group in queuety.resource_groups()
+                if group["group"] == "agent:function:limited" and group["in_flight"]]
+        time.sleep(0.02)
+    assert seen and seen[0]["limit"] == 3 and 1 <= seen[0]["in_flight"] <= 3, seen
+    for run_id in run_ids:
+        assert wait_for(run_id, timeout=90, worker=lane).status == "completed", [
+            (data["error"]["type"], data["error"]["message"][:300]) for data in Event.objects.filter(
+                run_id=run_id, kind="step_retried").values_list("data", flat=True)]
+    intervals = []
+    for each in tokens:
+        lines = [line.split() for line in marks(f"{each}-limited")]
+        starts = [float(fields[2]) for fields in lines if fields[1] == "start"]
+        ends = [float(fields[2]) for fields in lines if fields[1] == "end"]
+        # One request per run; a second only when the sweeper took a stalled attempt for lost
+        # (WorkerLost, on a loaded machine) before its checkpoint: both count below.
+        assert len(starts) == len(ends) >= 1, lines
+        intervals.extend(zip(sorted(starts), sorted(ends)))
+    lost = Event.objects.filter(run_id__in=run_ids, kind="step_retried").exclude(
+        data__error__type="queuety.exceptions.WorkerLost")
+    assert not lost.exists(), list(lost.values_list("data", flat=True))
+    # 20 threads (6 processes) would run 20 (6) requests at once; the group holds them to 3
+    # (and fills it).
+    assert max_overlap(intervals) == 3
+    assert not GroupLease.objects.filter(group="agent:function:limited",
+                                         step_run__run_id__in=run_ids).exists()
+
+
+def test_tokens_over_max_cost_units_fail_the_run_after_one_request(worker, token):
+    run_id = (queuety.workflow(f"agent_budget_{token[:8]}")
+              .then(agent_steps.chatty_agent_step, retry=RETRY)
+              .max_cost_units(100)
+              .dispatch({"token": token}))
+    status = wait_for(run_id, timeout=30, worker=worker)
+    assert status.status == "failed"
+    run = WorkflowRun.objects.get(pk=run_id)
+    assert run.error["type"] == "queuety.exceptions.BudgetExceeded", run.error
+    assert "max_cost_units" in run.error["message"]
+    assert run.cost_units > 100
+    assert len(marks(f"{token}-chatty")) == 1  # never retried: one request only
