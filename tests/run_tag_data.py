@@ -53,3 +53,19 @@ def load(runs: int = 100_000, per_customer: int = 100) -> Loaded:
                                      "prefix": prefix, "customers": customers, "runs": runs})
         cursor.execute("ANALYZE queuety_workflowrun")
     return Loaded(name, prefix, customers)
+
+
+INSERT_EVENTS = """
+INSERT INTO queuety_event (run_id, kind, step_name, data, created_at)
+SELECT r.id, (ARRAY['workflow_started', 'step_completed', 'workflow_completed'])[n], '',
+       '{}'::jsonb, r.created_at + n * interval '1 millisecond'
+  FROM queuety_workflowrun r CROSS JOIN generate_series(1, %(per_run)s) AS n
+ WHERE r.name = %(name)s
+"""
+
+
+def load_events(loaded: Loaded, per_run: int = 3) -> None:
+    """Give each run of ``loaded`` ``per_run`` events (at most 3), then ANALYZE the events."""
+    with connection.cursor() as cursor:
+        cursor.execute(INSERT_EVENTS, {"name": loaded.name, "per_run": min(per_run, 3)})
+        cursor.execute("ANALYZE queuety_event")

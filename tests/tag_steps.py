@@ -9,7 +9,8 @@ def plain(state):
 
 
 def tags_plan(state, context):
-    """Tags the run with the plan its state names (and overrides the dispatch's ``stage``)."""
+    """Tags the run with the plan its state names, and with ``stage=tagged`` (which replaces a
+    ``stage`` tag given at dispatch)."""
     context.tag("plan", state.get("plan", "free"))
     context.tag("stage", "tagged")
     return {"tagged": True}
@@ -27,4 +28,11 @@ def tags_then_fails_once(state, context):
 
 def bad_tag(state, context):
     context.tag("has:colon", "x")
+    return {}
+
+
+def tags_twenty(state, context):
+    """Sets 20 tags (``step0`` ... ``step19``): with 20 from the dispatch, a run of 40."""
+    for n in range(20):
+        context.tag(f"step{n}", "x")
     return {}

@@ -6,7 +6,6 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin
-from django.contrib.admin.options import IncorrectLookupParameters
 from django.core.paginator import Paginator
 from django.db import connections
 from django.db.models import Model, QuerySet
@@ -16,14 +15,12 @@ from django.http import (
 from django.utils.functional import cached_property
 
 from queuety.admin.display import HUMAN_WAITS
-from queuety.core.tags import parse_filters
 from queuety.models import (
     RunStatus,
     WorkflowDefinition,
     WorkflowRun,
 )
 from queuety.queries import waiting_on
-from queuety.store.tags import tagged
 
 # -- what waits where ---------------------------------------------------------------------------
 
@@ -162,36 +159,6 @@ class DefinitionFilter(admin.SimpleListFilter):
         if value and value.isdigit():
             return queryset.filter(definition_id=int(value))
         return queryset
-
-
-class TagFilter(admin.SimpleListFilter):
-    """Runs carrying a tag, ``?tag=customer:42`` (the runs' GIN index serves it). The choices
-    are the tags of the newest runs (one small read), and the one selected."""
-
-    title = "tag"
-    parameter_name = "tag"
-    #: How many of the newest runs the choices come from.
-    SAMPLE = 200
-
-    def lookups(self, request: HttpRequest,
-                model_admin: admin.ModelAdmin[Any]) -> list[tuple[str, str]]:
-        seen = {f"{key}:{value}" for tags in WorkflowRun.objects.order_by("-pk")
-                .values_list("tags", flat=True)[:self.SAMPLE] if isinstance(tags, dict)
-                for key, value in tags.items()}
-        if self.value():
-            seen.add(str(self.value()))
-        return [(pair, pair) for pair in sorted(seen)]
-
-    def queryset(self, request: HttpRequest,
-                 queryset: QuerySet[WorkflowRun]) -> QuerySet[WorkflowRun]:
-        value = self.value()
-        if not value:
-            return queryset
-        try:
-            return queryset.filter(tagged(parse_filters([value], ":")))
-        except ValueError as error:
-            # A hand-edited URL: the admin's way to refuse a bad filter value (a message).
-            raise IncorrectLookupParameters(str(error)) from None
 
 
 # -- actions on one run --------------------------------------------------------------------------

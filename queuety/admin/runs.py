@@ -50,7 +50,6 @@ from queuety.admin.filters import (
     DefinitionFilter,
     EstimatedCountPaginator,
     NameFilter,
-    TagFilter,
     VersionFilter,
     WaitingFilter,
 )
@@ -58,18 +57,12 @@ from queuety.admin.graph import run_graph
 from queuety.admin.migrate import MigrationPages
 from queuety.admin.start import StartRunPages
 from queuety.admin.state_edit import StateEditPages
+from queuety.admin.tags import TagColumn, TagFilter, tag_search
 from queuety.core import budget as budgets
 from queuety.core import imports
 from queuety.core.definition import WorkflowSpec
-from queuety.core.describe import (
-    describe_step,
-    format_status,
-    human_duration,
-    tags_text,
-    waiting_label,
-)
+from queuety.core.describe import describe_step, format_status, human_duration, waiting_label
 from queuety.core.status import WorkflowStatus
-from queuety.core.tags import parse_filters
 from queuety.masking import mask
 from queuety.models import (
     Event,
@@ -82,7 +75,6 @@ from queuety.models import (
 from queuety.queries import waiting_on
 from queuety.store import rows
 from queuety.store.definitions import definition_hash, effective_policy, load_spec
-from queuety.store.tags import tagged
 
 # -- the runs admin ------------------------------------------------------------------------------
 
@@ -99,7 +91,7 @@ else:
 
 
 @admin.register(WorkflowRun)
-class WorkflowRunAdmin(StartRunPages, MigrationPages, StateEditPages, _ModelAdmin):
+class WorkflowRunAdmin(TagColumn, StartRunPages, MigrationPages, StateEditPages, _ModelAdmin):
     """Workflow runs: a fast changelist, a run page with its actions, approvals and exports.
 
     Viewing needs ``queuety.view_workflowrun``; retry, pause, resume and cancel need
@@ -161,11 +153,8 @@ class WorkflowRunAdmin(StartRunPages, MigrationPages, StateEditPages, _ModelAdmi
         if not term:
             return queryset, False
         where = Q(name__startswith=term) | Q(idempotency_key__startswith=term)
-        if ":" in term:  # a tag, when the term is one (the runs' GIN index serves it)
-            try:
-                where |= tagged(parse_filters([term], ":"))
-            except ValueError:
-                pass  # not a tag: a name or key with a colon in it
+        if (tag := tag_search(term)) is not None:  # a tag, when the term is one
+            where |= tag
         number = term.removeprefix("#")
         if number.isdigit() and len(number) < 19:
             where |= Q(pk=int(number))
@@ -180,10 +169,6 @@ class WorkflowRunAdmin(StartRunPages, MigrationPages, StateEditPages, _ModelAdmi
             return load_spec(run.definition_id)
         except (exceptions.WorkflowDefinitionError, KeyError, TypeError, ValueError):
             return None
-
-    @admin.display(description="tags")
-    def tags_display(self, run: WorkflowRun) -> str:
-        return tags_text(run.tags) if run.tags else "-"
 
     @admin.display(description="status", ordering="status")
     def status_display(self, run: WorkflowRun) -> str:

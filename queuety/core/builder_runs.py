@@ -62,7 +62,7 @@ class RunSteps:
         if retry is not None and not isinstance(retry, RetryPolicy):
             raise exceptions.WorkflowDefinitionError(
                 f"retry for run_workflow({name!r}) must be a queuety.RetryPolicy (got {retry!r}).")
-        spec = replace(child.build(), name=name.strip())
+        spec = replace(_untagged(child.build(), "run_workflow"), name=name.strip())
         step = ChildStep(name=name.strip(), cost_units=0, child=spec.to_dict(), retry=retry)
         return self._append(step)
 
@@ -86,7 +86,8 @@ class RunSteps:
         start = StartSpec(items_key=items_key, result_key=result_key, payload_key=payload_key,
                           inherit_state=bool(inherit_state), group=group_key)
         step = StartStep(name=name or f"start_workflows_{len(self._steps)}", cost_units=0,
-                         child=child.build().to_dict(), start=start)
+                         child=_untagged(child.build(), "start_workflows").to_dict(),
+                         start=start)
         return self._append(step)
 
     def start_agents(self, items_key: str, child: Self,
@@ -188,3 +189,15 @@ class RunSteps:
         :meth:`wait_for_agents`)."""
         return self.wait_for_workflow_group(group_key, mode, quorum, result_key,
                                             name or "wait_for_agent_group", **timing)
+
+
+def _untagged(spec: WorkflowSpec, method: str) -> WorkflowSpec:
+    """``spec``, a child builder's, refused when it has ``.with_tags()``: the child is stored
+    as its definition (``to_dict()``), which holds no tags, so its runs would carry none."""
+    if spec.tags:
+        raise exceptions.WorkflowDefinitionError(
+            f"{method}() got the builder of workflow {spec.name!r} with tags "
+            f"({', '.join(f'{key}={value}' for key, value in spec.tags)}); a child run does "
+            "not take its builder's .with_tags(). Tag the child runs from one of their steps "
+            "with context.tag(), or drop .with_tags() from the child builder.")
+    return spec

@@ -95,7 +95,8 @@ class StepContext:
 
         Raises:
             InvalidPayload: the key or value breaks the tag rules (``queuety.core.tags``),
-                more than ``MAX_TAGS`` are set, or this step cannot tag.
+                more than ``MAX_TAGS`` are set in this attempt (the run's tags, merged from
+                the dispatch and its steps, may be more), or this step cannot tag.
         """
         where = f"context.tag() of step {self.step_name!r} of run {self.run_id}"
         if self.tags is None:
@@ -106,8 +107,8 @@ class StepContext:
         checked_key, checked_value = tag_rules.check_pair(key, value, where)
         if checked_key not in self.tags and len(self.tags) >= tag_rules.MAX_TAGS:
             raise exceptions.InvalidPayload(
-                f"{where[:1].upper()}{where[1:]} sets more than {tag_rules.MAX_TAGS} tags; "
-                "nothing was written.")
+                f"{where[:1].upper()}{where[1:]} sets more than {tag_rules.MAX_TAGS} tags in "
+                "one attempt; nothing was written.")
         self.tags[checked_key] = checked_value
 
     @property

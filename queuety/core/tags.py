@@ -4,8 +4,13 @@ the command line).
 
 A tag is a key and a value, both strings. A key is 1 to 64 characters of letters, digits,
 ``_``, ``-``, ``.`` and ``/`` (so ``:`` and ``=``, which the filters split on, never occur in
-one); a value is at most 255 characters and holds no NUL or other control character. A run
-carries at most 32 tags.
+one); a value is at most 255 characters and holds no NUL or other control character. Keys
+are case-sensitive (``Customer`` and ``customer`` are two tags).
+
+A dispatch (its ``tags=`` over the builder's ``.with_tags()``) sets at most ``MAX_TAGS`` (32),
+and so does one attempt of a step with ``context.tag()``. A run's tags are those merged, so a
+run whose steps tag under different keys can carry more: nothing the engine wrote is refused
+later (an export of it replays; :func:`check_tags` with ``most=None``).
 """
 
 from __future__ import annotations
@@ -50,11 +55,12 @@ def check_pair(key: Any, value: Any, where: str) -> tuple[str, str]:
     return key, value
 
 
-def check_tags(tags: Any, where: str) -> dict[str, str]:
-    """Return ``tags`` as a new dict after checking every pair (``None``: no tags).
+def check_tags(tags: Any, where: str, most: int | None = MAX_TAGS) -> dict[str, str]:
+    """Return ``tags`` as a new dict after checking every pair (``None``: no tags); ``most``
+    caps their number (``None``: no cap, for a run's tags as stored, such as a replayed one).
 
     Raises:
-        InvalidPayload: ``tags`` is not a mapping, has more than ``MAX_TAGS`` pairs, or a
+        InvalidPayload: ``tags`` is not a mapping, has more than ``most`` pairs, or a
             pair breaks the rules (the error names its key).
     """
     if tags is None:
@@ -64,10 +70,10 @@ def check_tags(tags: Any, where: str) -> dict[str, str]:
             f"The tags of {where} must be a mapping of strings to strings, like "
             f"{{'customer': '42'}} (got {type(tags).__name__}); nothing was written.")
     checked = dict(check_pair(key, value, where) for key, value in tags.items())
-    if len(checked) > MAX_TAGS:
+    if most is not None and len(checked) > most:
         raise exceptions.InvalidPayload(
-            f"{where[:1].upper()}{where[1:]} has {len(checked)} tags; a run carries at most "
-            f"{MAX_TAGS}; nothing was written.")
+            f"{where[:1].upper()}{where[1:]} has {len(checked)} tags; a dispatch sets at most "
+            f"{most}; nothing was written.")
     return checked
 
 
@@ -82,7 +88,8 @@ def merged(*layers: Mapping[str, str] | None, where: str) -> dict[str, str]:
 
 def parse_filters(values: list[str], separator: str) -> dict[str, str]:
     """Parse filters ``key<separator>value`` (REST ``tag=customer:42`` with ``":"``, the CLI's
-    ``--tag customer=42`` with ``"="``) into the pairs all of which a run must carry.
+    ``--tag customer=42`` with ``"="``) into the pairs all of which a run must carry. An
+    empty filter (``?tag=``) is no filter, as other empty filters are.
 
     Raises:
         ValueError: a filter without the separator, with an invalid key, or two filters giving
@@ -90,6 +97,8 @@ def parse_filters(values: list[str], separator: str) -> dict[str, str]:
     """
     wanted: dict[str, str] = {}
     for text in values:
+        if not text:
+            continue
         key, found, value = text.partition(separator)
         if not found:
             raise ValueError(f"Tag filter {text!r} is not key{separator}value (for example "
@@ -113,7 +122,11 @@ def of_spec(spec: WorkflowSpec, tags: Mapping[str, str] | None) -> dict[str, str
 
 def tagged(spec: WorkflowSpec, tags: Mapping[str, str] | None) -> WorkflowSpec:
     """``spec`` carrying ``tags`` too (checked, winning over its own for a key), so every
-    way of starting it (flow control per key included) writes them on the run's row."""
-    if not tags:
+    way of starting it (flow control per key included) writes them on the run's row.
+
+    Raises:
+        InvalidPayload: ``tags`` is not a mapping (``[]`` or ``0`` too), or breaks the rules.
+    """
+    if tags is None:
         return spec
     return replace(spec, tags=tuple(sorted(of_spec(spec, tags).items())))

@@ -80,7 +80,7 @@ def record_success_retrying(held: Claim, spec: WorkflowSpec, outcome: engine.Adv
     ``strict`` (a transactional step's): raise :class:`Discarded` instead of recording a
     discarded outcome. Inside the caller's transaction no try is repeated: its error
     propagates at once. ``tags``: what the attempt set with ``context.tag()``, merged into
-    the run's tags by the transition's own transaction (the locked path, as artifacts).
+    the run's tags by the transition itself (its one statement, or its transaction).
     """
     # The next step runs here only if it is a task step and this process consumes its queue.
     next_index = outcome.next_index
@@ -148,11 +148,11 @@ def record_success(held: Claim, spec: WorkflowSpec, outcome: engine.Advance,
     # A pruned run's transition needs its state_writes, which the one statement does not
     # carry: it takes the locked path (only workflows that use prune_state_after pay for it).
     if connection.vendor == "postgresql" and lands_on_task and spec.prune_state_after is None \
-            and not publish_artifacts and not tags:
+            and not publish_artifacts:
         # One statement that commits by itself (no BEGIN/COMMIT round trips): it writes
         # everything or, when the run moved since the claim, nothing at all.
         owns, advanced, following = _complete_postgres(held, spec, outcome, completed, now,
-                                                       claim_next)
+                                                       claim_next, tags or {})
         if advanced:
             return following
         if not owns:
@@ -173,6 +173,7 @@ def record_success(held: Claim, spec: WorkflowSpec, outcome: engine.Advance,
                 raise Discarded(outcome)
             completed.kind = "step_discarded"
             completed.data["reason"] = "the run was no longer running this step"
+            completed.data.pop("tags", None)  # never applied: not the run's tags
             completed.save()
         else:
             if publish_artifacts:
@@ -195,6 +196,7 @@ def _not_owned(held: Claim, spec: WorkflowSpec, outcome: engine.Advance, complet
                    "outcome is discarded.", held.step_run_id, held.attempt)
     completed.kind = "step_discarded"
     completed.data["reason"] = "the attempt no longer owned its step row"
+    completed.data.pop("tags", None)  # never applied: not the run's tags
     completed.save()
 
 
@@ -245,10 +247,11 @@ def _transition_locked(held: Claim, spec: WorkflowSpec, output: dict[str, Any],
 
 
 def _complete_postgres(held: Claim, spec: WorkflowSpec, outcome: engine.Advance,
-                       completed: Event, now: datetime, claim_next: bool
-                       ) -> tuple[bool, bool, Claim | None]:
+                       completed: Event, now: datetime, claim_next: bool,
+                       tags: dict[str, str]) -> tuple[bool, bool, Claim | None]:
     """Run the one-statement transition: (owned, advanced, claim of the next step if this
-    process took it)."""
+    process took it). ``tags`` (the attempt's ``context.tag()``) are merged into the run's by
+    the same statement (``tags || {}`` leaves the row's value as it was)."""
     events: list[dict[str, Any]] = [{field: getattr(completed, field) for field in (
         "step_run_id", "kind", "step_index", "step_name", "attempt", "duration_ms", "data")}]
     next_index = outcome.next_index
@@ -279,7 +282,7 @@ def _complete_postgres(held: Claim, spec: WorkflowSpec, outcome: engine.Advance,
         "next_claimed_at": now if inline else None,
         "next_claimed_by": held.claimed_by if inline else "",
         "events": json.dumps(events),
-        "cost_units": cost_units,
+        "cost_units": cost_units, "tags": json.dumps(tags),
     }
     # A webhook endpoint subscribed to run.completed (or job.completed, for a job's run) needs
     # its delivery row in the transition's transaction: the run's last step then takes one

@@ -171,7 +171,7 @@ WITH owned AS (
        SET state = %(state)s::jsonb, current_step = %(current_step)s, status = %(status)s,
            finished_at = COALESCE(%(finished_at)s::timestamptz, finished_at),
            updated_at = %(now)s, revision = revision + 1, transitions = transitions + 1,
-           cost_units = cost_units + %(cost_units)s
+           cost_units = cost_units + %(cost_units)s, tags = tags || %(tags)s::jsonb
      WHERE id = %(run_id)s AND revision = %(revision)s AND status = 'running'
        AND current_step = %(step_index)s AND migration IS NULL AND EXISTS (SELECT 1 FROM owned)
     RETURNING id, parent_id IS NOT NULL OR awaited AS awaited

@@ -18,7 +18,7 @@ from queuety.runtime import attempt
 from queuety.store.definitions import definition_id
 from queuety.tasks import execute_step
 from queuety.webhooks import outbox
-from tests import timeout_steps, workflows
+from tests import tag_steps, timeout_steps, workflows
 from tests.integration.conftest import wait_for
 
 pytestmark = pytest.mark.worker
@@ -200,6 +200,30 @@ def test_step_boundary__query_count_is_pinned(token, monkeypatch, prepared):
     assert queuety.workflow_status(run_id).status == "completed"
     assert kinds(run_id) == ["workflow_started", "step_completed", "step_completed",
                              "step_completed", "workflow_completed"]
+
+
+def test_step_boundary__a_tagging_step_costs_no_statement_and_keeps_inline(token, monkeypatch):
+    # context.tag() rides on the transition's one statement (tags = tags || ...): the claim,
+    # the tagging step's transition (which claims the next step for this process) and the
+    # next step's transition, run inline; no message for it.
+    tagging = (queuety.workflow("tagging_boundary").then(tag_steps.tags_plan)
+               .then(tag_steps.plain))
+    definition_id(tagging.build())
+    monkeypatch.setattr(outbox, "CACHE_SECONDS", 3600.0)
+    outbox.forget()
+    signals.sinks_want("run_started")
+    with publish.captured() as sent:
+        run_id = tagging.dispatch({"token": token, "plan": "pro"}, tags={"stage": "given"})
+        with CaptureQueriesContext(connection) as captured:
+            attempt.execute_step(sent[0].step_run_id)
+    assert [q["sql"].split()[0] for q in captured.captured_queries] == ["UPDATE", "WITH",
+                                                                         "WITH"]
+    assert len(sent) == 1  # the step after the tagging one ran inline
+    run = WorkflowRun.objects.get(pk=run_id)
+    assert run.status == "completed"
+    assert run.tags == {"stage": "tagged", "plan": "pro"}
+    completed = Event.objects.get(run_id=run_id, kind="step_completed", step_index=0)
+    assert completed.data["tags"] == {"plan": "pro", "stage": "tagged"}
 
 
 def test_inline__following_steps_run_in_the_same_process_without_messages(worker, token):

@@ -500,6 +500,23 @@ def test_admin__lists_pages_counts_and_bulk_actions_keep_the_tenants_apart(world
     found.report(figures, "admin pages")
 
 
+@pytest.mark.skipif(ACCESS_ONLY, reason="the tag filter's choices come from RUN_SCOPE's query")
+def test_admin__the_tag_filter_offers_only_the_users_own_tags(world):
+    # The sidebar's choices are the tags of the newest runs the user may see: another
+    # tenant's tag value never shows, not even as a choice that would match nothing.
+    name, tenants = world
+    flow = queuety.workflow(f"{name}_tagged").then("tests.tag_steps.plain")
+    secrets = {t: f"{t}-{uuid.uuid4().hex[:8]}" for t in tenants}
+    for run_id in [flow.dispatch({"tenant": t}, tags={"secret": secrets[t]}) for t in tenants]:
+        wait_for(run_id)
+    with override_settings(QUEUETY=TENANCY):
+        for me, other in (("a", "b"), ("b", "a")):
+            page = admin_client(tenants[me].user).get(f"{ADMIN}/workflowrun/")
+            html = page.content.decode()
+            assert page.status_code == 200 and f"secret:{secrets[me]}" in html
+            assert secrets[other] not in html
+
+
 # -- the CLI ----------------------------------------------------------------------------------
 
 def cli(*args: str) -> str:

@@ -103,3 +103,42 @@ def test_context_tag__collects_checked_tags():
         context.tag("a=b", "x")
     with pytest.raises(exceptions.InvalidPayload, match="only task steps"):
         _context(False).tag("plan", "pro")
+
+
+def test_check_tags__uncapped_for_a_run_s_stored_tags():
+    many = {f"k{n}": "v" for n in range(40)}
+    assert tags.check_tags(many, "here", most=None) == many
+    with pytest.raises(exceptions.InvalidPayload, match="'bad:key'"):
+        tags.check_tags({"bad:key": "1"}, "here", most=None)
+
+
+def test_parse_filters__an_empty_filter_is_no_filter():
+    assert tags.parse_filters([""], ":") == {}
+    assert tags.parse_filters(["", "plan:pro"], ":") == {"plan": "pro"}
+
+
+@pytest.mark.parametrize("given", [[], 0, "", ()])
+def test_tagged__refuses_falsy_tags_that_are_not_a_mapping(given):
+    spec = queuety.workflow("tagged_falsy").then("tests.tag_steps.plain").build()
+    with pytest.raises(exceptions.InvalidPayload, match="must be a mapping"):
+        tags.tagged(spec, given)
+    assert tags.tagged(spec, None) is spec
+
+
+def test_keys_are_case_sensitive():
+    assert tags.merged({"Customer": "1"}, {"customer": "2"}, where="x") == {
+        "Customer": "1", "customer": "2"}
+
+
+@pytest.mark.parametrize("method", ["run_workflow", "start_workflows"])
+def test_child_builder_with_tags__refused_at_build_time(method):
+    child = queuety.workflow("tagged_child").with_tags(team="ops").then("tests.tag_steps.plain")
+    parent = queuety.workflow("tagged_parent").then("tests.tag_steps.plain")
+    with pytest.raises(exceptions.WorkflowDefinitionError,
+                       match=rf"{method}\(\).*'tagged_child'.*team=ops.*context\.tag\(\)"):
+        if method == "run_workflow":
+            parent.run_workflow("child", child)
+        else:
+            parent.start_workflows("items", child)
+    untagged = queuety.workflow("tagged_child").then("tests.tag_steps.plain")
+    assert parent.run_workflow("child", untagged).build().steps[-1].kind == "child"
