@@ -49,7 +49,7 @@ from queuety.runtime.outcome import (
 from queuety.runtime.settle import branch_done
 from queuety.runtime.sink import AttemptOutputs
 from queuety.runtime.watchdog import Heartbeats, deadline, heartbeat, progress_reporter
-from queuety.store import rows
+from queuety.store import pauses, rows
 from queuety.store.definitions import load_spec
 
 logger = logging.getLogger("queuety")
@@ -66,7 +66,7 @@ class AttemptReport:
 
 
 def execute_step(step_run_id: int, *, inline: bool = True,
-                 killed_at: float | None = None) -> AttemptReport:
+                 killed_at: float | None = None, queue: str = "") -> AttemptReport:
     """Run one attempt of a step and apply its outcome (the body of the Celery task).
 
     Idempotent: a message for a step that is not pending and due is dropped (or, for a
@@ -83,6 +83,9 @@ def execute_step(step_run_id: int, *, inline: bool = True,
     ``QUEUETY["INLINE_SECONDS"]``; the next one is then published as usual. The caller passes
     ``inline=False`` under a soft time limit (it would interrupt whichever step runs).
 
+    ``queue`` is the queue the message came from: while it is paused (``queuety.queues``), the
+    row is not claimed but held throttled (``queue paused``), its attempt not counted.
+
     Likewise, when a step in a concurrency group ends, the best waiting step of its group
     that has no timeout is handed to this process (*direct hand-off*, with ``inline``): it runs
     here next, with no broker hop, while the same window admits an untimed step (within
@@ -91,7 +94,7 @@ def execute_step(step_run_id: int, *, inline: bool = True,
     window = InlineWindow(time.monotonic() + settings.INLINE_SECONDS, killed_at,
                           settings.HARD_TIMEOUT_GRACE, settings.INLINE_SECONDS,
                           own_deadlines=lane.current() is not None)
-    report, kept = _attempt(step_run_id, inline=inline, window=window)
+    report, kept = _attempt(step_run_id, inline=inline, window=window, queue=queue)
     while kept is not None:
         # A handed-off step has no timeout: it runs here only if the window admits one.
         if not inline or report.timed_out or not window.admits(None, time.monotonic()):
@@ -101,13 +104,15 @@ def execute_step(step_run_id: int, *, inline: bool = True,
     return report
 
 
-def _attempt(step_run_id: int, *, inline: bool, window: InlineWindow
+def _attempt(step_run_id: int, *, inline: bool, window: InlineWindow, queue: str = ""
              ) -> tuple[AttemptReport, int | None]:
     """One message's work (see :func:`execute_step`); also the id of a waiting step this
     process was handed when a slot of its group freed, or None."""
-    held = claim(step_run_id)
+    held = claim(step_run_id, queue=queue)
     if held is None:
-        _requeue_if_early(step_run_id)
+        # Only a refused claim asks: a paused queue costs the step boundary no statement.
+        if not (queue and pauses.hold_paused(step_run_id, queue, timezone.now())):
+            _requeue_if_early(step_run_id)
         return AttemptReport(claimed=False), None
     try:
         spec = load_spec(held.definition_id)

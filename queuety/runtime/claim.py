@@ -117,8 +117,9 @@ def pid_of(claimed_by: str) -> int | None:
     return int(pid) if pid.isdigit() else None
 
 
-def claim(step_run_id: int, now: datetime | None = None) -> Claim | None:
-    """Claim a due pending step for this worker; return ``None`` when it is not claimable."""
+def claim(step_run_id: int, now: datetime | None = None, *, queue: str = "") -> Claim | None:
+    """Claim a due pending step for this worker; return ``None`` when it is not claimable
+    (also when ``queue``, the queue its message came from, is paused: ``queuety.queues``)."""
     now = now or timezone.now()
     stamp = connection.ops.adapt_datetimefield_value(now)
     me = worker_id()
@@ -126,14 +127,14 @@ def claim(step_run_id: int, now: datetime | None = None) -> Claim | None:
         # Inside a transaction the relaxed commit would cover its owner's writes too.
         alone = connection.get_autocommit() and not connection.in_atomic_block
         statement = sql.CLAIM_POSTGRES_ALONE if alone else sql.CLAIM_POSTGRES
-        row = rows.execute_hot(statement, [stamp, stamp, me, step_run_id, stamp])
+        row = rows.execute_hot(statement, [stamp, stamp, me, step_run_id, stamp, queue])
         if row is None:
             return None
         (run_id, step_index, seq, attempt, definition_pk, state, revision,
          *counters, kind, branch, timeout, trace_context) = row
     else:
         with rows.hot_cursor() as cursor:
-            cursor.execute(sql.CLAIM_SQLITE, [stamp, stamp, me, step_run_id, stamp])
+            cursor.execute(sql.CLAIM_SQLITE, [stamp, stamp, me, step_run_id, stamp, queue])
             row = cursor.fetchone()
             if row is None:
                 return None

@@ -116,13 +116,19 @@ ATTEMPTS_LOCK = "SELECT pg_advisory_xact_lock(%s, %s)"
 _CLAIM_SET = ("status = 'processing', attempt = attempt + 1, claimed_at = %s, heartbeat_at = %s, "
               "claimed_by = %s, throttled_by = NULL")
 
+# A task step's row is not claimed while the queue its message came from is paused (the last
+# parameter, '' when unknown): one probe of the small queuety_queuepause table's unique index,
+# in the claim's own statement (queuety.queues; the caller then holds the row throttled).
+_NOT_PAUSED = ("(s.kind <> 'step' OR NOT EXISTS "
+               "(SELECT 1 FROM queuety_queuepause AS p WHERE p.queue = %s))")
+
 #: Claims a due pending step row of a running run (or a cleanup row) and reads back what the
 #: attempt needs, in one statement: a message for a row it cannot claim changes nothing.
 _CLAIM_POSTGRES = f"""
 UPDATE queuety_steprun AS s SET {_CLAIM_SET}
   FROM queuety_workflowrun AS r{{relaxed}}
  WHERE s.id = %s AND s.status = 'pending' AND s.available_at <= %s
-   AND r.id = s.run_id AND (r.status = 'running' OR s.kind <> 'step')
+   AND r.id = s.run_id AND (r.status = 'running' OR s.kind <> 'step') AND {_NOT_PAUSED}
 RETURNING s.run_id, s.step_index, s.seq, s.attempt, r.definition_id, r.state, r.revision,
           r.transitions, r.cost_units, r.started_workflows, s.kind, s.branch, s.timeout,
           r.trace_context
@@ -138,10 +144,11 @@ CLAIM_POSTGRES_ALONE = _CLAIM_POSTGRES.format(
 
 #: SQLite cannot return columns of a joined table, so it reads the run in a second query.
 CLAIM_SQLITE = f"""
-UPDATE queuety_steprun SET {_CLAIM_SET}
+UPDATE queuety_steprun AS s SET {_CLAIM_SET}
  WHERE id = %s AND status = 'pending' AND available_at <= %s
    AND (kind <> 'step'
         OR run_id IN (SELECT id FROM queuety_workflowrun WHERE status = 'running'))
+   AND {_NOT_PAUSED}
 RETURNING run_id, step_index, seq, attempt, kind, branch, timeout
 """
 

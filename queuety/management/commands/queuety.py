@@ -16,6 +16,7 @@ from queuety.core import artifacts as artifact_rules
 from queuety.core.describe import format_status
 from queuety.management import acting, deploying, eventlog, migrating, quarantine, starting
 from queuety.management import jobs as job_commands
+from queuety.management import queues as queue_commands
 from queuety.management.starting import Error
 from queuety.runtime import sweeper
 
@@ -85,7 +86,7 @@ class Command(BaseCommand):
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         groups = parser.add_subparsers(dest="group", required=True,
                                        metavar="{workflow,job,schedule,status,sweep,"
-                                               "metrics,deploy-check,log}")
+                                               "metrics,deploy-check,log,queue}")
         workflow = groups.add_parser("workflow", help="Workflow runs.")
         actions = workflow.add_subparsers(dest="action", required=True,
                                           metavar="{dispatch,definitions,diff,status,list,retry,"
@@ -199,6 +200,7 @@ class Command(BaseCommand):
         deploying.add_deploy_check(groups)
         job_commands.add_job_group(groups)
         eventlog.add_log_group(groups)
+        queue_commands.add_queue_group(groups)
 
     def handle(self, *args: Any, **options: Any) -> None:
         if options["group"] == "sweep":
@@ -215,6 +217,9 @@ class Command(BaseCommand):
             return
         if options["group"] == "log":
             eventlog.log_action(options, self.stdout.write, self.stdout.flush)
+            return
+        if options["group"] == "queue":
+            queue_commands.queue_action(options, self.stdout.write, self._table)
             return
         if options["group"] == "job":
             job_commands.job_action(options, self.stdout.write, self._table)
