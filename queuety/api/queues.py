@@ -3,8 +3,10 @@
 
 Queues are site-wide. Listing is a read (``queuety.view_workflowrun``); on a site with a
 ``QUEUETY["RUN_SCOPE"]`` its counts cover only the runs the user may reach, so a tenant never
-learns another tenant's volume. Pausing and resuming need ``queuety.change_workflowrun``, and
-on such a site the user must also be staff: a pause holds every tenant's steps.
+learns another tenant's volume. A site with only ``QUEUETY["RUN_ACCESS"]`` (a per-run check,
+which no count can apply) shows the list to superusers only. Pausing and resuming need
+``queuety.change_workflowrun``, and on a site with either setting the user must also be a
+superuser: a pause holds every tenant's steps.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from rest_framework.response import Response
 from queuety import queues, scope
 from queuety.api import serializers
 from queuety.api.views import ERRORS, IDEMPOTENCY_KEY, RunAPIView, replayable
+from queuety.conf import settings
 from queuety.models import WorkflowRun
 
 
@@ -50,6 +53,10 @@ QUEUE_NAME = OpenApiParameter("name", str, OpenApiParameter.PATH,
                               description="The Celery queue's name.")
 
 
+def _tenanted() -> bool:
+    return scope.is_scoped() or settings.RUN_ACCESS is not None
+
+
 def _visible(request: Request) -> Any:
     """The runs whose steps the user's numbers count (None: all, on an unscoped site)."""
     if not scope.is_scoped():
@@ -66,6 +73,12 @@ class QueueListView(RunAPIView):
     required_permissions = {"GET": "queuety.view_workflowrun"}
 
     def get(self, request: Request) -> Response:
+        if settings.RUN_ACCESS is not None and not scope.is_scoped() \
+                and not request.user.is_superuser:
+            raise PermissionDenied("Queue numbers count every tenant's steps, and "
+                                   "QUEUETY['RUN_ACCESS'] cannot narrow a count: only "
+                                   "superusers see them (a RUN_SCOPE shows each user their "
+                                   "own runs' numbers).")
         stats = queues.queue_stats(runs=_visible(request))
         return Response(QueueSerializer([item.to_dict() for item in stats], many=True).data)
 
@@ -81,9 +94,9 @@ class QueueActionView(RunAPIView):
     required_permissions = {"POST": "queuety.change_workflowrun"}
 
     def post(self, request: Request, name: str) -> Response:
-        if scope.is_scoped() and not request.user.is_staff:
-            raise PermissionDenied("Queues are site-wide: on a site with QUEUETY['RUN_SCOPE'], "
-                                   "only staff users may pause or resume them.")
+        if _tenanted() and not request.user.is_superuser:
+            raise PermissionDenied("Queues are site-wide: on a site with QUEUETY['RUN_SCOPE'] "
+                                   "or RUN_ACCESS, only superusers may pause or resume them.")
         if len(name) > queues.MAX_NAME:
             raise ParseError(f"A queue name has at most {queues.MAX_NAME} characters "
                                   f"(got {len(name)}).")
