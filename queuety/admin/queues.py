@@ -1,7 +1,8 @@
 """The admin's queues page: each Celery queue, paused or not, with its waiting and running
 steps, the oldest wait and the last 5 minutes' throughput (``queuety.queues``), and a pause
 or resume button (POST, needing ``queuety.change_workflowrun``). Reading it needs
-``queuety.view_workflowrun``, as the runs do."""
+``queuety.view_workflowrun``, as the runs do. With ``QUEUETY["RUN_SCOPE"]``, the numbers count
+the user's runs only and only superusers pause or resume (as over the API)."""
 
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import reverse
 
-from queuety import exceptions, queues
-from queuety.models import QueuePause
+from queuety import exceptions, queues, scope
+from queuety.models import QueuePause, WorkflowRun
 
 if TYPE_CHECKING:  # ModelAdmin is generic in django-stubs only: not subscriptable at run time
     _ModelAdmin = admin.ModelAdmin[QueuePause]
@@ -48,7 +49,11 @@ class QueueAdmin(_ModelAdmin):
         """Every known queue; a POST with ``action`` (pause or resume) and ``queue`` acts."""
         if not self.has_view_permission(request):
             raise PermissionDenied
-        may_act = request.user.has_perm("queuety.change_workflowrun")
+        # As over the API (queuety.api.queues): on a scoped site a user's numbers count their
+        # own runs, and a pause, which holds every tenant's steps, is for superusers.
+        scoped = scope.is_scoped()
+        may_act = request.user.has_perm("queuety.change_workflowrun") and (
+            not scoped or request.user.is_superuser)
         if request.method == "POST":
             if not may_act:
                 raise PermissionDenied
@@ -56,7 +61,8 @@ class QueueAdmin(_ModelAdmin):
             return HttpResponseRedirect(request.path)
         return TemplateResponse(request, "admin/queuety/queuepause/queues.html", {
             **self.admin_site.each_context(request), **(extra_context or {}),
-            "title": "Queues", "opts": self.model._meta, "rows": queues.queue_stats(),
+            "title": "Queues", "opts": self.model._meta, "rows": queues.queue_stats(runs=scope.scoped_runs(
+                request.user, WorkflowRun.objects.all()) if scoped else None),
             "may_act": may_act,
             "runs_url": reverse(f"{self.admin_site.name}:queuety_workflowrun_changelist")})
 

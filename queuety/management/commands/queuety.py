@@ -218,11 +218,10 @@ class Command(BaseCommand):
         if options["group"] == "log":
             eventlog.log_action(options, self.stdout.write, self.stdout.flush)
             return
-        if options["group"] == "queue":
-            queue_commands.queue_action(options, self.stdout.write, self._table)
-            return
-        if options["group"] == "job":
-            job_commands.job_action(options, self.stdout.write, self._table)
+        if options["group"] in ("queue", "job"):
+            action = queue_commands.queue_action if options["group"] == "queue" \
+                else job_commands.job_action
+            action(options, self.stdout.write, self._table)
             return
         if options["group"] == "schedule":
             starting.schedule_action(options["action"], options, self.stdout.write, self._table)
