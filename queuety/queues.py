@@ -12,10 +12,11 @@ and nothing failed. The test is folded into the claim's own statement, so it cos
 boundary no statement. Resuming deletes the pause and publishes the held rows again (due
 now); each then passes its resource gate as any claimed step does.
 
-What a pause does not stop: a step already running (:func:`drain_queue` waits for those), a
-run's next step that its worker continues inline (at most ``INLINE_STEPS`` in a row, within
-``INLINE_SECONDS``; the step after the chain is published and then held), and cleanup rows
-(compensations and hooks run whatever the queue).
+A run's next step that its worker would continue inline (same queue, no message) is not taken
+either: the transition's own statement tests the pause too, inserts the row pending and
+publishes it, and the claim holds it. What a pause does not stop: a step already running
+(:func:`drain_queue` waits for those), and cleanup rows (compensations and hooks run whatever
+the queue).
 """
 
 from __future__ import annotations
@@ -26,13 +27,11 @@ from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from celery import current_app
 from django.db import transaction
 from django.db.models import Count, Min, Q, QuerySet
 from django.utils import timezone
 
 from queuety import exceptions, publish
-from queuety.conf import settings
 from queuety.core.definition import WorkflowSpec
 from queuety.models import Event, QueuePause, StepRun, StepStatus, WorkflowRun
 from queuety.store import pauses
@@ -74,15 +73,9 @@ class QueueStats:
         return data
 
 
-def default_queue() -> str:
-    """The queue of a step that names none: ``QUEUETY["QUEUE"]``, else Celery's default."""
-    return settings.QUEUE or str(current_app.conf.task_default_queue or "celery")
-
-
 def queue_of(spec: WorkflowSpec, index: int, kind: str = "step") -> str:
     """The queue of step ``index`` of ``spec`` (a cleanup row's: its workflow's queue)."""
-    own = spec.queue_of(index) if kind == "step" else spec.queue
-    return own or default_queue()
+    return publish.queue_name(spec.queue_of(index) if kind == "step" else spec.queue)
 
 
 def _checked(name: str) -> str:

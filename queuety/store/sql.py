@@ -167,6 +167,8 @@ SELECT definition_id, state, revision, transitions, cost_units, started_workflow
 #: discards the outcome or decides under the run's lock. The next task row is inserted either
 #: pending (its message is published after the commit) or already claimed by this process,
 #: which then runs it: an ordinary processing row with a heartbeat, recovered like any other.
+#: A row this process would take whose queue is paused (``next_queue``, queuety.queues) is
+#: inserted pending instead, its message the caller's: the queue's claim then holds it.
 COMPLETE_POSTGRES = """
 WITH owned AS (
     SELECT id FROM queuety_steprun
@@ -192,12 +194,17 @@ WITH owned AS (
                                  max_attempts, timeout, available_at, published_at, claimed_at,
                                  heartbeat_at, claimed_by, created_at)
     SELECT %(run_id)s, %(seq)s, 0, %(next_index)s::integer, %(next_name)s::text,
-           %(next_status)s, %(next_attempt)s, %(next_max_attempts)s::integer,
-           %(next_timeout)s::float8, %(now)s, %(next_published_at)s::timestamptz,
-           %(next_claimed_at)s::timestamptz, %(next_claimed_at)s::timestamptz,
-           %(next_claimed_by)s, %(now)s
+           CASE WHEN p.paused THEN 'pending' ELSE %(next_status)s END,
+           CASE WHEN p.paused THEN 0 ELSE %(next_attempt)s END, %(next_max_attempts)s::integer,
+           %(next_timeout)s::float8, %(now)s,
+           CASE WHEN p.paused THEN %(now)s ELSE %(next_published_at)s::timestamptz END,
+           CASE WHEN p.paused THEN NULL ELSE %(next_claimed_at)s::timestamptz END,
+           CASE WHEN p.paused THEN NULL ELSE %(next_claimed_at)s::timestamptz END,
+           CASE WHEN p.paused THEN '' ELSE %(next_claimed_by)s END, %(now)s
+      FROM (SELECT %(next_claimed_by)s <> '' AND EXISTS (
+                SELECT 1 FROM queuety_queuepause WHERE queue = %(next_queue)s) AS paused) AS p
      WHERE %(next_index)s::integer IS NOT NULL AND EXISTS (SELECT 1 FROM run)
-    RETURNING id
+    RETURNING id, status
 ), events AS (
     INSERT INTO queuety_event (run_id, step_run_id, kind, step_index, step_name, attempt,
                                duration_ms, data, created_at)
@@ -209,7 +216,7 @@ WITH owned AS (
      WHERE EXISTS (SELECT 1 FROM run)
 )
 SELECT EXISTS (SELECT 1 FROM owned), EXISTS (SELECT 1 FROM run), (SELECT id FROM following),
-       COALESCE((SELECT awaited FROM run), false)
+       COALESCE((SELECT awaited FROM run), false), (SELECT status FROM following)
 """
 
 

@@ -26,7 +26,7 @@ API = "/queuety/api"
 PAGE = "/admin/queuety/queuepause/"
 #: One queue per test, all consumed by the module's worker node (``-Q a,b,...``).
 QUEUES = {key: f"q{key}-{uuid.uuid4().hex[:8]}" for key in
-          ("held", "other", "late", "drain", "rest", "cli", "admin")}
+          ("held", "other", "late", "inline", "drain", "rest", "cli", "admin")}
 
 
 @pytest.fixture(scope="module")
@@ -110,6 +110,24 @@ def test_a_step_published_before_the_pause_does_not_start_and_burns_no_attempt(n
     assert wait_for(run_id, timeout=30, worker=node).status == "completed"
     assert StepRun.objects.get(run_id=run_id).attempt == 2
     assert len(workflows.marks(f"{token}-flaky")) == 2
+
+
+def test_a_step_the_worker_would_continue_inline_is_held_too(node, token):
+    inline = QUEUES["inline"]
+    # The slow step ends within INLINE_SECONDS of its start: its worker would run the next
+    # step (same queue) in the same process, with no message and no claim of its own.
+    run_id = (queuety.workflow("q_inline").on_queue(inline).then(workflows.slow)
+              .then(workflows.step_a).dispatch({"token": token, "sleep": 0.6}))
+    _until(lambda: workflows.marks(f"{token}-slow"), 20, "the slow step to start")
+    queuety.pause_queue(inline)
+    _until(lambda: _held(run_id), 20, "the next step to be held")
+    time.sleep(0.5)
+    assert workflows.marks(f"{token}-a") == []
+    row = StepRun.objects.get(run_id=run_id, step_name="step_a")
+    assert (row.status, row.attempt) == ("throttled", 0)
+    queuety.resume_queue(inline)
+    assert wait_for(run_id, timeout=20, worker=node).status == "completed"
+    assert len(workflows.marks(f"{token}-a")) == 1
 
 
 def test_drain_pauses_and_returns_when_the_running_steps_end(node, token):
