@@ -1,8 +1,10 @@
 """The admin's queues page: each Celery queue, paused or not, with its waiting and running
 steps, the oldest wait and the last 5 minutes' throughput (``queuety.queues``), and a pause
 or resume button (POST, needing ``queuety.change_workflowrun``). Reading it needs
-``queuety.view_workflowrun``, as the runs do. With ``QUEUETY["RUN_SCOPE"]``, the numbers count
-the user's runs only and only superusers pause or resume (as over the API)."""
+``queuety.view_workflowrun``, as the runs do. The rules are the API's (``queuety.queues.may_see``
+and ``may_act``): with ``QUEUETY["RUN_SCOPE"]``, the numbers count the user's runs only; with
+``RUN_ACCESS`` alone, only superusers see them; on a site with either, only superusers pause or
+resume; who paused a queue is shown only to those who may pause."""
 
 from __future__ import annotations
 
@@ -15,8 +17,8 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import reverse
 
-from queuety import exceptions, queues, scope
-from queuety.models import QueuePause, WorkflowRun
+from queuety import exceptions, queues
+from queuety.models import QueuePause
 
 if TYPE_CHECKING:  # ModelAdmin is generic in django-stubs only: not subscriptable at run time
     _ModelAdmin = admin.ModelAdmin[QueuePause]
@@ -30,7 +32,7 @@ class QueueAdmin(_ModelAdmin):
     rows are only the pauses."""
 
     def has_view_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
-        return request.user.has_perm("queuety.view_workflowrun")
+        return queues.may_see(request.user)
 
     def has_module_permission(self, request: HttpRequest) -> bool:
         return self.has_view_permission(request)
@@ -49,11 +51,7 @@ class QueueAdmin(_ModelAdmin):
         """Every known queue; a POST with ``action`` (pause or resume) and ``queue`` acts."""
         if not self.has_view_permission(request):
             raise PermissionDenied
-        # As over the API (queuety.api.queues): on a scoped site a user's numbers count their
-        # own runs, and a pause, which holds every tenant's steps, is for superusers.
-        scoped = scope.is_scoped()
-        may_act = request.user.has_perm("queuety.change_workflowrun") and (
-            not scoped or request.user.is_superuser)
+        may_act = queues.may_act(request.user)
         if request.method == "POST":
             if not may_act:
                 raise PermissionDenied
@@ -61,8 +59,8 @@ class QueueAdmin(_ModelAdmin):
             return HttpResponseRedirect(request.path)
         return TemplateResponse(request, "admin/queuety/queuepause/queues.html", {
             **self.admin_site.each_context(request), **(extra_context or {}),
-            "title": "Queues", "opts": self.model._meta, "rows": queues.queue_stats(runs=scope.scoped_runs(
-                request.user, WorkflowRun.objects.all()) if scoped else None),
+            "title": "Queues", "opts": self.model._meta,
+            "rows": queues.queue_stats(runs=queues.visible_runs(request.user)),
             "may_act": may_act,
             "runs_url": reverse(f"{self.admin_site.name}:queuety_workflowrun_changelist")})
 
@@ -71,14 +69,18 @@ class QueueAdmin(_ModelAdmin):
         actor = f"admin:user:{request.user.pk}:{request.user.get_username()}"
         try:
             if action == "pause":
-                queues.pause_queue(name, actor=actor, reason=request.POST.get("reason", ""))
+                warning = queues.unknown_warning(name)
+                name = queues.pause_queue(name, actor=actor,
+                                          reason=request.POST.get("reason", "")).name
                 self.message_user(request, f"Queue '{name}' is paused: its steps wait.")
+                if warning:
+                    self.message_user(request, warning, messages.WARNING)
             elif action == "resume":
                 released = queues.resume_queue(name, actor=actor)
                 self.message_user(request, f"Queue '{name}' is resumed; {released} held "
                                            "step(s) released.")
             else:
-                self.message_user(request, f"Unknown action {action!r}: pause or resume.",
-                                  messages.ERROR)
+                self.message_user(request, f"The action {action!r} is not known; use pause or "
+                                           "resume.", messages.ERROR)
         except exceptions.QueuetyError as error:
             self.message_user(request, str(error), messages.ERROR)

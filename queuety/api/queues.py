@@ -19,11 +19,9 @@ from rest_framework.exceptions import ParseError, PermissionDenied
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from queuety import queues, scope
+from queuety import queues
 from queuety.api import serializers
 from queuety.api.views import ERRORS, IDEMPOTENCY_KEY, RunAPIView, replayable
-from queuety.conf import settings
-from queuety.models import WorkflowRun
 
 
 class QueueSerializer(fields.Serializer[Any]):
@@ -32,7 +30,8 @@ class QueueSerializer(fields.Serializer[Any]):
     name = fields.CharField()
     paused = fields.BooleanField()
     paused_at = fields.DateTimeField(allow_null=True)
-    paused_by = fields.CharField(allow_blank=True)
+    paused_by = fields.CharField(allow_blank=True, help_text=(
+        "Who paused it; shown only to users who may pause and resume queues ('' otherwise)."))
     reason = fields.CharField(allow_blank=True)
     waiting = fields.IntegerField(help_text="Steps due and not started (pending or throttled).")
     running = fields.IntegerField(help_text="Steps a worker is running.")
@@ -47,21 +46,21 @@ class QueueActionSerializer(fields.Serializer[Any]):
 
     queue = QueueSerializer()
     released = fields.IntegerField(help_text="Held steps a resume released (0 for a pause).")
+    warning = fields.CharField(allow_blank=True, help_text=(
+        "Set when a pause names a queue no step, pause or Celery setting names (a typo?); "
+        "the pause is made anyway."))
 
 
 QUEUE_NAME = OpenApiParameter("name", str, OpenApiParameter.PATH,
                               description="The Celery queue's name.")
 
 
-def _tenanted() -> bool:
-    return scope.is_scoped() or settings.RUN_ACCESS is not None
-
-
-def _visible(request: Request) -> Any:
-    """The runs whose steps the user's numbers count (None: all, on an unscoped site)."""
-    if not scope.is_scoped():
-        return None
-    return scope.scoped_runs(request.user, WorkflowRun.objects.all())
+def _shown(request: Request, stats: queues.QueueStats) -> dict[str, Any]:
+    """``stats`` as ``request``'s user may see it: who paused only for those who may pause."""
+    data = stats.to_dict()
+    if not queues.may_act(request.user):
+        data["paused_by"] = ""
+    return data
 
 
 @extend_schema(responses={200: QueueSerializer(many=True),
@@ -73,14 +72,14 @@ class QueueListView(RunAPIView):
     required_permissions = {"GET": "queuety.view_workflowrun"}
 
     def get(self, request: Request) -> Response:
-        if settings.RUN_ACCESS is not None and not scope.is_scoped() \
-                and not request.user.is_superuser:
+        if not queues.may_see(request.user):
             raise PermissionDenied("Queue numbers count every tenant's steps, and "
                                    "QUEUETY['RUN_ACCESS'] cannot narrow a count: only "
                                    "superusers see them (a RUN_SCOPE shows each user their "
                                    "own runs' numbers).")
-        stats = queues.queue_stats(runs=_visible(request))
-        return Response(QueueSerializer([item.to_dict() for item in stats], many=True).data)
+        stats = queues.queue_stats(runs=queues.visible_runs(request.user))
+        return Response(QueueSerializer([_shown(request, item) for item in stats],
+                                        many=True).data)
 
 
 @extend_schema(parameters=[QUEUE_NAME, IDEMPOTENCY_KEY], request=None,
@@ -94,23 +93,25 @@ class QueueActionView(RunAPIView):
     required_permissions = {"POST": "queuety.change_workflowrun"}
 
     def post(self, request: Request, name: str) -> Response:
-        if _tenanted() and not request.user.is_superuser:
+        if not queues.may_act(request.user):
             raise PermissionDenied("Queues are site-wide: on a site with QUEUETY['RUN_SCOPE'] "
                                    "or RUN_ACCESS, only superusers may pause or resume them.")
-        if len(name) > queues.MAX_NAME:
+        if len(name.strip()) > queues.MAX_NAME:
             raise ParseError(f"A queue name has at most {queues.MAX_NAME} characters "
                                   f"(got {len(name)}).")
         return replayable(request, lambda: self._act(request, name))
 
     def _act(self, request: Request, name: str) -> Response:
         actor = f"api:user:{request.user.pk}:{request.user.get_username()}"
-        released = 0
+        released, warning = 0, ""
         if self.action == "pause":
-            queues.pause_queue(name, actor=actor)
+            warning = queues.unknown_warning(name)
+            name = queues.pause_queue(name, actor=actor).name
         else:
             released = queues.resume_queue(name, actor=actor)
-        stats = queues.queue_stats([name], runs=_visible(request))[0]
-        return Response({"queue": QueueSerializer(stats.to_dict()).data, "released": released})
+        stats = queues.queue_stats([name], runs=queues.visible_runs(request.user))[0]
+        return Response({"queue": QueueSerializer(_shown(request, stats)).data,
+                         "released": released, "warning": warning})
 
 
 class PauseQueueView(QueueActionView):

@@ -60,6 +60,9 @@ def queue_action(options: dict[str, Any], write: Write, table: Table) -> None:
         if action in ("list", "stats"):
             _list(action, options["format"], write, table)
         elif action == "pause":
+            warning = queues.unknown_warning(options["name"])
+            if warning:
+                write(f"Warning: {warning}")
             stats = queues.pause_queue(options["name"], actor="manage.py",
                                        reason=options["reason"])
             write(f"Success: Queue '{stats.name}' is paused ({stats.waiting} waiting, "
@@ -76,8 +79,8 @@ def queue_action(options: dict[str, Any], write: Write, table: Table) -> None:
 
 def _drain(name: str, timeout: float | None, write: Write) -> None:
     write(f"Queue '{name}' is paused; waiting for its running steps to end...")
-    if not queues.drain_queue(name, timeout=timeout):
-        running = queues.queue_stats([name])[0].running
+    if not queues.drain_queue(name, timeout=timeout, actor="manage.py"):
+        running = queues.running(name.strip())
         raise Error(f"Queue '{name}' still has {running} running step(s) after {timeout:g} s; "
                     "it stays paused (run 'queue drain' again, or 'queue resume').")
     write(f"Success: Queue '{name}' is drained (paused, nothing running).")

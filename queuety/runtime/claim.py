@@ -54,6 +54,9 @@ class Claim:
     """The row's timeout: seconds the attempt may run (its step's, or its branch's)."""
     trace_context: str = ""
     """The run's W3C trace context ('' when it was dispatched without tracing)."""
+    queue: str = ""
+    """The queue the attempt's message came from (its routing key; '' when unknown): the
+    queue a pause names (``queuety.queues``), also for the steps continued inline."""
 
 
 #: Longest host name kept in a worker's name, so that ``claimed_by`` (``host:pid@start/pid``)
@@ -143,7 +146,7 @@ def claim(step_run_id: int, now: datetime | None = None, *, queue: str = "") -> 
             definition_pk, state, revision, *counters, trace_context = cursor.fetchone()
     return Claim(step_run_id, run_id, step_index, seq, attempt, definition_pk,
                  rows.json_value(state), revision, now, budgets.Usage(*counters), kind, me,
-                 branch, timeout, trace_context or "")
+                 branch, timeout, trace_context or "", queue)
 
 
 def claim_of(row: StepRun) -> Claim:

@@ -271,7 +271,9 @@ def _complete_postgres(held: Claim, spec: WorkflowSpec, outcome: engine.Advance,
         "next_published_at": None if inline else now,
         "next_claimed_at": now if inline else None,
         "next_claimed_by": held.claimed_by if inline else "",
-        "next_queue": publish.queue_name(spec.queue_of(next_index))
+        # Inline steps run on the queue this message came from (the routing key a pause
+        # names); unknown, the one Queuety sends the step to.
+        "next_queue": (held.queue or publish.queue_name(spec.queue_of(next_index)))
         if inline and next_index is not None else "",
         "events": json.dumps(events),
         "cost_units": cost_units,
@@ -304,7 +306,7 @@ def _complete_postgres(held: Claim, spec: WorkflowSpec, outcome: engine.Advance,
         held.definition_id, json.loads(state), held.revision + 1, now,
         budgets.Usage(usage.transitions + 1, usage.cost_units + cost_units,
                       usage.started_workflows), "step", held.claimed_by, 0,
-        None if following is None else following.timeout, held.trace_context)
+        None if following is None else following.timeout, held.trace_context, held.queue)
 
 
 # -- failure ----------------------------------------------------------------------------------
