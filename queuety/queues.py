@@ -57,7 +57,7 @@ THROUGHPUT_WINDOW = 300
 #: Held rows released per transaction by a resume.
 RELEASE_CHUNK = paused.CHUNK
 #: Timeline kinds that end a step attempt for good (a step's, a branch's, an item's).
-_FINISHED = ("step_completed", "step_failed", "branch_completed", "item_completed",
+FINISHED_KINDS = ("step_completed", "step_failed", "branch_completed", "item_completed",
              "item_failed")
 #: The longest queue name (the column's size).
 MAX_NAME = 255
@@ -242,7 +242,7 @@ def queue_stats(names: Iterable[str] | None = None, *,
         for row in _grouped(steps.filter(where, status=status)):
             tally.add(status, row, now)
     since = now - timedelta(seconds=THROUGHPUT_WINDOW)
-    for row in (events.filter(created_at__gte=since, kind__in=_FINISHED)
+    for row in (events.filter(created_at__gte=since, kind__in=FINISHED_KINDS)
                 .values("run__definition_id", "step_index")
                 .annotate(n=Count("pk")).order_by()):
         tally.count(_queue(row["run__definition_id"], row["step_index"] or 0), "finished",

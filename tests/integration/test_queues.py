@@ -285,6 +285,8 @@ def test_held_fan_out_items_keep_their_max_concurrency_slots(node, token):
         ["held", "held", "throttled", "throttled"]
     queuety.resume_queue(name)
     assert wait_for(run_id, timeout=30, worker=node).status == "completed"
+    # The throughput counts the items' endings too: 6 items and the join's step.
+    assert _stats(name).finished == 7
 
 
 def _idle_row(token: str) -> tuple[str, int]:
@@ -399,3 +401,13 @@ def test_rest_warns_when_pausing_an_unknown_queue_and_hides_paused_by(node):
         assert listed[unknown]["paused"] is True and listed[unknown]["paused_by"] == ""
     finally:
         queuety.resume_queue(unknown)
+
+
+def test_stats_leave_out_pending_steps_of_a_paused_run(no_sweeps, token):
+    idle, pk = _idle_row(token)
+    run_id = StepRun.objects.get(pk=pk).run_id
+    assert _stats(idle).waiting == 1
+    queuety.pause(run_id)
+    # No claim takes a paused run's step: it is not waiting on its queue.
+    assert (_stats(idle).waiting, _stats(idle).oldest_wait) == (0, None)
+    queuety.cancel(run_id)

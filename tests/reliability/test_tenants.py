@@ -36,7 +36,7 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 import queuety
-from queuety import approvals, registry
+from queuety import approvals, queues, registry
 from queuety.models import (
     Artifact,
     Event,
@@ -297,7 +297,7 @@ def test_api__every_endpoint_keeps_the_tenants_apart(world, figures):
             # A run's tenant is in its state (a job's: in its kwargs; tests.workflows.
             # tenant_scope). The site's count is larger: the answer is narrowed.
             finishes = Event.objects.filter(created_at__gte=since,
-                                            kind__in=("step_completed", "step_failed"))
+                                            kind__in=queues.FINISHED_KINDS)
             own = finishes.filter(Q(run__state__tenant=me.name)
                                   | Q(run__state__kwargs__tenant=me.name)).count()
             expect(f"{me.name}: other tenants' finished steps exist to hide",
@@ -465,6 +465,15 @@ def test_admin__lists_pages_counts_and_bulk_actions_keep_the_tenants_apart(world
                 status = browser.get(f"{ADMIN}/webhookdelivery/{deliveries[other.name]}/"
                                      "change/", follow=True).redirect_chain
                 expect(f"{me.name}: other's delivery page", bool(status), status)
+                # The queues page applies the API's rule (queuety.queues.may_see, may_act):
+                # under RUN_ACCESS alone, no numbers for non-superusers; no pause for them.
+                status = browser.get(f"{ADMIN}/queuepause/").status_code
+                expect(f"{me.name}: queues page", status == (403 if ACCESS_ONLY else 200),
+                       status)
+                status = browser.post(f"{ADMIN}/queuepause/", {
+                    "queue": "tenant-probe", "action": "pause"}).status_code
+                expect(f"{me.name}: queues page pause", status == 403 and not
+                       QueuePause.objects.filter(queue="tenant-probe").exists(), status)
                 # One's own run page, export and chunks are there.
                 for page in (f"{me.runs[0]}/change/", f"{me.runs[0]}/export/",
                              f"{me.runs[0]}/artifacts/partial/",
