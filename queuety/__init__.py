@@ -131,6 +131,8 @@ __all__ = [
     "BulkOperationNotFound",
     "pause",
     "pause_definition",
+    "pause_queue",
+    "queue_stats",
     "register",
     "registered",
     "put_artifact",
@@ -140,6 +142,7 @@ __all__ = [
     "resource_groups",
     "resume",
     "resume_definition",
+    "resume_queue",
     "retry",
     "edit_state",
     "rewind",
@@ -168,6 +171,7 @@ if TYPE_CHECKING:  # for annotations only: importing it would import Django
     from queuety.keyed import SignalOrStart
     from queuety.outputs import ChunkPage
     from queuety.quarantine import BulkResult
+    from queuety.queues import QueueStats
     from queuety.run_migration import MigrationReport
     from queuety.schedules import Schedule
     from queuety.triggers.declare import Trigger
@@ -597,6 +601,36 @@ def resume_definition(ref: str | int, *, actor: str = "") -> BulkResult:
     from queuety import quarantine
 
     return quarantine.resume_definition(ref, actor=actor)
+
+
+def pause_queue(name: str, *, actor: str = "", reason: str = "") -> QueueStats:
+    """Pause Celery queue ``name`` site-wide: no step of it starts until
+    :func:`resume_queue`; its steps wait throttled (``throttled_by`` reason ``queue
+    paused``), nothing failed and no attempt counted. Safe to repeat. Returns the queue's
+    :class:`~queuety.queues.QueueStats`.
+
+    Raises:
+        QueuetyError: ``name`` is not a queue name.
+    """
+    from queuety import queues
+
+    return queues.pause_queue(name, actor=actor, reason=reason)
+
+
+def resume_queue(name: str, *, actor: str = "") -> int:
+    """Resume Celery queue ``name``: the steps its pause held are published again and start
+    (each through its resource gate). Safe to repeat. Returns how many steps it released."""
+    from queuety import queues
+
+    return queues.resume_queue(name, actor=actor)
+
+
+def queue_stats() -> list[QueueStats]:
+    """Every known queue's :class:`~queuety.queues.QueueStats`: paused or not, steps waiting
+    and running, the oldest wait, and steps finished over the last 5 minutes."""
+    from queuety import queues
+
+    return queues.queue_stats()
 
 
 def retry(run_id: int, *, from_step: str | int | None = None, actor: str = "") -> None:

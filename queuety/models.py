@@ -657,6 +657,25 @@ class AgentCheckpoint(models.Model):
         return f"run {self.run_id} step {self.step_index} {self.kind} {self.seq} {self.key}"
 
 
+class QueuePause(models.Model):
+    """A Celery queue an operator paused (``queuety.queues``): while its row exists, no step
+    of the queue starts; a step that reaches a worker waits throttled (``queue paused``) until
+    the queue is resumed. The claim tests this table in its own statement (no query of its
+    own per step)."""
+
+    queue = models.CharField(max_length=255, unique=True)
+    paused_at = models.DateTimeField()
+    paused_by = models.CharField(max_length=255, blank=True, default="", db_default="")
+    reason = models.TextField(blank=True, default="", db_default="")
+
+    class Meta:
+        verbose_name = "queue"
+        verbose_name_plural = "queues"
+
+    def __str__(self) -> str:
+        return self.queue
+
+
 #: What a job's workflow name starts with (``queuety.jobs.specs.PREFIX``, which sits above the
 #: models; a unit test keeps them equal).
 JOB_PREFIX = "task:"

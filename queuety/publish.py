@@ -48,6 +48,12 @@ class Message(NamedTuple):
     then carries Celery's priority for it (``QUEUETY["MESSAGE_PRIORITIES"]``)."""
 
 
+def queue_name(queue: str | None) -> str:
+    """The queue a message for ``queue`` (a step's or workflow's, None for neither) goes to:
+    it, else ``QUEUETY["QUEUE"]``, else Celery's default queue (``task_default_queue``)."""
+    return queue or settings.QUEUE or str(current_app.conf.task_default_queue or "celery")
+
+
 def message_for(spec: WorkflowSpec, step_run_id: int, index: int,
                 countdown: float | None = None) -> Message:
     """The message that runs row ``step_run_id`` of step ``index`` of a run of ``spec``."""

@@ -152,7 +152,10 @@ def execute_step(self: Task[[int], None], step_run_id: int) -> None:
     # untimed steps: inline steps start within INLINE_SECONDS of the task, so each still gets
     # that limit less at most INLINE_SECONDS.
     own_hard = hard if hard and hard != self.app.conf.task_time_limit else None
-    report = attempt.execute_step(step_run_id, inline=not soft,
+    # The queue the message came from (its routing key: Celery routes a queue's messages by
+    # its name), so that a paused queue's step is held, not started (queuety.queues).
+    queue = (self.request.delivery_info or {}).get("routing_key") or ""
+    report = attempt.execute_step(step_run_id, inline=not soft, queue=queue,
                                   killed_at=None if own_hard is None else started + own_hard)
     if report.leftover_threads:
         # Threads cannot be killed; the process can. The pool replaces it, and the attempt,

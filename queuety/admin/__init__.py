@@ -18,7 +18,9 @@ Pages:
   live runs" / "Resume its paused runs" (``admin/quarantine.py``);
 - webhook endpoints (the secret write-only) and the delivery log, with a redeliver action.
 - the concurrency groups page: in flight against the limit, waiting steps, starts against the
-  rate limit, running cost against the budget (``admin/groups.py``).
+  rate limit, running cost against the budget (``admin/groups.py``);
+- the queues page: paused or not, waiting and running steps, pause and resume buttons
+  (``admin/queues.py``).
 - inbound deliveries: each delivery an inbound hook (``queuety.inbound``) received, with
   its outcome and the run it started or signalled, read-only (``admin/inbound.py``).
 - the jobs changelist: Django tasks run as jobs, by task, queue and status, with their result
@@ -30,6 +32,17 @@ Pages:
   (``admin/bulk.py``).
 """
 
-from queuety.admin import bulk, definitions, events, groups, inbound, jobs, runs, webhooks
+from queuety.admin import (
+    bulk,
+    definitions,
+    events,
+    groups,
+    inbound,
+    jobs,
+    queues,
+    runs,
+    webhooks,
+)
 
-__all__ = ["bulk", "definitions", "events", "groups", "inbound", "jobs", "runs", "webhooks"]
+__all__ = ["bulk", "definitions", "events", "groups", "inbound", "jobs", "queues", "runs",
+           "webhooks"]

@@ -2,7 +2,7 @@
 
 from django.urls import path, re_path
 
-from queuety.api import artifacts, bulk, control, events, hooks, jobs, views
+from queuety.api import artifacts, bulk, control, events, hooks, jobs, queues, views
 
 app_name = "queuety"
 
@@ -38,6 +38,9 @@ urlpatterns = [
          name="run-step-chunk-stream"),
     path("waits/", views.WaitsView.as_view(), name="waits"),
     path("events/", events.EventListView.as_view(), name="event-list"),
+    path("queues/", queues.QueueListView.as_view(), name="queue-list"),
+    path("queues/<str:name>/pause/", queues.PauseQueueView.as_view(), name="queue-pause"),
+    path("queues/<str:name>/resume/", queues.ResumeQueueView.as_view(), name="queue-resume"),
     path("approvals/<str:token>/", views.ApprovalPageView.as_view(), name="approval-page"),
     path("schema/", views.SchemaView.as_view(), name="schema"),
     path("jobs/", jobs.JobListView.as_view(), name="job-list"),

@@ -36,7 +36,7 @@ from queuety.core.handlers import (
     is_async_handler,
 )
 from queuety.core.inline import InlineWindow
-from queuety.models import Event, StepRun, StepStatus
+from queuety.models import Event, RunStatus, StepRun, StepStatus
 from queuety.runtime import exactly_once, gates, lane, wakeups
 from queuety.runtime.claim import Claim, claim, owned
 from queuety.runtime.finish import fail_unloadable
@@ -49,7 +49,7 @@ from queuety.runtime.outcome import (
 from queuety.runtime.settle import branch_done
 from queuety.runtime.sink import AttemptOutputs
 from queuety.runtime.watchdog import Heartbeats, deadline, heartbeat, progress_reporter
-from queuety.store import rows
+from queuety.store import pauses, rows
 from queuety.store.definitions import load_spec
 
 logger = logging.getLogger("queuety")
@@ -66,7 +66,7 @@ class AttemptReport:
 
 
 def execute_step(step_run_id: int, *, inline: bool = True,
-                 killed_at: float | None = None) -> AttemptReport:
+                 killed_at: float | None = None, queue: str = "") -> AttemptReport:
     """Run one attempt of a step and apply its outcome (the body of the Celery task).
 
     Idempotent: a message for a step that is not pending and due is dropped (or, for a
@@ -83,6 +83,9 @@ def execute_step(step_run_id: int, *, inline: bool = True,
     ``QUEUETY["INLINE_SECONDS"]``; the next one is then published as usual. The caller passes
     ``inline=False`` under a soft time limit (it would interrupt whichever step runs).
 
+    ``queue`` is the queue the message came from: while it is paused (``queuety.queues``), the
+    row is not claimed but held throttled (``queue paused``), its attempt not counted.
+
     Likewise, when a step in a concurrency group ends, the best waiting step of its group
     that has no timeout is handed to this process (*direct hand-off*, with ``inline``): it runs
     here next, with no broker hop, while the same window admits an untimed step (within
@@ -91,23 +94,25 @@ def execute_step(step_run_id: int, *, inline: bool = True,
     window = InlineWindow(time.monotonic() + settings.INLINE_SECONDS, killed_at,
                           settings.HARD_TIMEOUT_GRACE, settings.INLINE_SECONDS,
                           own_deadlines=lane.current() is not None)
-    report, kept = _attempt(step_run_id, inline=inline, window=window)
+    report, kept = _attempt(step_run_id, inline=inline, window=window, queue=queue)
     while kept is not None:
         # A handed-off step has no timeout: it runs here only if the window admits one.
         if not inline or report.timed_out or not window.admits(None, time.monotonic()):
             _hand_back(kept)
             break
-        report, kept = _attempt(kept, inline=inline, window=window)
+        # The hand-off picked a step on this queue: a pause of it holds that one too.
+        report, kept = _attempt(kept, inline=inline, window=window, queue=queue)
     return report
 
 
-def _attempt(step_run_id: int, *, inline: bool, window: InlineWindow
+def _attempt(step_run_id: int, *, inline: bool, window: InlineWindow, queue: str = ""
              ) -> tuple[AttemptReport, int | None]:
     """One message's work (see :func:`execute_step`); also the id of a waiting step this
     process was handed when a slot of its group freed, or None."""
-    held = claim(step_run_id)
+    held = claim(step_run_id, queue=queue)
+    if held is None and _refused(step_run_id, queue):
+        held = claim(step_run_id, queue=queue)  # its queue's pause was lifted meanwhile
     if held is None:
-        _requeue_if_early(step_run_id)
         return AttemptReport(claimed=False), None
     try:
         spec = load_spec(held.definition_id)
@@ -433,15 +438,23 @@ def _ms_since(started: float) -> float:
     return round((time.monotonic() - started) * 1000, 3)
 
 
-def _requeue_if_early(step_run_id: int) -> None:
-    row = (StepRun.objects.filter(pk=step_run_id, status=StepStatus.PENDING)
-           .values("available_at", "timeout", "step_index", "kind", "run__definition_id")
-           .first())
+def _refused(step_run_id: int, queue: str) -> bool:
+    """After a refused claim: publish a delayed step delivered early again for its due time,
+    or hold a step whose queue is paused (``queuety.store.pauses``). One query reads why (a
+    duplicate, an early message or a paused run pays nothing more); only a paused queue's
+    step takes the hold's statement. True when the claim should be tried once more: its
+    queue's pause was lifted between the claim and the hold."""
+    row = pauses.refusal(step_run_id, queue)
     if row is None:
-        return
+        return False
     wait = (row["available_at"] - timezone.now()).total_seconds()
-    if 0 < wait <= settings.MAX_ETA:
-        spec = load_spec(row["run__definition_id"])
-        publish.publish([publish.step_message(spec, step_run_id, row["step_index"],
-                                              row["timeout"], wait) if row["kind"] == "step"
-                         else publish.Message(step_run_id, wait, row["timeout"], spec.queue)])
+    if wait > 0:
+        if wait <= settings.MAX_ETA:
+            spec = load_spec(row["run__definition_id"])
+            publish.publish([publish.step_message(spec, step_run_id, row["step_index"],
+                                                  row["timeout"], wait) if row["kind"] == "step"
+                             else publish.Message(step_run_id, wait, row["timeout"], spec.queue)])
+        return False
+    if not queue or row["kind"] != "step" or row["run__status"] != RunStatus.RUNNING:
+        return False
+    return not (row["paused"] and pauses.hold_paused(step_run_id, queue, timezone.now()))

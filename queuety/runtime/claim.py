@@ -54,6 +54,9 @@ class Claim:
     """The row's timeout: seconds the attempt may run (its step's, or its branch's)."""
     trace_context: str = ""
     """The run's W3C trace context ('' when it was dispatched without tracing)."""
+    queue: str = ""
+    """The queue the attempt's message came from (its routing key; '' when unknown): the
+    queue a pause names (``queuety.queues``), also for the steps continued inline."""
 
 
 #: Longest host name kept in a worker's name, so that ``claimed_by`` (``host:pid@start/pid``)
@@ -117,8 +120,9 @@ def pid_of(claimed_by: str) -> int | None:
     return int(pid) if pid.isdigit() else None
 
 
-def claim(step_run_id: int, now: datetime | None = None) -> Claim | None:
-    """Claim a due pending step for this worker; return ``None`` when it is not claimable."""
+def claim(step_run_id: int, now: datetime | None = None, *, queue: str = "") -> Claim | None:
+    """Claim a due pending step for this worker; return ``None`` when it is not claimable
+    (also when ``queue``, the queue its message came from, is paused: ``queuety.queues``)."""
     now = now or timezone.now()
     stamp = connection.ops.adapt_datetimefield_value(now)
     me = worker_id()
@@ -126,14 +130,14 @@ def claim(step_run_id: int, now: datetime | None = None) -> Claim | None:
         # Inside a transaction the relaxed commit would cover its owner's writes too.
         alone = connection.get_autocommit() and not connection.in_atomic_block
         statement = sql.CLAIM_POSTGRES_ALONE if alone else sql.CLAIM_POSTGRES
-        row = rows.execute_hot(statement, [stamp, stamp, me, step_run_id, stamp])
+        row = rows.execute_hot(statement, [stamp, stamp, me, step_run_id, stamp, queue])
         if row is None:
             return None
         (run_id, step_index, seq, attempt, definition_pk, state, revision,
          *counters, kind, branch, timeout, trace_context) = row
     else:
         with rows.hot_cursor() as cursor:
-            cursor.execute(sql.CLAIM_SQLITE, [stamp, stamp, me, step_run_id, stamp])
+            cursor.execute(sql.CLAIM_SQLITE, [stamp, stamp, me, step_run_id, stamp, queue])
             row = cursor.fetchone()
             if row is None:
                 return None
@@ -142,7 +146,7 @@ def claim(step_run_id: int, now: datetime | None = None) -> Claim | None:
             definition_pk, state, revision, *counters, trace_context = cursor.fetchone()
     return Claim(step_run_id, run_id, step_index, seq, attempt, definition_pk,
                  rows.json_value(state), revision, now, budgets.Usage(*counters), kind, me,
-                 branch, timeout, trace_context or "")
+                 branch, timeout, trace_context or "", queue)
 
 
 def claim_of(row: StepRun) -> Claim:

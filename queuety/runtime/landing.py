@@ -309,8 +309,10 @@ def release_held(spec: WorkflowSpec, run_id: int, seq: int, index: int, now: dat
     if limit is None:
         return 0
     same_pass = StepRun.objects.filter(run_id=run_id, kind="step", seq=seq, step_index=index)
+    # A throttled branch (waiting for its group, its queue's budget, or a paused queue) is
+    # released and will run: it keeps its slot, or a resume would start more than the limit.
     free = limit - same_pass.filter(
-        status__in=(StepStatus.PENDING, StepStatus.PROCESSING)).count()
+        status__in=(StepStatus.PENDING, StepStatus.PROCESSING, StepStatus.THROTTLED)).count()
     if free <= 0:
         return 0
     released = list(same_pass.filter(status=StepStatus.HELD).order_by("branch")

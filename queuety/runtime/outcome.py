@@ -281,6 +281,10 @@ def _complete_postgres(held: Claim, spec: WorkflowSpec, outcome: engine.Advance,
         "next_published_at": None if inline else now,
         "next_claimed_at": now if inline else None,
         "next_claimed_by": held.claimed_by if inline else "",
+        # Inline steps run on the queue this message came from (the routing key a pause
+        # names); unknown, the one Queuety sends the step to.
+        "next_queue": (held.queue or publish.queue_name(spec.queue_of(next_index)))
+        if inline and next_index is not None else "",
         "events": json.dumps(events),
         "cost_units": cost_units, "tags": json.dumps(tags),
     }
@@ -289,7 +293,8 @@ def _complete_postgres(held: Claim, spec: WorkflowSpec, outcome: engine.Advance,
     # (BEGIN and COMMIT) around the statement.
     durable = following is None and signals.sinks_want("run_completed", spec.name)
     with transaction.atomic() if durable else nullcontext():
-        owns, advanced, next_id, awaited = rows.execute_hot(sql.COMPLETE_POSTGRES, params)
+        owns, advanced, next_id, awaited, next_status = rows.execute_hot(sql.COMPLETE_POSTGRES,
+                                                                         params)
         if advanced and following is None:
             # The run completed. Its waiters, if a wait named it or it has a parent, are read
             # by a statement of their own: a waiter that marked this run's row committed its
@@ -301,7 +306,7 @@ def _complete_postgres(held: Claim, spec: WorkflowSpec, outcome: engine.Advance,
                          version=spec.version)
     if next_id is None or next_index is None:
         return owns, advanced, None
-    if not inline:
+    if not inline or next_status != StepStatus.PROCESSING:  # not taken: its queue is paused
         gates.publish_landed(spec, next_id, next_index, held.run_id, outcome.state)
         return owns, advanced, None
     # What a claim would have read back: the state as stored (JSON), the run's counters.
@@ -311,7 +316,7 @@ def _complete_postgres(held: Claim, spec: WorkflowSpec, outcome: engine.Advance,
         held.definition_id, json.loads(state), held.revision + 1, now,
         budgets.Usage(usage.transitions + 1, usage.cost_units + cost_units,
                       usage.started_workflows), "step", held.claimed_by, 0,
-        None if following is None else following.timeout, held.trace_context)
+        None if following is None else following.timeout, held.trace_context, held.queue)
 
 
 # -- failure ----------------------------------------------------------------------------------

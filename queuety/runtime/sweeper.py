@@ -23,7 +23,7 @@ from queuety.conf import settings
 from queuety.core import flow
 from queuety.core.status import FINISHED
 from queuety.models import Event, RunStatus, StepRun, StepStatus, Worker, WorkflowRun
-from queuety.runtime import bulk_recovery, wakeups
+from queuety.runtime import bulk_recovery, paused, wakeups
 from queuety.runtime.claim import claim_of, worker_of
 from queuety.runtime.expiry import expire_due
 from queuety.runtime.finish import fail_run, fail_unloadable, release_stranded
@@ -49,8 +49,8 @@ def sweep(now: datetime | None = None,
           still_held: Callable[[], bool] | None = None) -> dict[str, int]:
     """Recover lost attempts and re-publish due steps whose message may be lost; also wake
     runs whose wake-up was lost, settle waits whose timeout passed, send the reminders of
-    waits that are due, fail runs past their
-    deadline and purge old finished runs.
+    waits that are due, fail runs past their deadline, release steps held by a queue pause
+    that is gone, and purge old finished runs.
 
     ``still_held`` is asked before each phase (it renews the sweeper's lease): False stops
     the sweep there, the phases left to the worker that took the lease over.
@@ -64,6 +64,7 @@ def sweep(now: datetime | None = None,
         ("throttled", wake_throttled), ("republished", republish_due),
         ("parents", wake_parents), ("expired", expire_due), ("reminded", remind_due),
         ("overdue", fail_overdue), ("queued", release_stranded),
+        ("unpaused", paused.release_orphans),
         ("purged", purge_finished), ("webhooks", webhooks.recover),
         ("bulk", bulk_recovery.recover))
     for name, phase in phases:

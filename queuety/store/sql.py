@@ -116,13 +116,19 @@ ATTEMPTS_LOCK = "SELECT pg_advisory_xact_lock(%s, %s)"
 _CLAIM_SET = ("status = 'processing', attempt = attempt + 1, claimed_at = %s, heartbeat_at = %s, "
               "claimed_by = %s, throttled_by = NULL")
 
+# A task step's row is not claimed while the queue its message came from is paused (the last
+# parameter, '' when unknown): one probe of the small queuety_queuepause table's unique index,
+# in the claim's own statement (queuety.queues; the caller then holds the row throttled).
+_NOT_PAUSED = ("(s.kind <> 'step' OR NOT EXISTS "
+               "(SELECT 1 FROM queuety_queuepause AS p WHERE p.queue = %s))")
+
 #: Claims a due pending step row of a running run (or a cleanup row) and reads back what the
 #: attempt needs, in one statement: a message for a row it cannot claim changes nothing.
 _CLAIM_POSTGRES = f"""
 UPDATE queuety_steprun AS s SET {_CLAIM_SET}
   FROM queuety_workflowrun AS r{{relaxed}}
  WHERE s.id = %s AND s.status = 'pending' AND s.available_at <= %s
-   AND r.id = s.run_id AND (r.status = 'running' OR s.kind <> 'step')
+   AND r.id = s.run_id AND (r.status = 'running' OR s.kind <> 'step') AND {_NOT_PAUSED}
 RETURNING s.run_id, s.step_index, s.seq, s.attempt, r.definition_id, r.state, r.revision,
           r.transitions, r.cost_units, r.started_workflows, s.kind, s.branch, s.timeout,
           r.trace_context
@@ -138,10 +144,11 @@ CLAIM_POSTGRES_ALONE = _CLAIM_POSTGRES.format(
 
 #: SQLite cannot return columns of a joined table, so it reads the run in a second query.
 CLAIM_SQLITE = f"""
-UPDATE queuety_steprun SET {_CLAIM_SET}
+UPDATE queuety_steprun AS s SET {_CLAIM_SET}
  WHERE id = %s AND status = 'pending' AND available_at <= %s
    AND (kind <> 'step'
         OR run_id IN (SELECT id FROM queuety_workflowrun WHERE status = 'running'))
+   AND {_NOT_PAUSED}
 RETURNING run_id, step_index, seq, attempt, kind, branch, timeout
 """
 
@@ -160,6 +167,8 @@ SELECT definition_id, state, revision, transitions, cost_units, started_workflow
 #: discards the outcome or decides under the run's lock. The next task row is inserted either
 #: pending (its message is published after the commit) or already claimed by this process,
 #: which then runs it: an ordinary processing row with a heartbeat, recovered like any other.
+#: A row this process would take whose queue is paused (``next_queue``, queuety.queues) is
+#: inserted pending instead, its message the caller's: the queue's claim then holds it.
 COMPLETE_POSTGRES = """
 WITH owned AS (
     SELECT id FROM queuety_steprun
@@ -185,12 +194,17 @@ WITH owned AS (
                                  max_attempts, timeout, available_at, published_at, claimed_at,
                                  heartbeat_at, claimed_by, created_at)
     SELECT %(run_id)s, %(seq)s, 0, %(next_index)s::integer, %(next_name)s::text,
-           %(next_status)s, %(next_attempt)s, %(next_max_attempts)s::integer,
-           %(next_timeout)s::float8, %(now)s, %(next_published_at)s::timestamptz,
-           %(next_claimed_at)s::timestamptz, %(next_claimed_at)s::timestamptz,
-           %(next_claimed_by)s, %(now)s
+           CASE WHEN p.paused THEN 'pending' ELSE %(next_status)s END,
+           CASE WHEN p.paused THEN 0 ELSE %(next_attempt)s END, %(next_max_attempts)s::integer,
+           %(next_timeout)s::float8, %(now)s,
+           CASE WHEN p.paused THEN %(now)s ELSE %(next_published_at)s::timestamptz END,
+           CASE WHEN p.paused THEN NULL ELSE %(next_claimed_at)s::timestamptz END,
+           CASE WHEN p.paused THEN NULL ELSE %(next_claimed_at)s::timestamptz END,
+           CASE WHEN p.paused THEN '' ELSE %(next_claimed_by)s END, %(now)s
+      FROM (SELECT %(next_claimed_by)s <> '' AND EXISTS (
+                SELECT 1 FROM queuety_queuepause WHERE queue = %(next_queue)s) AS paused) AS p
      WHERE %(next_index)s::integer IS NOT NULL AND EXISTS (SELECT 1 FROM run)
-    RETURNING id
+    RETURNING id, status
 ), events AS (
     INSERT INTO queuety_event (run_id, step_run_id, kind, step_index, step_name, attempt,
                                duration_ms, data, created_at)
@@ -202,7 +216,7 @@ WITH owned AS (
      WHERE EXISTS (SELECT 1 FROM run)
 )
 SELECT EXISTS (SELECT 1 FROM owned), EXISTS (SELECT 1 FROM run), (SELECT id FROM following),
-       COALESCE((SELECT awaited FROM run), false)
+       COALESCE((SELECT awaited FROM run), false), (SELECT status FROM following)
 """
 
 

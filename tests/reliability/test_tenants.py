@@ -22,12 +22,14 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import timedelta
 from io import StringIO
 
 import pytest
 from django.contrib.auth.models import Permission, User
 from django.core.management import CommandError, call_command
 from django.db import connection
+from django.db.models import Q
 from django.test import Client, override_settings
 from django.test.utils import CaptureQueriesContext
 from django.urls import URLPattern, get_resolver
@@ -35,11 +37,12 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 import queuety
-from queuety import approvals, bulk_actions, registry
+from queuety import approvals, bulk_actions, queues, registry
 from queuety.models import (
     Artifact,
     BulkOperation,
     Event,
+    QueuePause,
     Signal,
     StepRun,
     WebhookDelivery,
@@ -333,6 +336,34 @@ def test_api__every_endpoint_keeps_the_tenants_apart(world, figures):
                 response = client(me.user).get(API + path)
                 expect(f"{me.name}: GET {path}", response.status_code == (404 if key[0] is None
                                                                           else 200))
+        # Queues are site-wide: a tenant's numbers count its own runs' steps only (the
+        # steps finished in the last 5 minutes), and only a superuser pauses or resumes.
+        covered |= {("queue-list", "GET"), ("queue-pause", "POST"), ("queue-resume", "POST")}
+        since = timezone.now() - timedelta(seconds=300)
+        for me in (a, b):
+            api = client(me.user)
+            response = api.get(f"{API}/queues/")
+            # A run's tenant is in its state (a job's: in its kwargs; tests.workflows.
+            # tenant_scope). The site's count is larger: the answer is narrowed.
+            finishes = Event.objects.filter(created_at__gte=since,
+                                            kind__in=queues.FINISHED_KINDS)
+            own = finishes.filter(Q(run__state__tenant=me.name)
+                                  | Q(run__state__kwargs__tenant=me.name)).count()
+            expect(f"{me.name}: other tenants' finished steps exist to hide",
+                   finishes.count() > own > 0, (finishes.count(), own))
+            if ACCESS_ONLY:  # a per-run check cannot narrow a count: superusers only
+                expect(f"{me.name}: GET queues/ is for superusers under RUN_ACCESS",
+                       response.status_code == 403, response.status_code)
+            else:
+                finished = sum(item["finished"] for item in response.json())
+                expect(f"{me.name}: GET queues/ counts its own runs' steps only",
+                       response.status_code == 200 and finished == own, (finished, own))
+            for action in ("pause", "resume"):
+                response = _json(api, "POST", f"{API}/queues/tenant-probe/{action}/")
+                expect(f"{me.name}: POST queues/<name>/{action}/ is for superusers",
+                       response.status_code == 403
+                       and not QueuePause.objects.filter(queue="tenant-probe").exists(),
+                       response.status_code)
         # An approval link is its own authority (signed, single-use, for one wait): whoever
         # holds it may open it, signed in or not, any tenant. A forged one is refused.
         covered |= {("approval-page", "GET"), ("approval-page", "POST")}
@@ -487,6 +518,15 @@ def test_admin__lists_pages_counts_and_bulk_actions_keep_the_tenants_apart(world
                 status = browser.get(f"{ADMIN}/webhookdelivery/{deliveries[other.name]}/"
                                      "change/", follow=True).redirect_chain
                 expect(f"{me.name}: other's delivery page", bool(status), status)
+                # The queues page applies the API's rule (queuety.queues.may_see, may_act):
+                # under RUN_ACCESS alone, no numbers for non-superusers; no pause for them.
+                status = browser.get(f"{ADMIN}/queuepause/").status_code
+                expect(f"{me.name}: queues page", status == (403 if ACCESS_ONLY else 200),
+                       status)
+                status = browser.post(f"{ADMIN}/queuepause/", {
+                    "queue": "tenant-probe", "action": "pause"}).status_code
+                expect(f"{me.name}: queues page pause", status == 403 and not
+                       QueuePause.objects.filter(queue="tenant-probe").exists(), status)
                 # One's own run page, export and chunks are there.
                 for page in (f"{me.runs[0]}/change/", f"{me.runs[0]}/export/",
                              f"{me.runs[0]}/artifacts/partial/", f"{me.runs[0]}/edit-state/",

@@ -28,6 +28,7 @@ from queuety.management import (
 from queuety.management import bulk as bulk_commands
 from queuety.management import jobs as job_commands
 from queuety.management import machines as machine_commands
+from queuety.management import queues as queue_commands
 from queuety.management.starting import Error
 from queuety.runtime import sweeper
 
@@ -97,7 +98,7 @@ class Command(BaseCommand):
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         groups = parser.add_subparsers(dest="group", required=True,
                                        metavar="{workflow,job,schedule,status,sweep,"
-                                               "metrics,deploy-check,log,purge,archive}")
+                                               "metrics,deploy-check,log,purge,archive,queue}")
         workflow = groups.add_parser("workflow", help="Workflow runs.")
         actions = workflow.add_subparsers(dest="action", required=True,
                                           metavar="{dispatch,definitions,diff,status,list,retry,"
@@ -219,6 +220,7 @@ class Command(BaseCommand):
         job_commands.add_job_group(groups)
         machine_commands.add_machine_group(groups)
         eventlog.add_log_group(groups)
+        queue_commands.add_queue_group(groups)
         retaining.add_retention_groups(groups)
 
     #: The groups whose action takes the options and a writer, each over its service.
@@ -239,6 +241,7 @@ class Command(BaseCommand):
             "job": lambda: job_commands.job_action(options, self.stdout.write, self._table),
             "machine": lambda: machine_commands.machine_action(options, self.stdout.write,
                                                                self._table),
+            "queue": lambda: queue_commands.queue_action(options, self.stdout.write, self._table),
         }
         if options["group"] in self._WRITERS:
             self._WRITERS[options["group"]](options, self.stdout.write)
