@@ -82,7 +82,7 @@ def main() -> None:
     with override_settings(QUEUETY={**QUEUETY, "BULK_CHUNK_SIZE": args.chunk}):
         op = queuety.bulk("cancel", workflow=f"bulk_bench_{tag}", status="waiting_for_signal")
         started = time.perf_counter()
-        final = bulk_actions.process(op.id)
+        final = bulk_actions.process(op.id, time_slice=3600.0)
         elapsed = time.perf_counter() - started
     progress = queuety.bulk_status(op.id)
     left = WorkflowRun.objects.filter(name=f"bulk_bench_{tag}",
