@@ -5,12 +5,13 @@ An operation is a :class:`~queuety.models.BulkOperation` row: the audit record (
 the filter, the action's arguments) and the progress. A Celery task (``queuety.bulk_operation``)
 processes it under a lease: it reads the matching runs by ascending id in chunks of
 ``QUEUETY["BULK_CHUNK_SIZE"]`` (keyset: ``id > cursor``, bounded by the highest run id at the
-start, so runs dispatched later are left alone) and acts on each run in a transaction of its
-own, the same per-run operation a single run gets (``queuety.operations``,
-``queuety.run_migration``): no lock on more than one run tree at a time, however many match.
-The operation's cursor and counts move in that same transaction, so a processor that dies
-resumes (the sweeper re-sends the task once its lease lapses: ``queuety.runtime.bulk_recovery``) after the last run it changed,
-and never acts on a run twice. Every chunk is narrowed by the requesting user's
+start, so runs dispatched later are left alone) and acts on them in batches, one transaction
+of about 100 ms each (``BATCH_SECONDS``), each run in a savepoint, with the same per-run
+operation a single run gets (``queuety.operations``, ``queuety.run_migration``). A batch's
+first statement takes the operation's row (a claimer waits for it) and its last moves the
+cursor, counts and heartbeat, so a processor that dies resumes (the sweeper re-sends the
+task once its lease lapses: ``queuety.runtime.bulk_recovery``) after the last run it
+changed, and never acts on a run twice. Every chunk is narrowed by the requesting user's
 ``RUN_SCOPE`` (``queuety.scope``), and each run by ``RUN_ACCESS``.
 """
 
