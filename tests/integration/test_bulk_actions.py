@@ -605,3 +605,20 @@ def test_a_chunk_by_definition_reads_an_index_in_id_order(token):
     definition = WorkflowRun.objects.get(pk=run).definition_id
     plan = chunk_plan(definition=str(definition))
     assert "Sort" not in plan and "queuety_run_definition_id" in plan, plan
+
+
+def test_a_worker_lets_the_operation_go_after_its_time_slice_and_sends_it_on(worker, token,
+                                                                             no_sweeps):
+    flow = approval_flow(token)
+    runs = [flow.dispatch({"token": token}) for _ in range(4)]
+    wait_for(lambda: statuses(runs) == ["waiting_for_signal"] * 4)
+    with override_settings(QUEUETY={**TEST_QUEUETY, "BULK_CHUNK_SIZE": 2}):
+        op_id = BulkOperation.objects.create(
+            action="cancel", filter={"workflow": name_of(flow)}, max_run_id=max(runs),
+            matched=4).pk
+        # Out of time after its first chunk: the lease let go, the task sent again.
+        assert bulk_actions.process(op_id, time_slice=0) == "running"
+    assert BulkOperation.objects.get(pk=op_id).acted == 2
+    op = finished(op_id)  # the session worker took the task and went on at the cursor
+    assert (op.status, op.acted, op.stalls) == ("done", 4, 0)
+    assert Event.objects.filter(run_id__in=runs, kind="workflow_cancelled").count() == 4
