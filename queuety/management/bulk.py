@@ -47,7 +47,7 @@ def add_bulk_actions(actions: Any) -> None:
     bulk.add_argument("--version", default=None, help="Only runs of this version() label.")
     bulk.add_argument("--waiting", default=None,
                       help="true, false, or a kind of wait (approval, decision, input, "
-                           "signal, workflows).")
+                           "person: any of those three, signal, workflows).")
     bulk.add_argument("--tag", dest="tags", type=_tag, action="append", default=None,
                       metavar="KEY=VALUE", help="Only runs with this tag (repeatable: all).")
     bulk.add_argument("--older-than", type=_age, default=None, metavar="AGE",
