@@ -522,8 +522,8 @@ def bulk(action: str, *, workflow: str | None = None, definition: str | int | No
          step: int | str | None = None, to: Any = None, step_map: dict[str, str] | None = None,
          state: str | None = None, user: Any = None, actor: str = "") -> BulkProgress:
     """Act on every run the filter matches (``cancel``, ``pause``, ``resume``, ``retry``,
-    ``rewind`` or ``migrate``) as a durable bulk operation a worker processes in chunks, each
-    run in a short transaction of its own; return its progress at once (``bulk_status()``
+    ``rewind`` or ``migrate``) as a durable bulk operation a worker processes in chunks, in
+    batches of runs of about 100 ms a transaction (each run in a savepoint); return its progress at once (``bulk_status()``
     reads it later, ``cancel_bulk()`` stops it).
 
     The filter is the runs list's (``GET runs/``): all given keys must match; ``tags`` every
@@ -531,8 +531,9 @@ def bulk(action: str, *, workflow: str | None = None, definition: str | int | No
     after the call are never acted on. A run the action does not apply to is skipped, counted
     by reason. ``rewind`` needs ``step`` (index or name: each run goes back to just after it);
     ``migrate`` needs the ``workflow`` filter and takes ``to`` (default ``"latest"``),
-    ``step_map`` and ``state`` (a dotted path) as ``migrate_runs()`` does. ``user``: only the
-    runs their ``QUEUETY["RUN_SCOPE"]`` reaches (default: all). ``dry_run`` counts the matching
+    ``step_map`` and ``state`` (a dotted path) as ``migrate_runs()`` does (its target resolved
+    once, now). ``user``: only the runs their ``QUEUETY["RUN_SCOPE"]`` reaches and their
+    ``RUN_ACCESS`` allows (default: all). ``dry_run`` counts the matching
     runs, records the request and changes nothing. See docs/guide/operating-runs.md.
 
     Raises:

@@ -159,6 +159,9 @@ class WorkflowRun(models.Model):
                                      remind_at__isnull=False)),
             # GET runs/?tag=customer:42 (tags @> '{"customer": "42"}').
             TagsIndex(name="queuety_run_tags"),
+            # A bulk operation's chunks by workflow or definition, in id order (keyset).
+            models.Index(fields=["name", "id"], name="queuety_run_name_id"),
+            models.Index(fields=["definition", "id"], name="queuety_run_definition_id"),
         ]
         permissions = [
             ("signal_workflowrun", "Can send signals, approvals and input to workflow runs"),
@@ -779,6 +782,8 @@ class BulkOperation(models.Model):
     error = models.TextField(blank=True, default="")
     lease_token = models.CharField(max_length=64, blank=True, default="")
     heartbeat_at = models.DateTimeField(null=True, blank=True)
+    stalls = models.IntegerField(default=0, help_text="Leases taken over since the cursor "
+                                                      "last moved.")
 
     class Meta:
         indexes = [models.Index(fields=["status"], name="queuety_bulk_live",

@@ -309,6 +309,8 @@ def waiting_on(kinds: Iterable[str]) -> Q:
 
 #: What ``runs_matching(waiting=...)`` accepts, besides true and false.
 WAIT_KINDS = ("approval", "decision", "input", "signal", "workflows")
+#: The waits a person answers (``waiting=person``: any of them, the admin's "a person").
+PERSON_WAITS = ("approval", "decision", "input")
 WAITING = (RunStatus.WAITING_FOR_SIGNAL, RunStatus.WAITING_FOR_WORKFLOWS)
 
 
@@ -322,7 +324,8 @@ def runs_matching(*, status: str | None = None, workflow: str | None = None,
 
     ``version`` is a definition's ``.version()`` label (of ``workflow`` if given);
     ``waiting`` is ``true``/``false`` (waiting for anything, or not) or a kind of wait:
-    ``approval``, ``decision``, ``input``, ``signal`` (any signal wait) or ``workflows``;
+    ``approval``, ``decision``, ``input``, ``person`` (any of those three), ``signal`` (any
+    signal wait) or ``workflows``;
     ``tags``: runs carrying every one of these tags (the GIN index ``queuety_run_tags``).
     ``definition`` a stored definition's id, hash or hash prefix (of ``workflow`` if given:
     what ``GET runs/`` answers as ``definition_hash``); ``older_than`` runs created more than
@@ -356,21 +359,27 @@ def runs_matching(*, status: str | None = None, workflow: str | None = None,
         runs = runs.filter(definition_id__in=list(definitions.values_list("pk", flat=True)))
     runs = _narrowed(runs, workflow, definition, older_than, error_type, as_of)
     if waiting is not None:
-        wanted = waiting.lower()
-        if wanted in ("true", "1", "yes"):
-            runs = runs.filter(status__in=WAITING)
-        elif wanted in ("false", "0", "no"):
-            runs = runs.filter(status__in=[each for each in RunStatus if each not in WAITING])
-        elif wanted == "workflows":
-            runs = runs.filter(status=RunStatus.WAITING_FOR_WORKFLOWS)
-        elif wanted == "signal":
-            runs = runs.filter(status=RunStatus.WAITING_FOR_SIGNAL)
-        elif wanted in WAIT_KINDS:
-            runs = runs.filter(waiting_on([wanted]))
-        else:
-            raise ValueError(f"Unknown waiting filter {waiting!r}; use true, false or one of "
-                             f"{', '.join(WAIT_KINDS)}.")
+        runs = _waiting(runs, waiting)
     return runs.filter(tagged(tags or {}))
+
+
+def _waiting(runs: QuerySet[WorkflowRun], waiting: str) -> QuerySet[WorkflowRun]:
+    """``runs_matching``'s ``waiting`` filter (see it)."""
+    wanted = waiting.lower()
+    if wanted in ("true", "1", "yes"):
+        return runs.filter(status__in=WAITING)
+    if wanted in ("false", "0", "no"):
+        return runs.filter(status__in=[each for each in RunStatus if each not in WAITING])
+    if wanted == "workflows":
+        return runs.filter(status=RunStatus.WAITING_FOR_WORKFLOWS)
+    if wanted == "signal":
+        return runs.filter(status=RunStatus.WAITING_FOR_SIGNAL)
+    if wanted in WAIT_KINDS:
+        return runs.filter(waiting_on([wanted]))
+    if wanted == "person":
+        return runs.filter(waiting_on(PERSON_WAITS))
+    raise ValueError(f"Unknown waiting filter {waiting!r}; use true, false, person or "
+                     f"one of {', '.join(WAIT_KINDS)}.")
 
 
 def _narrowed(runs: QuerySet[WorkflowRun], workflow: str | None,

@@ -10,7 +10,7 @@ from rest_framework import status
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from queuety import bulk_actions, exceptions, queries, scope
+from queuety import bulk_actions, exceptions, queries
 from queuety.api import exceptions as api_errors
 from queuety.api import serializers
 from queuety.api.views import ERRORS, IDEMPOTENCY_KEY, RunAPIView, read_json_body, replayable
@@ -64,11 +64,11 @@ def filter_of(query: dict[str, Any]) -> dict[str, Any]:
 
 
 def visible_operation(request: Request, op_id: int) -> BulkOperation:
-    """Operation ``op_id`` as this user may see it: with a ``RUN_SCOPE``, only one they
-    requested (another's is answered as missing: its filter and counts are of runs they may
-    not see)."""
-    op = BulkOperation.objects.filter(pk=op_id).first()
-    if op is None or (scope.is_scoped() and op.requested_by_id != request.user.pk):
+    """Operation ``op_id`` as this user may see it (``bulk_actions.operations_of``: with a
+    ``RUN_SCOPE`` or ``RUN_ACCESS``, only one they requested; another's is answered as
+    missing: its filter and counts are of runs they may not see)."""
+    op = bulk_actions.operations_of(request.user).filter(pk=op_id).first()
+    if op is None:
         raise exceptions.BulkOperationNotFound(op_id)
     return op
 
@@ -112,6 +112,12 @@ class BulkView(RunAPIView):
                                           user=request.user, actor=_actor(request))
         except ValueError as error:
             raise _invalid(str(error)) from None
+        except exceptions.UnknownDefinition as error:
+            if str(query.get("definition")) != str(error.ref):
+                raise  # migrate's target: the definition_not_found 404
+            # A filter value that names nothing: a bad filter (400), as GET runs/ answers it.
+            raise api_errors.QueuetyAPIError(str(error), "invalid_filter",
+                                             status.HTTP_400_BAD_REQUEST) from None
         return Response(progress.to_dict(), status=status.HTTP_200_OK if progress.dry_run
                         else status.HTTP_202_ACCEPTED)
 

@@ -60,7 +60,8 @@ LIST_FILTERS = [
                                                  "version() label."),
     OpenApiParameter("waiting", str, description="true / false (waiting for anything or "
                                                  "not), or a kind of wait: approval, "
-                                                 "decision, input, signal, workflows."),
+                                                 "decision, input, person (any of those "
+                                                 "three), signal, workflows."),
     OpenApiParameter("tag", str, many=True, explode=True,
                      description="Only runs carrying this tag, as key:value (customer:42); "
                                  "repeat it for several, all of which must match."),

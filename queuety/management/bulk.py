@@ -1,4 +1,4 @@
-"""``manage.py queuety workflow bulk``, ``bulk-status`` and ``bulk-cancel``: bulk actions by
+"""``manage.py queuety workflow bulk``, ``bulk-list``, ``bulk-status`` and ``bulk-cancel``: bulk actions by
 filter from the shell (thin over ``queuety.bulk_actions``)."""
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def _op_id(text: str) -> int:
 
 
 def add_bulk_actions(actions: Any) -> None:
-    """Add ``bulk``, ``bulk-status`` and ``bulk-cancel`` to the ``workflow`` sub-parsers."""
+    """Add ``bulk``, ``bulk-list``, ``bulk-status`` and ``bulk-cancel`` to the ``workflow`` sub-parsers."""
     bulk = actions.add_parser("bulk", help="Act on every run a filter matches, as a durable "
                                            "operation a worker processes (--dry-run first).")
     bulk.add_argument("bulk_action", metavar="ACTION", choices=list(bulk_actions.ACTIONS),
@@ -47,7 +47,7 @@ def add_bulk_actions(actions: Any) -> None:
     bulk.add_argument("--version", default=None, help="Only runs of this version() label.")
     bulk.add_argument("--waiting", default=None,
                       help="true, false, or a kind of wait (approval, decision, input, "
-                           "signal, workflows).")
+                           "person: any of those three, signal, workflows).")
     bulk.add_argument("--tag", dest="tags", type=_tag, action="append", default=None,
                       metavar="KEY=VALUE", help="Only runs with this tag (repeatable: all).")
     bulk.add_argument("--older-than", type=_age, default=None, metavar="AGE",
@@ -59,33 +59,40 @@ def add_bulk_actions(actions: Any) -> None:
     bulk.add_argument("--dry-run", action="store_true",
                       help="Count the matching runs; change nothing.")
     bulk.add_argument("--json", action="store_true", help="Print the operation as JSON.")
+    listing = actions.add_parser("bulk-list", help="List the most recent bulk operations.")
+    listing.add_argument("--limit", type=_op_id, default=20, metavar="N",
+                         help="How many, newest first (default 20).")
+    listing.add_argument("--json", action="store_true", help="Print them as JSON.")
     status = actions.add_parser("bulk-status", help="Show a bulk operation's progress.")
     cancel = actions.add_parser("bulk-cancel", help="Stop a bulk operation.")
     for parser in (status, cancel):
         parser.add_argument("op_id", type=_op_id, metavar="ID")
         parser.add_argument("--json", action="store_true", help="Print it as JSON.")
-    for parser in (bulk, status, cancel):
+    for parser in (bulk, listing, status, cancel):
         parser.add_argument("--as-user", default=None, metavar="USERNAME",
                             help="Act for this user: only the runs QUEUETY['RUN_SCOPE'] gives "
                                  "them (default: full access).")
 
 
 def bulk_action(action: str, options: dict[str, Any], write: Callable[[str], None]) -> bool:
-    """Run ``workflow bulk``, ``bulk-status`` or ``bulk-cancel``; False for another action.
+    """Run ``workflow bulk``, ``bulk-list``, ``bulk-status`` or ``bulk-cancel``; False for
+    another action.
 
     Raises:
         Error: bad input (nothing recorded), or no such operation.
     """
-    if action not in ("bulk", "bulk-status", "bulk-cancel"):
+    if action not in ("bulk", "bulk-list", "bulk-status", "bulk-cancel"):
         return False
     user = options.get("acting_user")
+    if action == "bulk-list":
+        _list(bulk_actions.recent(user, options["limit"]), options["json"], write)
+        return True
     try:
         if action == "bulk":
             progress = _start(options, user)
         else:
-            op = bulk_actions.status(options["op_id"])
-            if user is not None and op.requested_by != _actor(user):
-                raise exceptions.BulkOperationNotFound(options["op_id"])
+            # --as-user: only their own, whichever way (API, admin, CLI) they started it.
+            op = bulk_actions.status(options["op_id"], requested_by=user)
             progress = op if action == "bulk-status" else bulk_actions.cancel(op.id)
     except (exceptions.QueuetyError, ValueError) as error:
         raise Error(str(error)) from None
@@ -94,6 +101,20 @@ def bulk_action(action: str, options: dict[str, Any], write: Callable[[str], Non
     else:
         write(_text(progress))
     return True
+
+
+def _list(found: list[bulk_actions.BulkProgress], as_json: bool,
+          write: Callable[[str], None]) -> None:
+    if as_json:
+        write(json.dumps([each.to_dict() for each in found], indent=4, default=str))
+        return
+    if not found:
+        write("No bulk operations.")
+    for each in found:
+        write(f"{each.id}  {each.action} {each.status}{' (dry run)' if each.dry_run else ''}  "
+              f"{each.processed} of {each.matched} processed ({each.acted} acted on, "
+              f"{each.skipped} skipped)  by {each.requested_by or '-'}  {each.created_at:%Y-%m-%d %H:%M}  "
+              f"filter {json.dumps(each.filter, default=str)}")
 
 
 def _actor(user: Any) -> str:

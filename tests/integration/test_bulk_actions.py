@@ -10,6 +10,7 @@ from io import StringIO
 
 import pytest
 from django.core.management import call_command
+from django.db import connection, transaction
 from django.test import override_settings
 from django.utils import timezone
 from rest_framework.test import APIClient
@@ -143,8 +144,8 @@ def test_a_processor_that_dies_after_one_chunk_is_resumed_by_the_sweeper_without
     runs = [flow.dispatch({"token": token}) for _ in range(5)]
     wait_for(lambda: statuses(runs) == ["waiting_for_signal"] * 5)
     with override_settings(QUEUETY={**TEST_QUEUETY, "BULK_CHUNK_SIZE": 2}):
-        # Recorded, then taken by this process before the worker's message is handled: the
-        # worker finds the lease held and leaves it.
+        # Recorded directly (no task message is sent: the worker never sees it) and processed
+        # here, one chunk, then left holding the lease as a worker that died would.
         op_id = BulkOperation.objects.create(
             action="cancel", filter={"workflow": name_of(flow)}, max_run_id=max(runs),
             matched=5).pk
@@ -342,3 +343,282 @@ def test_admin_select_all_matching_starts_a_bulk_operation_over_the_changelists_
         "_selected_action": [elsewhere]}, follow=True)
     assert b"filtered by q" in refused.content
     assert BulkOperation.objects.count() == count
+
+
+def test_admin_acts_on_exactly_the_runs_the_changelist_counts(worker, token, admin_client):
+    approvals = approval_flow(token)
+    signals = named(f"bulk_s_{token}", lambda flow: flow.wait_for_signal("go"),
+                    lambda flow: flow.then(workflows.step_a))
+    tags = {"t": token}
+    waiting = [approvals.dispatch({"token": token}, tags=tags) for _ in range(2)]
+    plain = [signals.dispatch({"token": token}, tags=tags) for _ in range(3)]
+    wait_for(lambda: statuses([*waiting, *plain]) == ["waiting_for_signal"] * 5)
+    changelist = "/admin/queuety/workflowrun/"
+
+    for choice in ("approval", "person"):
+        query = {"waiting": choice, "tag": f"t:{token}"}
+        shown = admin_client.get(changelist, query).context["cl"].result_count
+        url = f"{changelist}?waiting={choice}&tag=t:{token}"
+        answer = admin_client.post(url, {"action": "pause_selected", "select_across": "1",
+                                         "index": "0", "_selected_action": [waiting[0]]})
+        assert answer.status_code == 302, answer.content
+        op = BulkOperation.objects.order_by("-pk").first()
+        assert (op.filter, op.matched, shown) == ({"waiting": choice, "tags": tags}, shown, 2)
+        finished(op.pk)
+        queuety.bulk("resume", workflow=name_of(approvals))
+        wait_for(lambda: statuses(waiting) == ["waiting_for_signal"] * 2)
+    assert statuses(plain) == ["waiting_for_signal"] * 3  # never reached
+
+    # "a signal" (a plain signal wait) and "no version label" have no exact bulk filter:
+    # refused with the reason, nothing started.
+    count = BulkOperation.objects.count()
+    for query, said in (("waiting=signal", b"a plain signal wait"),
+                        ("version=(none)", b"no version label")):
+        refused = admin_client.post(f"{changelist}?{query}&workflow={name_of(signals)}", {
+            "action": "cancel_selected", "select_across": "1", "index": "0",
+            "_selected_action": [plain[0]]}, follow=True)
+        assert said in refused.content and b"nothing was started" in refused.content
+    assert BulkOperation.objects.count() == count
+    assert statuses(plain) == ["waiting_for_signal"] * 3
+
+
+def test_skip_reasons_count_runs_of_one_reason_under_one_key(worker, token):
+    flow = approval_flow(token)
+    runs = [flow.dispatch({"token": token}) for _ in range(4)]
+    wait_for(lambda: statuses(runs) == ["waiting_for_signal"] * 4)
+
+    op = finished(queuety.bulk("rewind", workflow=name_of(flow), step=0).id)
+
+    # Step 0 completed in none of them: four runs of four ids, one reason without an id.
+    assert (op.acted, op.skipped, list(op.skipped_reasons.values())) == (0, 4, [4])
+    (reason,) = op.skipped_reasons
+    assert not any(str(run_id) in reason for run_id in runs), reason
+
+
+def test_distinct_skip_reasons_are_capped_the_rest_count_as_other():
+    counts = bulk_actions._Counts(0, 0, {})  # noqa: SLF001 - the cap is the tally's own logic
+    for n in range(bulk_actions.MAX_REASONS + 5):
+        counts.add(f"reason number {n}")
+    counts.add("Run 12 is already on that definition.")
+    counts.add("Run 13 is already on that definition.")
+    assert len(counts.reasons) == bulk_actions.MAX_REASONS + 1
+    assert counts.reasons["other"] == 7 and counts.skipped == bulk_actions.MAX_REASONS + 7
+    assert bulk_actions.reason_key("No visit of step 0 of workflow run 7 completed") == \
+        "No visit of step 0 of the run completed"
+
+
+def failing_access(user, run):
+    """RUN_ACCESS that raises for a run whose payload asks it to (an unexpected error)."""
+    if (run.state or {}).get("boom"):
+        raise RuntimeError(f"access check broke on run {run.pk}")
+    return True
+
+
+def failing_scope(user, runs):
+    raise RuntimeError("the scope function broke")
+
+
+def test_one_run_that_raises_is_skipped_with_its_error_class_and_the_rest_go_on(worker, token):
+    flow = approval_flow(token)
+    runs = [flow.dispatch({"token": token, "boom": i == 1}) for i in range(3)]
+    wait_for(lambda: statuses(runs) == ["waiting_for_signal"] * 3)
+    user = make_user("change_workflowrun", "view_workflowrun")
+    op = BulkOperation.objects.create(action="pause", filter={"workflow": name_of(flow)},
+                                      requested_by=user, for_user=True, max_run_id=max(runs))
+    access = "tests.integration.test_bulk_actions.failing_access"
+    with override_settings(QUEUETY={**TEST_QUEUETY, "RUN_ACCESS": access}):
+        assert bulk_actions.process(op.pk) == "done"
+    op.refresh_from_db()
+    assert (op.acted, op.skipped, op.skipped_reasons) == (
+        2, 1, {"an unexpected error (RuntimeError)": 1})
+    assert statuses(runs) == ["paused", "waiting_for_signal", "paused"]
+
+
+def test_an_operation_that_stalls_is_marked_failed_with_the_error(worker, token, no_sweeps):
+    flow = approval_flow(token)
+    run = flow.dispatch({"token": token})
+    wait_for(lambda: statuses([run]) == ["waiting_for_signal"])
+    user = make_user("change_workflowrun", "view_workflowrun")
+    op = BulkOperation.objects.create(action="cancel", filter={"workflow": name_of(flow)},
+                                      requested_by=user, for_user=True, max_run_id=run)
+    scoped = {**TEST_QUEUETY, "RUN_SCOPE": "tests.integration.test_bulk_actions.failing_scope"}
+    with override_settings(QUEUETY=scoped):
+        for _ in range(bulk_actions.MAX_STALLS):  # the first claim, then MAX_STALLS - 1 stalls
+            with pytest.raises(RuntimeError, match="the scope function broke"):
+                bulk_actions.process(op.pk)
+            BulkOperation.objects.filter(pk=op.pk).update(  # its lease lapses
+                heartbeat_at=timezone.now() - timedelta(minutes=5))
+        assert bulk_actions.process(op.pk) == "failed"
+    op.refresh_from_db()
+    assert op.status == "failed" and op.stalls == bulk_actions.MAX_STALLS
+    assert f"Bulk operation {op.pk} failed" in op.error
+    assert "RuntimeError: the scope function broke" in op.error
+    assert statuses([run]) == ["waiting_for_signal"]
+
+
+def test_a_takeover_mid_operation_acts_on_no_run_twice(worker, token, no_sweeps):
+    flow = approval_flow(token)
+    runs = [flow.dispatch({"token": token}) for _ in range(6)]
+    wait_for(lambda: statuses(runs) == ["waiting_for_signal"] * 6)
+    with override_settings(QUEUETY={**TEST_QUEUETY, "BULK_CHUNK_SIZE": 2}):
+        op_id = BulkOperation.objects.create(
+            action="cancel", filter={"workflow": name_of(flow)}, max_run_id=max(runs),
+            matched=6).pk
+        assert bulk_actions.process(op_id, max_chunks=1, release=False) == "running"
+        held = BulkOperation.objects.get(pk=op_id).lease_token
+        # A live lease is not taken over.
+        assert bulk_actions.process(op_id, max_chunks=1, release=False) == "running"
+        assert BulkOperation.objects.get(pk=op_id).acted == 2
+        BulkOperation.objects.filter(pk=op_id).update(
+            heartbeat_at=timezone.now() - timedelta(minutes=5))
+        # Another processor takes the lapsed lease over (one stall) and goes on at the cursor.
+        assert bulk_actions.process(op_id, max_chunks=1, release=False) == "running"
+        op = BulkOperation.objects.get(pk=op_id)
+        assert (op.acted, op.stalls) == (4, 0) and op.lease_token != held
+        assert bulk_actions.process(op_id) == "running"  # its lease is live: left to it
+        BulkOperation.objects.filter(pk=op_id).update(
+            heartbeat_at=timezone.now() - timedelta(minutes=5))
+        assert bulk_actions.process(op_id) == "done"
+    op = BulkOperation.objects.get(pk=op_id)
+    assert (op.acted, op.skipped) == (6, 0)
+    assert statuses(runs) == ["cancelled"] * 6
+    assert Event.objects.filter(run_id__in=runs, kind="workflow_cancelled").count() == 6
+
+
+def slow_access(user, run):
+    """RUN_ACCESS that takes 1.5 s over a run whose payload asks it to (a slow run)."""
+    if (run.state or {}).get("slow"):
+        time.sleep(1.5)
+    return True
+
+
+def test_a_run_that_outlasts_the_lease_is_not_taken_over_from_under_it(worker, token,
+                                                                        no_sweeps):
+    import threading
+
+    flow = approval_flow(token)
+    runs = [flow.dispatch({"token": token, "slow": i == 0}) for i in range(3)]
+    wait_for(lambda: statuses(runs) == ["waiting_for_signal"] * 3)
+    user = make_user("change_workflowrun", "view_workflowrun")
+    op = BulkOperation.objects.create(action="pause", filter={"workflow": name_of(flow)},
+                                      requested_by=user, for_user=True, max_run_id=max(runs),
+                                      matched=3)
+    left: dict[str, str] = {}
+
+    def first() -> None:
+        left["first"] = bulk_actions.process(op.pk)
+        connection.close()
+
+    slow = {**TEST_QUEUETY, "RUN_ACCESS": "tests.integration.test_bulk_actions.slow_access",
+            "BULK_LEASE": 0.5}
+    with override_settings(QUEUETY=slow):
+        processor = threading.Thread(target=first)
+        processor.start()
+        time.sleep(0.8)  # the first run's transaction is past the lease by now
+        # A second processor (the sweeper's resend) waits for that transaction, then finds
+        # the heartbeat it left fresh: it leaves the operation to the first.
+        left["second"] = bulk_actions.process(op.pk)
+        processor.join(20)
+    op.refresh_from_db()
+    assert left == {"first": "done", "second": "running"}
+    assert (op.acted, op.skipped, op.stalls) == (3, 0, 0)
+    assert statuses(runs) == ["paused"] * 3
+    assert Event.objects.filter(run_id__in=runs, kind="workflow_paused").count() == 3
+
+
+def test_migrate_resolves_latest_once_at_the_start(worker, token):
+    first = named(f"bulk_mig_{token}", lambda flow: flow.wait_for_approval(),
+                  lambda flow: flow.then(workflows.step_a))
+    queuety.register(name_of(first), first)
+    run = first.dispatch({"token": token})
+    wait_for(lambda: statuses([run]) == ["waiting_for_signal"])
+    latest = WorkflowRun.objects.get(pk=run).definition_id
+
+    progress = queuety.bulk("migrate", workflow=name_of(first), dry_run=True)
+    assert progress.arguments == {"to": "latest", "definition_id": latest}
+
+    # A deploy after the start: a new latest. The operation still moves onto the one it
+    # resolved (its runs are on it already: skipped so, not moved to the new one).
+    second = named(name_of(first), lambda flow: flow.wait_for_approval(),
+                   lambda flow: flow.then(workflows.step_a), lambda flow: flow.then(workflows.step_b))
+    op = BulkOperation.objects.create(
+        action="migrate", filter={"workflow": name_of(first)}, max_run_id=run, matched=1,
+        arguments=progress.arguments)
+    queuety.registry.unregister(name_of(first))
+    queuety.register(name_of(first), second)
+    assert bulk_actions.process(op.pk) == "done"
+    op.refresh_from_db()
+    assert (op.acted, op.skipped_reasons) == (0, {"it is on the target definition already": 1})
+    assert WorkflowRun.objects.get(pk=run).definition_id == latest
+    queuety.registry.unregister(name_of(first))
+
+
+def test_unknown_definition_filter_is_a_400_invalid_filter(token):
+    client = APIClient()
+    client.force_authenticate(make_user("view_workflowrun", "change_workflowrun"))
+    answer = client.post("/queuety/api/runs/bulk/", {
+        "action": "cancel", "filter": {"definition": "feedfacefeedface"}, "dry_run": True},
+        format="json")
+    assert (answer.status_code, answer.json()["code"]) == (400, "invalid_filter")
+    assert "feedfacefeedface" in answer.json()["detail"]
+
+
+def test_cli_bulk_list_and_as_user_finds_the_users_own_api_operations(token):
+    user = make_user("view_workflowrun", "change_workflowrun")
+    client = APIClient()
+    client.force_authenticate(user)
+    made = client.post("/queuety/api/runs/bulk/", {
+        "action": "cancel", "filter": {"workflow": f"bulk_none_{token}"}, "dry_run": True},
+        format="json").json()["id"]
+    out = StringIO()
+    call_command("queuety", "workflow", "bulk-status", str(made), "--as-user",
+                 user.get_username(), "--json", stdout=out)
+    assert json.loads(out.getvalue())["id"] == made
+    out = StringIO()
+    call_command("queuety", "workflow", "bulk-list", "--as-user", user.get_username(),
+                 "--json", stdout=out)
+    assert [each["id"] for each in json.loads(out.getvalue())] == [made]
+    out = StringIO()
+    call_command("queuety", "workflow", "bulk-list", "--limit", "1", stdout=out)
+    assert out.getvalue().startswith(f"{made}  cancel done (dry run)")
+
+
+def chunk_plan(**filters) -> str:
+    runs = bulk_actions.chunk_of(filters, None, timezone.now(), cursor=0, high=2**62)
+    sql, params = runs.query.sql_with_params()
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SET LOCAL enable_seqscan = off")
+        cursor.execute(f"EXPLAIN {sql}", params)
+        return "\n".join(row[0] for row in cursor.fetchall())
+
+
+@pytest.mark.parametrize("filters", [{"status": "failed"}, {}], ids=["and status", "alone"])
+def test_a_chunk_by_workflow_reads_an_index_in_id_order(filters):
+    plan = chunk_plan(workflow="bulk_plan", error_type="ValueError", **filters)
+    assert "Sort" not in plan, plan
+    assert "queuety_run_name_id" in plan or "queuety_run_status" in plan, plan
+
+
+def test_a_chunk_by_definition_reads_an_index_in_id_order(token):
+    flow = approval_flow(token)
+    run = flow.dispatch({"token": token})
+    definition = WorkflowRun.objects.get(pk=run).definition_id
+    plan = chunk_plan(definition=str(definition))
+    assert "Sort" not in plan and "queuety_run_definition_id" in plan, plan
+
+
+def test_a_worker_lets_the_operation_go_after_its_time_slice_and_sends_it_on(worker, token,
+                                                                             no_sweeps):
+    flow = approval_flow(token)
+    runs = [flow.dispatch({"token": token}) for _ in range(4)]
+    wait_for(lambda: statuses(runs) == ["waiting_for_signal"] * 4)
+    with override_settings(QUEUETY={**TEST_QUEUETY, "BULK_CHUNK_SIZE": 2}):
+        op_id = BulkOperation.objects.create(
+            action="cancel", filter={"workflow": name_of(flow)}, max_run_id=max(runs),
+            matched=4).pk
+        # Out of time after its first chunk: the lease let go, the task sent again.
+        assert bulk_actions.process(op_id, time_slice=0) == "running"
+    assert BulkOperation.objects.get(pk=op_id).acted == 2
+    op = finished(op_id)  # the session worker took the task and went on at the cursor
+    assert (op.status, op.acted, op.stalls) == ("done", 4, 0)
+    assert Event.objects.filter(run_id__in=runs, kind="workflow_cancelled").count() == 4
