@@ -388,3 +388,137 @@ def test_reuse__a_key_whose_run_is_gone_without_a_tombstone_is_purged(worker, to
         queuety.workflow(f"ret_legacy_{token}").idempotency_key(f"legacy-{token}").then(
             workflows.step_a).dispatch({"token": token})
     assert not WorkflowRun.objects.filter(idempotency_key=f"legacy-{token}").exists()
+
+
+def test_tombstone__purging_an_old_run_leaves_a_newer_runs_key_alone(worker, token, tmp_path):
+    # A unique job's key taken by a newer job after unique_for, and a plain key forgotten
+    # and taken again before the old run came back from the archive: both name the new run.
+    name = f"ret_reused_{token}"
+    job_key, plain_key = f"job:tests.reuse:{token}", f"ret-reused-{token}"
+    old_job = finished(worker, name, token, key=job_key)
+    old_plain = finished(worker, name, token, key=plain_key)
+    new_job, new_plain = finished(worker, name, token), finished(worker, name, token)
+    DispatchKey.objects.filter(key=job_key).update(run_id=new_job)
+    DispatchKey.objects.filter(key=plain_key).update(run_id=new_plain)
+    age(old_job, 10)
+    age(old_plain, 10)
+    with retained(tmp_path, {name: {"completed": "7d"}}):
+        assert retention.purge().counts == {(name, "completed"): 2}
+    assert exists(old_job, old_plain, new_job, new_plain) == [False, False, True, True]
+    job, plain = DispatchKey.objects.get(key=job_key), DispatchKey.objects.get(key=plain_key)
+    assert (job.run_id, job.purged_at) == (new_job, None)
+    assert (plain.run_id, plain.purged_at, plain.forget_at) == (new_plain, None, None)
+
+
+def test_one_pass_at_a_time__a_second_purge_is_refused_while_one_holds_the_lock(
+        worker, token, tmp_path):
+    name = f"ret_lock_{token}"
+    run_id = finished(worker, name, token)
+    age(run_id, 10)
+    held, release = threading.Event(), threading.Event()
+
+    def other_pass():  # what a running pass holds, on a connection of its own
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_advisory_lock(%s)", [retention.LOCK_ID])
+                held.set()
+                release.wait(30)
+                cursor.execute("SELECT pg_advisory_unlock(%s)", [retention.LOCK_ID])
+        finally:
+            connection.close()
+
+    holder = threading.Thread(target=other_pass)
+    holder.start()
+    try:
+        assert held.wait(30)
+        with retained(tmp_path, {name: "7d"}):
+            with pytest.raises(exceptions.PurgeRunning):
+                retention.purge()
+            assert sweeper.purge_finished() == 0  # the sweeper skips its phase
+            with pytest.raises(Exception, match="Another purge pass is running"):
+                cli("purge")
+            assert exists(run_id) == [True] and archived(tmp_path) == {}
+    finally:
+        release.set()
+        holder.join()
+    with retained(tmp_path, {name: "7d"}):
+        assert retention.purge().counts == {(name, "completed"): 1}
+
+
+def test_admin_start__a_purged_key_is_a_form_error(admin_client, token):
+    key = f"ret-admin-{token}"
+    DispatchKey.objects.create(key=key, run_id=2**61, payload_hash="0" * 64,
+                               definition_hash="0" * 64, purged_at=timezone.now(),
+                               purged_workflow="reg_letters")
+    page = admin_client.post("/admin/queuety/workflowrun/start/reg_letters/", {
+        "payload": json.dumps({"token": token}), "idempotency_key": key})
+    assert page.status_code == 400
+    assert "which retention purged on" in page.content.decode()
+    with override_settings(QUEUETY={**TEST_QUEUETY, "RUN_SCOPE": "tests.workflows.tenant_scope"}):
+        hidden = admin_client.post("/admin/queuety/workflowrun/start/reg_letters/", {
+            "payload": json.dumps({"token": token}), "idempotency_key": key})
+    assert hidden.status_code == 400 and "retention has purged" in hidden.content.decode()
+    assert str(2**61) not in hidden.content.decode()
+    assert not WorkflowRun.objects.filter(idempotency_key=key).exists()
+
+
+def test_trigger__a_key_whose_run_was_purged_starts_nothing_and_the_save_goes_through(
+        worker, token, tmp_path):
+    from queuety.triggers import declare
+    from tests.testapp.models import Article
+
+    workflow = f"ret_trig_{token}"
+    trigger = queuety.trigger(
+        Article, on="saved", name=f"ret-{token}", key=lambda a: f"ret-trig-{a.pk}",
+        when=lambda a: a.token == token,
+        start=queuety.workflow(workflow).then(workflows.step_a))
+    try:
+        article = Article.objects.create(token=token)
+        [run] = WorkflowRun.objects.filter(name=workflow)
+        wait_for(run.pk, worker=worker)
+        age(run.pk, 10)
+        with retained(tmp_path, {workflow: "7d"}):
+            assert retention.purge().total == 1
+        article.title = "saved again"
+        article.save()  # before: TriggerFailed (RunPurged) until the tombstone expired
+    finally:
+        declare.forget(trigger.name)
+    assert Article.objects.get(pk=article.pk).title == "saved again"
+    assert not WorkflowRun.objects.filter(name=workflow).exists()  # no second run
+    assert DispatchKey.objects.get(run_id=run.pk).purged_at is not None  # the tombstone
+
+
+def test_import__restores_cleanup_signals_and_sequences_and_reports_a_bad_run_by_line(
+        worker, token, tmp_path):
+    from queuety.models import Signal
+
+    name = f"ret_imp_{token}"
+    run_id, other = finished(worker, name, token, fail=True), finished(worker, name, token)
+    plan = {"cause": "failed", "queue": [], "next": 0}
+    WorkflowRun.objects.filter(pk=run_id).update(cleanup=plan)
+    signal = Signal.objects.create(run_id=run_id, name="go", payload={"n": 1},
+                                   dedupe_key=f"ret-dedupe-{token}")
+    for each in (run_id, other):
+        age(each, 10)
+    with retained(tmp_path, {name: "7d"}):
+        [written] = retention.purge().objects
+    documents = archived(tmp_path)[written]
+    assert [d["run"]["id"] for d in documents] == [run_id, other]
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text(json.dumps(documents[0]) + "\n"
+                      + json.dumps({**documents[1], "steps": "not a list"}) + "\n")
+    with connection.cursor() as cursor:  # a younger database: the sequence behind the ids
+        cursor.execute("SELECT setval(pg_get_serial_sequence('queuety_signal', 'id'), 1)")
+    out = StringIO()
+    with retained(tmp_path, {name: "7d"}), pytest.raises(Exception, match=r"1 run restored, "
+                                                         "0 skipped, 1 failed"):
+        call_command("queuety", "archive", "import", str(broken), stdout=out)
+    assert f"Restored run #{run_id}" in out.getvalue()
+    assert f"Failed line 2 (run #{other}): " in out.getvalue()
+    assert exists(run_id, other) == [True, False]
+    back = WorkflowRun.objects.get(pk=run_id)
+    assert back.cleanup == plan  # its compensations are not queued a second time
+    restored = Signal.objects.get(run_id=run_id)
+    assert (restored.pk, restored.dedupe_key) == (signal.pk, f"ret-dedupe-{token}")
+    fresh = Signal.objects.create(run_id=run_id, name="later")
+    assert fresh.pk > signal.pk
