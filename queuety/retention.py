@@ -92,16 +92,20 @@ def due_runs(rules: RetentionRules, now: datetime) -> QuerySet[WorkflowRun]:
     return _kept(WorkflowRun.objects.filter(due))
 
 
+def first_due_queries(rules: RetentionRules, now: datetime) -> list[QuerySet[Any]]:
+    """The queries a pass (and each sweeper tick) starts with: per rule clause, its due run
+    that finished first. Each is ordered by ``finished_at`` under one status, which the
+    ``queuety_run_finished`` index (status, finished_at) walks from its start, so a tick
+    with nothing due reads a few index entries, not the table."""
+    return [_kept(WorkflowRun.objects.filter(one)).order_by("finished_at")
+            .values("name", "finished_at")[:1] for one in _clause_filters(rules, now)]
+
+
 def _oldest_due(rules: RetentionRules, now: datetime) -> dict[str, Any] | None:
-    """The name and finish instant of the due run that finished first: one query per
-    clause, each ordered by ``finished_at`` under one status, which the
-    ``queuety_run_finished`` index (status, finished_at) walks from its start, so a tick with
-    nothing due reads a few index entries, not the table."""
-    found = [row for row in (
-        _kept(WorkflowRun.objects.filter(one)).order_by("finished_at")
-        .values("name", "finished_at").first() for one in _clause_filters(rules, now))
-        if row is not None]
+    """The name and finish instant of the due run that finished first, or None."""
+    found = [row for query in first_due_queries(rules, now) for row in query]
     return min(found, key=lambda row: row["finished_at"]) if found else None
+
 
 @dataclass
 class PurgeReport:
