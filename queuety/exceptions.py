@@ -391,5 +391,5 @@ class PurgeRunning(QueuetyError):
 
 
 class ArchiveError(QueuetyError):
-    """The run archive could not be written or read (``queuety.archive``): a storage that
-    does not overwrite, an object that does not exist, a line that is not JSON."""
+    """The run archive could not be read (``queuety.archive``): an object that does not
+    exist, a line that is not JSON."""
