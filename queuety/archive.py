@@ -4,17 +4,20 @@
 through django-storages). Each object holds one batch of one workflow's runs that finished
 on one day (UTC), one export document (format 2) per line::
 
-    queuety/archive/<workflow>/<YYYY-MM-DD>/<first run id>.jsonl
+    queuety/archive/<workflow>/<YYYY-MM-DD>/<first run id>-<last run id>-<pass>.jsonl
 
-Object stores cannot append, so a day with many runs has several objects. The name depends
-only on the batch's first run, so a batch written again after a crash (written, not yet
-deleted) replaces its own object. :func:`restore` brings one document back as the same run.
+Object stores cannot append, so a day with many runs has several objects. An object is never
+overwritten: ``<pass>`` (the write's UTC instant and a random part) makes every name new, so
+a batch written again (after a crash between the write and the delete, or a run skipped by
+the delete and archived by a later pass) lands beside the first copy. A run may so be in two
+objects; :func:`restore` skips a run that exists, so importing both is harmless.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import secrets
 from collections.abc import Iterator
 from datetime import date
 from typing import Any
@@ -22,7 +25,7 @@ from urllib.parse import quote
 
 from django.core.files.base import ContentFile
 from django.core.files.storage import Storage, storages
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
@@ -44,35 +47,32 @@ def archive_storage() -> Storage | None:
     return None if alias is None else storages[alias]
 
 
-def object_name(workflow: str, day: date, first_id: int) -> str:
-    """The archive object of the batch of ``workflow`` runs finished on ``day`` that starts
-    with run ``first_id`` (the workflow name quoted: a job's ``task:pkg.mod`` stays legible,
-    a ``/`` cannot make a folder)."""
-    return f"{PREFIX}/{quote(workflow, safe=':.-_@')}/{day.isoformat()}/{first_id}.jsonl"
+def day_folder(workflow: str, day: date) -> str:
+    """The folder of the archive objects of ``workflow`` runs finished on ``day`` (the
+    workflow name quoted: a job's ``task:pkg.mod`` stays legible, a ``/`` cannot make a
+    folder)."""
+    return f"{PREFIX}/{quote(workflow, safe=':.-_@')}/{day.isoformat()}"
+
+
+def object_name(workflow: str, day: date, first_id: int, last_id: int) -> str:
+    """A new name for the object of a batch of ``workflow`` runs finished on ``day``, runs
+    ``first_id`` to ``last_id``: unique per write, so no object is ever replaced."""
+    stamp = timezone.now().strftime("%Y%m%dT%H%M%S%fZ")
+    return (f"{day_folder(workflow, day)}/{first_id}-{last_id}-{stamp}"
+            f"{secrets.token_hex(4)}.jsonl")
 
 
 def write_batch(storage: Storage, workflow: str, day: date,
                 documents: list[dict[str, Any]]) -> str:
     """Write ``documents`` (export documents of ``workflow`` runs finished on ``day``, in run
-    id order) as one JSON Lines object; return its name. An object of that name is replaced.
-
-    Raises:
-        ArchiveError: the storage kept it under another name (a backend that refuses to
-            overwrite), so the purge stops before deleting anything.
+    id order) as one new JSON Lines object; return its name. Nothing is deleted or replaced:
+    the name is new (:func:`object_name`), and a storage that still finds it taken saves
+    under a name of its own choosing, which is returned.
     """
-    name = object_name(workflow, day, documents[0]["run"]["id"])
+    name = object_name(workflow, day, documents[0]["run"]["id"], documents[-1]["run"]["id"])
     body = "".join(json.dumps(document, separators=(",", ":"), sort_keys=True) + "\n"
                    for document in documents)
-    if storage.exists(name):
-        storage.delete(name)
-    saved = storage.save(name, ContentFile(body.encode("utf-8")))
-    if saved != name:
-        raise exceptions.ArchiveError(
-            f"The archive storage saved {name!r} as {saved!r}: it does not overwrite objects, "
-            "so a batch written again after a crash would be stored twice. Configure it to "
-            "overwrite (django-storages' S3: file_overwrite=True, its default); nothing was "
-            "purged.")
-    return name
+    return str(storage.save(name, ContentFile(body.encode("utf-8"))))
 
 
 def read_archive(path_or_name: str) -> Iterator[tuple[int, dict[str, Any]]]:
@@ -113,7 +113,7 @@ def _read_object(name: str) -> str:
                        f"({type(error).__name__}: {error})")
     raise exceptions.ArchiveError(
         f"{name!r} is neither a local file {problem}; give a file path or an object name "
-        f"such as {object_name('order', date(2026, 1, 31), 1)!r}.")
+        f"such as {day_folder('order', date(2026, 1, 31)) + '/1-40-20260201T0300Z.jsonl'!r}.")
 
 
 def restore(document: Any) -> int | None:
@@ -161,6 +161,7 @@ def _write_run(document: dict[str, Any], name: str, definition_pk: int, total_st
         transitions=counters.get("transitions", 0), cost_units=counters.get("cost_units", 0),
         started_workflows=counters.get("started_workflows", 0),
         groups=exports.run_groups(source.get("groups")), group=source.get("group") or "",
+        cleanup=source.get("cleanup"),
         deadline_at=_when(source.get("deadline_at")), restored_at=now)
     # created_at is auto_now_add: set the archived instants afterwards.
     WorkflowRun.objects.filter(pk=run_id).update(
@@ -184,7 +185,7 @@ def _write_run(document: dict[str, Any], name: str, definition_pk: int, total_st
         event.created_at = _when(item.get("created_at")) or now
     Event.objects.bulk_update(events, ["created_at"], batch_size=500)
     signals = Signal.objects.bulk_create([Signal(
-        run_id=run_id, name=s["name"], payload=s.get("payload"), sent_by=s.get("sent_by") or "",
+        id=s.get("id"), dedupe_key=s.get("dedupe_key") or None, run_id=run_id, name=s["name"], payload=s.get("payload"), sent_by=s.get("sent_by") or "",
         consumed_at=_when(s.get("consumed_at")), consumed_by_step=s.get("consumed_by_step") or "",
     ) for s in document["signals"]])
     for signal, item in zip(signals, document["signals"], strict=True):
@@ -201,8 +202,24 @@ def _write_run(document: dict[str, Any], name: str, definition_pk: int, total_st
         content=json.dumps(c["content"], separators=(",", ":")),
         created_at=_when(c.get("created_at")) or now,
     ) for c in document.get("chunks") or []])
+    _raise_sequences(WorkflowRun, StepRun, Event, Signal, StepChunk)
     Event.objects.create(run_id=run_id, kind="run_restored", data={
         "archived_at": document.get("exported_at"), "definition_hash": source["definition_hash"]})
     if source.get("idempotency_key"):
         DispatchKey.objects.filter(key=source["idempotency_key"], run_id=run_id).update(
             purged_at=None, purged_workflow="", forget_at=None)
+
+
+def _raise_sequences(*models: Any) -> None:
+    """Raise each table's id sequence past the ids an import wrote (never lower it): an
+    archive imported into a younger database (a restore elsewhere) must not leave the next
+    dispatch an id that is taken."""
+    if connection.vendor != "postgresql":
+        return
+    with connection.cursor() as cursor:
+        for model in models:
+            table = model._meta.db_table
+            cursor.execute(
+                f"SELECT setval(pg_get_serial_sequence(%s, 'id'), m) FROM (SELECT max(id) AS m "
+                f"FROM {connection.ops.quote_name(table)}) AS t "
+                "WHERE m > nextval(pg_get_serial_sequence(%s, 'id'))", [table, table])

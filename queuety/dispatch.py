@@ -190,6 +190,11 @@ def _reused_key(used: DispatchKey, spec: WorkflowSpec, payload_hash: str,
     if used.purged_at is not None:  # a tombstone: its run is gone (queuety.retention)
         raise exceptions.RunPurged(used.key, used.purged_workflow, used.run_id,
                                    used.purged_at.isoformat())
+    if not WorkflowRun.objects.filter(pk=used.run_id).exists():
+        # No tombstone but no run either (purged before tombstones existed, or deleted by
+        # hand): as purged, never a dangling id. A unique job's key never comes here: its
+        # enqueue frees a key whose job is gone (queuety.jobs.unique).
+        raise exceptions.RunPurged(used.key, "", used.run_id, "")
     differences = [what for what, same in (
         ("payload", used.payload_hash == payload_hash),
         ("definition", used.definition_hash == spec.definition_hash)) if not same]
@@ -200,9 +205,8 @@ def _reused_key(used: DispatchKey, spec: WorkflowSpec, payload_hash: str,
         raise exceptions.IdempotencyConflict(used.key, used.run_id, what)
     logger.warning("Idempotency key %r was reused with a different %s; returning run id=%s.",
                    used.key, what, used.run_id)
-    if WorkflowRun.objects.filter(pk=used.run_id).exists():  # the run may have been purged
-        Event.objects.create(run_id=used.run_id, kind="idempotency_conflict", data={
-            "key": used.key, "differences": differences,
-            "payload_hash": payload_hash, "definition_hash": spec.definition_hash,
-        })
+    Event.objects.create(run_id=used.run_id, kind="idempotency_conflict", data={
+        "key": used.key, "differences": differences,
+        "payload_hash": payload_hash, "definition_hash": spec.definition_hash,
+    })
     return used.run_id

@@ -362,10 +362,11 @@ class RunPurged(QueuetyError):
     nor answers with the id of a run that no longer exists. The REST API answers a 409."""
 
     def __init__(self, key: str, workflow: str, run_id: int, purged_at: str) -> None:
-        # A key whose run was purged before tombstones existed (migration 0022) names no
-        # workflow: its run was purged some time before that migration.
+        # A key with no tombstone whose run is gone (purged before tombstones existed, or
+        # deleted by hand) names no workflow and no date (both "").
         gone = (f"of workflow {workflow!r}, which retention purged on {purged_at}" if workflow
-                else f"which was purged before {purged_at}")
+                else f"which was purged before {purged_at}" if purged_at
+                else "which no longer exists")
         super().__init__(
             f"Idempotency key {key!r} started run {run_id}, {gone}; nothing was dispatched. "
             "Use a new key for a new run, or bring the run back with 'manage.py queuety "
@@ -376,6 +377,19 @@ class RunPurged(QueuetyError):
         return (type(self), (self.key, self.workflow, self.run_id, self.purged_at))
 
 
+class PurgeRunning(QueuetyError):
+    """Another purge pass (``manage.py queuety purge`` or the sweeper's phase) holds the
+    purge lock; this one did nothing."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "Another purge pass is running (manage.py queuety purge, or the sweeper's purge "
+            "phase); nothing was purged by this one. Run it again when that one has ended.")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), ())
+
+
 class ArchiveError(QueuetyError):
-    """The run archive could not be written or read (``queuety.archive``): a storage that
-    does not overwrite, an object that does not exist, a line that is not JSON."""
+    """The run archive could not be read (``queuety.archive``): an object that does not
+    exist, a line that is not JSON."""

@@ -82,6 +82,9 @@ def export(run_id: int) -> dict[str, Any]:
             "group": run.group or None, "groups": run.groups,
             # Only when set: a run without tags exports as before tags existed.
             **({"tags": run.tags} if run.tags else {}),
+            # Only when set: the compensations queued after its failure or cancel, and how
+            # far they got (an archive import restores it, so they never run twice).
+            **({"cleanup": run.cleanup} if run.cleanup else {}),
         },
         "definition": spec.to_dict(),
         "steps": [{
@@ -96,6 +99,7 @@ def export(run_id: int) -> dict[str, Any]:
             "id": s.pk, "name": s.name, "payload": s.payload, "sent_by": s.sent_by,
             "received_at": _iso(s.received_at), "consumed_at": _iso(s.consumed_at),
             "consumed_by_step": s.consumed_by_step,
+            **({"dedupe_key": s.dedupe_key} if s.dedupe_key else {}),
         } for s in Signal.objects.filter(run_id=run_id).order_by("pk")],
         "wait_dependencies": [{"step_index": d.step_index, "depends_on": d.depends_on}
                               for d in WorkflowDependency.objects.filter(run_id=run_id)

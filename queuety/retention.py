@@ -2,8 +2,11 @@
 
 One pass works in batches of one workflow and one finish day (UTC): the batch's runs are
 exported into the archive storage (:mod:`queuety.archive`), then deleted with their rows in
-one short transaction (row locks on those rows only, never a table lock). A crash between
-the two writes the same batch to the same object on the next pass. Their idempotency keys
+one short transaction (row locks on those rows only, never a table lock). The delete
+re-checks each run under its lock: still due, and unchanged since its export (its
+fingerprint); any other run stays for a later pass, which archives it again into a new
+object (objects are never overwritten, so a crash between the two loses nothing either).
+One pass at a time: a pass holds a PostgreSQL advisory lock (:data:`LOCK_ID`). Their idempotency keys
 stay as tombstones (:class:`~queuety.exceptions.RunPurged`) for one more retention period.
 
 Never purged, whatever their age: a run with a step row still live (a cancelled run's
@@ -15,20 +18,21 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 from django.db import connection, transaction
-from django.db.models import Count, Exists, OuterRef, Q, QuerySet
-from django.db.models.functions import TruncDate
+from django.db.models import Count, Exists, OuterRef, Q, QuerySet, Subquery
 from django.utils import timezone
 
-from queuety import archive
+from queuety import archive, exceptions
 from queuety import export as exports
 from queuety.conf import retention as retention_rules
 from queuety.core.retention import RetentionRules
-from queuety.core.status import FINISHED, LIVE_OR_HELD, UNFINISHED
+from queuety.core.status import LIVE_OR_HELD, UNFINISHED
 from queuety.jobs import unique as unique_jobs
 from queuety.models import (
     Artifact,
@@ -50,14 +54,11 @@ BATCH = 500
 SWEEP_BATCH = 100
 
 
-def due_runs(rules: RetentionRules, now: datetime) -> QuerySet[WorkflowRun]:
-    """The finished runs past their retention at ``now`` that may go (none when no rule
-    purges anything)."""
-    clauses = rules.clauses()
-    if not clauses:
-        return WorkflowRun.objects.none()
-    due = Q()
-    for clause in clauses:
+def _clause_filters(rules: RetentionRules, now: datetime) -> list[Q]:
+    """One filter per rule clause: a status, finished before the clause's cutoff (and not
+    restored since), of one workflow or of all but some."""
+    filters = []
+    for clause in rules.clauses():
         cutoff = now - clause.keep
         one = Q(status=clause.status, finished_at__lt=cutoff) & (
             Q(restored_at__isnull=True) | Q(restored_at__lt=cutoff))
@@ -65,13 +66,45 @@ def due_runs(rules: RetentionRules, now: datetime) -> QuerySet[WorkflowRun]:
             one &= Q(name=clause.workflow)
         elif clause.excluded:
             one &= ~Q(name__in=clause.excluded)
-        due |= one
+        filters.append(one)
+    return filters
+
+
+def _kept(runs: QuerySet[WorkflowRun]) -> QuerySet[WorkflowRun]:
+    """``runs`` without those that must stay whatever their age (see the module's text)."""
     live_step = StepRun.objects.filter(run_id=OuterRef("pk"), status__in=LIVE_OR_HELD)
     awaited = WorkflowDependency.objects.filter(
         depends_on=OuterRef("pk"), run__status__in=UNFINISHED)
-    return WorkflowRun.objects.filter(due).exclude(
+    return runs.exclude(
         Q(parent__status__in=UNFINISHED) | Q(started_by__status__in=UNFINISHED)
         | Exists(live_step) | Exists(awaited))
+
+
+def due_runs(rules: RetentionRules, now: datetime) -> QuerySet[WorkflowRun]:
+    """The finished runs past their retention at ``now`` that may go (none when no rule
+    purges anything)."""
+    filters = _clause_filters(rules, now)
+    if not filters:
+        return WorkflowRun.objects.none()
+    due = Q()
+    for one in filters:
+        due |= one
+    return _kept(WorkflowRun.objects.filter(due))
+
+
+def first_due_queries(rules: RetentionRules, now: datetime) -> list[QuerySet[Any]]:
+    """The queries a pass (and each sweeper tick) starts with: per rule clause, its due run
+    that finished first. Each is ordered by ``finished_at`` under one status, which the
+    ``queuety_run_finished`` index (status, finished_at) walks from its start, so a tick
+    with nothing due reads a few index entries, not the table."""
+    return [_kept(WorkflowRun.objects.filter(one)).order_by("finished_at")
+            .values("name", "finished_at")[:1] for one in _clause_filters(rules, now)]
+
+
+def _oldest_due(rules: RetentionRules, now: datetime) -> dict[str, Any] | None:
+    """The name and finish instant of the due run that finished first, or None."""
+    found = [row for query in first_due_queries(rules, now) for row in query]
+    return min(found, key=lambda row: row["finished_at"]) if found else None
 
 
 @dataclass
@@ -104,60 +137,134 @@ def plan(now: datetime | None = None) -> PurgeReport:
 def purge(now: datetime | None = None, batch: int = BATCH,
           max_batches: int | None = None) -> PurgeReport:
     """Archive and purge every due run (or ``max_batches`` batches), then forget expired
-    tombstones; return what was done."""
+    tombstones; return what was done.
+
+    Raises:
+        PurgeRunning: another pass holds the purge lock; nothing was done.
+    """
     now = now or timezone.now()
     rules = retention_rules()
     report = PurgeReport()
-    done = 0
-    while max_batches is None or done < max_batches:
-        if not purge_batch(rules, now, batch, report):
-            break
-        done += 1
-    report.forgotten = forget_tombstones(now, batch)
+    with _purge_lock():
+        done = 0
+        while max_batches is None or done < max_batches:
+            if not purge_batch(rules, now, batch, report):
+                break
+            done += 1
+        report.forgotten = forget_tombstones(now, batch)
     return report
+
+
+#: The PostgreSQL advisory lock one purge pass holds (any 64-bit number of Queuety's own).
+LOCK_ID = 0x51554555_50524753  # "QUEU" "PRGS"
+
+
+@contextmanager
+def _purge_lock() -> Iterator[None]:
+    """Hold the purge lock for one pass (session level, so each batch still commits on its
+    own), or raise :class:`PurgeRunning`: two passes at once would export runs the other is
+    deleting."""
+    if connection.vendor != "postgresql":
+        yield
+        return
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_try_advisory_lock(%s)", [LOCK_ID])
+        if not cursor.fetchone()[0]:
+            raise exceptions.PurgeRunning
+    try:
+        yield
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_unlock(%s)", [LOCK_ID])
 
 
 def sweep_phase(now: datetime) -> int:
     """The sweeper's purge phase: one batch of :data:`SWEEP_BATCH` runs, and one batch of
-    expired tombstones."""
-    report = purge(now, batch=SWEEP_BATCH, max_batches=1)
+    expired tombstones; nothing while another pass (the CLI's) runs."""
+    try:
+        report = purge(now, batch=SWEEP_BATCH, max_batches=1)
+    except exceptions.PurgeRunning:
+        return 0
     return report.total + report.forgotten
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One batch: runs ``ids`` of ``workflow`` that finished on ``day`` (UTC)."""
+
+    workflow: str
+    day: date
+    ids: list[int]
+
+
+def select_batch(rules: RetentionRules, now: datetime, batch: int) -> Batch | None:
+    """The next batch: up to ``batch`` due runs of the workflow and finish day of the run
+    that finished first; None when nothing is due."""
+    first = _oldest_due(rules, now)
+    if first is None:
+        return None
+    day = first["finished_at"].astimezone(UTC).date()
+    start = datetime.combine(day, datetime.min.time(), tzinfo=UTC)
+    ids = list(due_runs(rules, now).filter(
+        name=first["name"], finished_at__gte=start, finished_at__lt=start + timedelta(days=1))
+        .order_by("pk").values_list("pk", flat=True)[:batch])
+    return Batch(first["name"], day, ids)
+
+
+def fingerprints(ids: list[int]) -> dict[int, tuple[Any, ...]]:
+    """What would tell that a run changed: its revision and updated_at, and its newest
+    event, signal, chunk and artifact. Taken before the export; a run whose fingerprint
+    differs at the delete is kept (the export may miss the change) for the next pass."""
+    def newest(model: Any, column: str = "id") -> Subquery:
+        return Subquery(model.objects.filter(run_id=OuterRef("pk")).order_by(f"-{column}")
+                        .values(column)[:1])
+
+    rows = WorkflowRun.objects.filter(pk__in=ids).annotate(
+        last_event=newest(Event), last_signal=newest(Signal), last_chunk=newest(StepChunk),
+        last_artifact=newest(Artifact, "updated_at"),
+    ).values_list("pk", "revision", "updated_at", "status", "last_event", "last_signal",
+                  "last_chunk", "last_artifact")
+    return {row[0]: tuple(row[1:]) for row in rows}
 
 
 def purge_batch(rules: RetentionRules, now: datetime, batch: int,
                 report: PurgeReport) -> bool:
     """Archive and delete one batch (one workflow, one finish day); False when none is due."""
-    due = due_runs(rules, now)
-    first = due.order_by("pk").annotate(day=TruncDate("finished_at", tzinfo=UTC)) \
-        .values("name", "day").first()
-    if first is None:
+    chosen = select_batch(rules, now, batch)
+    if chosen is None:
         return False
-    start = datetime.combine(first["day"], datetime.min.time(), tzinfo=UTC)
-    ids = list(due.filter(name=first["name"], finished_at__gte=start,
-                          finished_at__lt=start + timedelta(days=1))
-               .order_by("pk").values_list("pk", flat=True)[:batch])
-    if not ids:  # the first run left between the two reads (another purger took it)
+    if not chosen.ids:  # the first run left between the two reads
         return True
+    before = fingerprints(chosen.ids)
     storage = archive.archive_storage()
     if storage is not None:
-        documents = [exports.export(run_id) for run_id in ids]
-        report.objects.append(archive.write_batch(storage, first["name"], first["day"],
+        documents = [exports.export(run_id) for run_id in chosen.ids]
+        report.objects.append(archive.write_batch(storage, chosen.workflow, chosen.day,
                                                   documents))
     began = time.monotonic()
-    purged = _delete(rules, ids, now)
+    purged = delete_batch(rules, before, now)
     report.longest_delete = max(report.longest_delete, time.monotonic() - began)
     for status, count in purged.items():
-        key = (first["name"], status)
+        key = (chosen.workflow, status)
         report.counts[key] = report.counts.get(key, 0) + count
-    return True
+    # Nothing deleted (every run locked elsewhere or changed): end the pass, not spin on it.
+    return bool(purged)
 
 
-def _delete(rules: RetentionRules, ids: list[int], now: datetime) -> dict[str, int]:
-    """Delete runs ``ids`` (still finished: checked under their row locks) and their rows in
-    one transaction; mark their dispatch keys as tombstones. Return the counts per status."""
+def delete_batch(rules: RetentionRules, before: dict[int, tuple[Any, ...]],
+                 now: datetime) -> dict[str, int]:
+    """Delete the runs of ``before`` (their fingerprints, :func:`fingerprints`) that are
+    still due and unchanged, checked under their row locks (a run locked elsewhere is
+    skipped), with their rows, in one transaction; mark their dispatch keys as tombstones.
+    Return the counts per status."""
     with transaction.atomic():
-        runs = list(WorkflowRun.objects.select_for_update(skip_locked=True).filter(
-            pk__in=ids, status__in=FINISHED).values("pk", "name", "status", "idempotency_key"))
+        locked = list(due_runs(rules, now).filter(pk__in=list(before))
+                      .select_for_update(skip_locked=True, of=("self",))
+                      .values_list("pk", flat=True))
+        now_seen = fingerprints(locked)
+        runs = list(WorkflowRun.objects.filter(pk__in=[
+            pk for pk in locked if now_seen.get(pk) == before[pk]]).values(
+            "pk", "name", "status", "idempotency_key"))
         gone = [run["pk"] for run in runs]
         if not gone:
             return {}
@@ -183,18 +290,26 @@ def _delete(rules: RetentionRules, ids: list[int], now: datetime) -> dict[str, i
 def _tombstone(rules: RetentionRules, runs: list[dict[str, Any]], now: datetime) -> None:
     """Mark the keys of purged ``runs`` purged, each kept one more retention period of its
     run (from now). A unique job's key goes with its job: its contract is that the next
-    enqueue of a purged job's key starts a new job (``queuety.jobs.unique``)."""
-    by_keep: dict[tuple[str, timedelta | None], list[str]] = {}
-    jobs = [run["idempotency_key"] for run in runs
-            if (run["idempotency_key"] or "").startswith(unique_jobs.PREFIX)]
-    if jobs:
-        DispatchKey.objects.filter(key__in=jobs).delete()
+    enqueue of a purged job's key starts a new job (``queuety.jobs.unique``).
+
+    Only a key that still names its purged run is touched (key and run id): a key reused
+    since (a unique job's after its ``unique_for``, a key forgotten and taken again before
+    an old run was restored) belongs to the newer run."""
+    by_keep: dict[tuple[str, timedelta | None], Q] = {}
+    jobs = Q(pk__in=[])
     for run in runs:
-        if run["idempotency_key"] and run["idempotency_key"] not in jobs:
+        key = run["idempotency_key"]
+        if not key:
+            continue
+        own = Q(key=key, run_id=run["pk"])
+        if key.startswith(unique_jobs.PREFIX):
+            jobs |= own
+        else:
             keep = rules.keep(run["name"], run["status"])
-            by_keep.setdefault((run["name"], keep), []).append(run["idempotency_key"])
+            by_keep[(run["name"], keep)] = by_keep.get((run["name"], keep), Q(pk__in=[])) | own
+    DispatchKey.objects.filter(jobs).delete()
     for (name, keep), keys in by_keep.items():
-        DispatchKey.objects.filter(key__in=keys).update(
+        DispatchKey.objects.filter(keys).update(
             purged_at=now, purged_workflow=name,
             forget_at=None if keep is None else now + keep)
 

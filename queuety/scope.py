@@ -98,6 +98,13 @@ def taken_key(key: str | None) -> str:
             "key for a new run.")
 
 
+def purged_key(key: str | None) -> str:
+    """What a caller of a site with tenants is told of an idempotency key whose run was
+    purged: no run, workflow or date (the run can no longer be checked against a scope)."""
+    return (f"Idempotency key {key!r} started a run that retention has purged; nothing was "
+            "dispatched. Use a new key for a new run.")
+
+
 def find_run(user: Any, run_id: int, *fields: str) -> WorkflowRun | None:
     """Run ``run_id`` (only ``fields``, when given) if it exists and is inside ``user``'s
     scope; None otherwise: a caller answers both the same way (not found)."""

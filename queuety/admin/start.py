@@ -18,6 +18,7 @@ from django.template.response import TemplateResponse
 from django.urls import URLPattern, path
 
 from queuety import exceptions, registry, scope
+from queuety.conf import settings
 from queuety.core.keyed import FlowOptions, flow_options
 
 if TYPE_CHECKING:  # for annotations only
@@ -149,6 +150,11 @@ class StartRunPages:
             except exceptions.IdempotencyConflict as error:
                 form.add_error("idempotency_key", scope.hidden_key(
                     request.user, error.key, error.run_id) or str(error))
+            except exceptions.RunPurged as error:
+                # The purged run cannot be checked against the user's scope: with tenants,
+                # the key's message names no run, workflow or date.
+                form.add_error("idempotency_key", str(error) if settings.RUN_SCOPE is None
+                               else scope.purged_key(error.key))
             else:
                 hidden = scope.hidden_key(request.user, form.cleaned_data["idempotency_key"],
                                           run_id) if reused else None

@@ -77,9 +77,9 @@ def translate(error: Exception) -> QueuetyAPIError:
     other error."""
     if isinstance(error, exceptions.RunPurged) and settings.RUN_SCOPE is not None:
         # A purged run can no longer be checked against the caller's scope: a site with
-        # tenants is told the key is taken, naming no run and no workflow (scope.hidden_key).
-        return QueuetyAPIError(scope.taken_key(error.key), "idempotency_key_taken",
-                               status.HTTP_409_CONFLICT)
+        # tenants keeps the contract's code but is told no run id, workflow or date.
+        return QueuetyAPIError(scope.purged_key(error.key), "run_purged",
+                               status.HTTP_409_CONFLICT, key=error.key)
     for cls, code in _TOO_LARGE:
         if isinstance(error, cls) and getattr(error, "too_large", False):
             return QueuetyAPIError(str(error), code, status.HTTP_413_REQUEST_ENTITY_TOO_LARGE)

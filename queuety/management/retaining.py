@@ -36,7 +36,10 @@ def purge_action(options: dict[str, Any], write: Callable[[str], None]) -> None:
     if options["batch"] < 1:
         raise Error(f"--batch must be at least 1 (got {options['batch']}).")
     dry = options["dry_run"]
-    report = retention.plan() if dry else retention.purge(batch=options["batch"])
+    try:
+        report = retention.plan() if dry else retention.purge(batch=options["batch"])
+    except exceptions.PurgeRunning as error:
+        raise Error(str(error)) from None
     if options["format"] == "json":
         write(json.dumps({
             "dry_run": dry, "total": report.total, "tombstones_forgotten": report.forgotten,
@@ -62,18 +65,20 @@ def archive_action(options: dict[str, Any], write: Callable[[str], None]) -> Non
     """``archive import``: restore each run of an archive object; an existing run is skipped.
 
     Raises:
-        Error: the object cannot be read, or a line is not a valid export document (the runs
-            before it stay imported).
+        Error: the object cannot be read or a line is not JSON (the runs before it stay
+            imported), or some runs failed (each is listed, the others are imported).
     """
     path = options["path"]
-    restored = skipped = 0
+    restored = skipped = failed = 0
     try:
         for number, document in archive.read_archive(path):
             try:
                 run_id = archive.restore(document)
-            except exceptions.WorkflowDefinitionError as error:
-                raise Error(f"Line {number} of {path!r}: {error} {restored} run(s) were "
-                            "imported before it.") from None
+            except Exception as error:  # noqa: BLE001 - one bad run must not stop the rest
+                failed += 1
+                write(f"Failed line {number} (run #{_run_id(document)}): "
+                      f"{type(error).__name__}: {error} Nothing of that run was imported.")
+                continue
             if run_id is None:
                 skipped += 1
                 write(f"Skipped run #{document['run']['id']}: a run with that id exists.")
@@ -83,5 +88,15 @@ def archive_action(options: dict[str, Any], write: Callable[[str], None]) -> Non
                       f"{document['run']['status']}).")
     except exceptions.ArchiveError as error:
         raise Error(str(error)) from None
-    write(f"Success: {restored} run{'s' if restored != 1 else ''} restored, {skipped} "
-          f"skipped, from {path}.")
+    summary = (f"{restored} run{'s' if restored != 1 else ''} restored, {skipped} skipped, "
+               f"{failed} failed, from {path}.")
+    if failed:
+        raise Error(f"{summary} The failed lines are listed above; fix them and import the "
+                    "object again (restored runs are skipped).")
+    write(f"Success: {summary}")
+
+
+def _run_id(document: Any) -> Any:
+    """The run id a document says it carries, for an error line (``?`` when it has none)."""
+    run = document.get("run") if isinstance(document, dict) else None
+    return run.get("id", "?") if isinstance(run, dict) else "?"

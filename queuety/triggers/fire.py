@@ -164,7 +164,14 @@ def _act(each: Trigger, instance: models.Model, data: Any, key: str) -> Fired:
         return Fired(each.name, each.action, key, started.run_id, not started.reused)
     # One key, one run, whatever the payload: a transaction saving a row twice starts the
     # run with the first save's payload, and the second is no conflict to report.
-    done = dispatch.dispatch_run(spec, data, idempotency_key=key, fingerprint={"key": key})
+    try:
+        done = dispatch.dispatch_run(spec, data, idempotency_key=key, fingerprint={"key": key})
+    except exceptions.RunPurged:
+        # The key's run existed, finished and was purged: the key still says "done", so a
+        # save firing it again starts nothing and goes through, as it did before the purge.
+        logger.info("Trigger %r of model %s: key %r started a run retention purged; no run "
+                    "started.", each.name, each.label, key)
+        return Fired(each.name, each.action, key, None, False)
     return Fired(each.name, each.action, key, done.run_id, not done.reused)
 
 

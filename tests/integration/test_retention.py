@@ -5,6 +5,7 @@ archived as JSON Lines into a Django storage before the delete, brought back by
 from __future__ import annotations
 
 import json
+import threading
 import uuid
 from datetime import UTC, timedelta
 from io import StringIO
@@ -12,6 +13,8 @@ from io import StringIO
 import pytest
 from django.conf import settings as django_settings
 from django.core.management import call_command
+from django.db import connection, transaction
+from django.db.models import F
 from django.test import override_settings
 from django.utils import timezone
 from rest_framework.test import APIClient
@@ -19,6 +22,7 @@ from rest_framework.test import APIClient
 import queuety
 from queuety import archive, exceptions, retention
 from queuety import export as exports
+from queuety.conf import retention as retention_rules
 from queuety.models import DispatchKey, Event, StepRun, WorkflowRun
 from queuety.runtime import sweeper
 from tests import workflows
@@ -68,6 +72,10 @@ def archived(tmp_path) -> dict[str, list[dict]]:
     return {str(path.relative_to(tmp_path)): [json.loads(line) for line in
                                               path.read_text().splitlines()]
             for path in sorted(tmp_path.rglob("*.jsonl"))}
+
+
+def in_folder(objects, folder) -> list[str]:
+    return [object_name for object_name in objects if object_name.startswith(folder + "/")]
 
 
 def exists(*run_ids) -> list[bool]:
@@ -122,11 +130,12 @@ def test_archive__one_jsonl_object_per_workflow_and_day_then_import_brings_the_r
         report = retention.purge()
 
     objects = archived(tmp_path)
-    same_day = archive.object_name(name, day, first)
-    assert objects[same_day] and same_day in report.objects
+    [same_day] = in_folder(objects, archive.day_folder(name, day))
+    [day_before] = in_folder(objects, archive.day_folder(name, day - timedelta(days=1)))
+    assert same_day in report.objects and same_day.endswith(".jsonl")
+    assert same_day.split("/")[-1].startswith(f"{first}-{second}-")
     assert [d["run"]["id"] for d in objects[same_day]] == [first, second]
-    assert [d["run"]["id"] for d in objects[archive.object_name(
-        name, day - timedelta(days=1), other_day)]] == [other_day]
+    assert [d["run"]["id"] for d in objects[day_before]] == [other_day]
     document = objects[same_day][0]
     assert document["format_version"] == 2 and document["run"]["status"] == "completed"
     assert document["events"] == before["events"] and document["steps"] == before["steps"]
@@ -162,23 +171,95 @@ def test_archive__a_restored_run_is_kept_a_full_retention_from_its_import(worker
         assert retention.plan(later).counts[(name, "completed")] == 1
 
 
-def test_archive__a_crash_between_the_write_and_the_delete_rewrites_the_same_object(
-        worker, token, tmp_path):
+def test_archive__a_crash_between_the_write_and_the_delete_loses_nothing(worker, token,
+                                                                         tmp_path):
     name = f"ret_crash_{token}"
     runs = [finished(worker, name, token) for _ in range(2)]
-    day = age(runs[0], 10).date()
+    age(runs[0], 10)
     age(runs[1], 10)
     with retained(tmp_path, {name: "7d"}):
-        # What the crashed pass left: the batch's object written, its runs not deleted.
-        written = archive.write_batch(archive.archive_storage(), name, day,
-                                      [exports.export(run_id) for run_id in runs])
+        # A real pass, stopped where a crash would stop it: its object written, no delete.
+        rules = retention_rules()
+        chosen = retention.select_batch(rules, timezone.now(), retention.BATCH)
+        assert chosen.ids == runs
+        retention.fingerprints(chosen.ids)
+        written = archive.write_batch(archive.archive_storage(), chosen.workflow, chosen.day,
+                                      [exports.export(run_id) for run_id in chosen.ids])
         assert all(exists(*runs))
         report = retention.purge()
-    assert report.objects == [written]
+        [again] = report.objects
+        assert again != written  # a new object beside the first: nothing is overwritten
+        objects = archived(tmp_path)
+        assert sorted(objects) == sorted([written, again])
+        assert [d["run"]["id"] for d in objects[written]] == runs == [
+            d["run"]["id"] for d in objects[again]]
+        assert not any(exists(*runs))
+        text = cli("archive", "import", written) + cli("archive", "import", again)
+    assert "2 runs restored, 0 skipped" in text and "0 runs restored, 2 skipped" in text
+    assert all(exists(*runs))
+
+
+def test_archive__a_run_the_delete_skipped_is_archived_again_without_touching_the_first_object(
+        worker, token, tmp_path, no_sweeps):
+    name = f"ret_skip_{token}"
+    runs = [finished(worker, name, token) for _ in range(3)]
+    for run_id in runs:
+        age(run_id, 10)
+    locked, release = threading.Event(), threading.Event()
+
+    def hold_first_run():
+        try:
+            with transaction.atomic():
+                WorkflowRun.objects.select_for_update().get(pk=runs[0])
+                locked.set()
+                release.wait(30)
+        finally:
+            connection.close()
+
+    holder = threading.Thread(target=hold_first_run)
+    holder.start()
+    try:
+        assert locked.wait(30)
+        with retained(tmp_path, {name: "7d"}):
+            first = retention.purge()
+    finally:
+        release.set()
+        holder.join()
+    assert first.counts == {(name, "completed"): 2} and exists(*runs) == [True, False, False]
+    with retained(tmp_path, {name: "7d"}):
+        second = retention.purge()
+    assert second.counts == {(name, "completed"): 1} and not any(exists(*runs))
     objects = archived(tmp_path)
-    assert list(objects) == [written]  # replaced, not a second copy beside it
-    assert [d["run"]["id"] for d in objects[written]] == runs
-    assert not any(exists(*runs))
+    assert [d["run"]["id"] for d in objects[first.objects[0]]] == runs  # still whole
+    assert [d["run"]["id"] for d in objects[second.objects[0]]] == [runs[0]]
+
+
+def test_delete__a_run_changed_after_its_export_is_kept_for_the_next_pass(worker, token,
+                                                                         tmp_path, no_sweeps):
+    name = f"ret_changed_{token}"
+    evented, revised, cancelled, same = (finished(worker, name, token) for _ in range(4))
+    for run_id in (evented, revised, cancelled, same):
+        age(run_id, 10)
+    with retained(tmp_path, {name: "7d"}):
+        rules = retention_rules()
+        now = timezone.now()
+        chosen = retention.select_batch(rules, now, retention.BATCH)
+        before = retention.fingerprints(chosen.ids)
+        # The window between the export and the delete: an event (a fork's forked_to, an
+        # idempotency_conflict), a write to the run row, a live step row again (a cancel's
+        # compensation) appear.
+        Event.objects.create(run_id=evented, kind="forked_to", data={"run_id": 1})
+        WorkflowRun.objects.filter(pk=revised).update(revision=F("revision") + 1)
+        step = StepRun.objects.filter(run_id=cancelled).first()
+        StepRun.objects.filter(pk=step.pk).update(status="held")
+        assert retention.delete_batch(rules, before, now) == {"completed": 1}
+        assert exists(evented, revised, cancelled, same) == [True, True, True, False]
+        StepRun.objects.filter(pk=step.pk).update(status=step.status)
+        assert retention.purge().counts == {(name, "completed"): 3}  # archived, then gone
+    assert not any(exists(evented, revised, cancelled))
+    kinds = [e["kind"] for docs in archived(tmp_path).values() for d in docs
+             if d["run"]["id"] == evented for e in d["events"]]
+    assert "forked_to" in kinds
 
 
 def test_no_archive_storage__purges_without_archive(worker, token, tmp_path):
@@ -193,12 +274,17 @@ def test_no_archive_storage__purges_without_archive(worker, token, tmp_path):
 
 def test_sweeper_phase__purges_one_batch_per_tick(worker, token, tmp_path):
     name = f"ret_sweep_{token}"
-    run_id = finished(worker, name, token)
+    run_id, other_day = finished(worker, name, token), finished(worker, name, token)
     age(run_id, 10)
+    age(other_day, 9)
     with retained(tmp_path, {name: "7d"}):
-        assert sweeper.purge_finished() >= 1
-        assert sweeper.sweep()["purged"] >= 0
-    assert exists(run_id) == [False] and len(archived(tmp_path)) == 1
+        assert sweeper.sweep()["purged"] == 1  # one batch: one workflow's day
+        assert exists(run_id, other_day) == [False, True]
+    run_id = other_day
+    with retained(tmp_path, {name: "7d"}):
+        assert sweeper.purge_finished() == 1
+        assert sweeper.purge_finished() == 0
+    assert exists(run_id) == [False] and len(archived(tmp_path)) == 2  # one per day
 
 
 def test_tombstone__a_purged_key_refuses_a_dispatch_until_its_own_retention(worker, token,
@@ -240,13 +326,14 @@ def test_tombstone__rest_answers_409_run_purged(worker, token, tmp_path):
         again = client.post("/queuety/api/runs/", body, format="json")
     assert again.status_code == 409 and again.json()["code"] == "run_purged"
     assert again.json()["key"] == key and "reg_letters" in again.json()["detail"]
-    # With tenants the purged run cannot be checked against the scope: the key is "taken",
-    # naming no run and no workflow.
+    # With tenants the purged run cannot be checked against the scope: the same code, and a
+    # body naming no run, no workflow and no date.
     with override_settings(QUEUETY={**TEST_QUEUETY, "RUN_SCOPE": "tests.workflows.tenant_scope"}):
         hidden = client.post("/queuety/api/runs/", body, format="json")
-    assert hidden.status_code == 409 and hidden.json()["code"] == "idempotency_key_taken"
-    assert "reg_letters" not in hidden.json()["detail"]
-    assert "started run" not in hidden.json()["detail"]
+    assert hidden.status_code == 409 and hidden.json()["code"] == "run_purged"
+    assert hidden.json()["key"] == key and "purged_at" not in hidden.json()
+    assert "reg_letters" not in hidden.json()["detail"] and str(run_id) not in str(
+        {k: v for k, v in hidden.json().items() if k != "key"})
 
 
 def test_import__a_missing_object_is_refused_by_name(tmp_path):
@@ -291,22 +378,147 @@ def test_a_run_whose_starter_is_live__is_kept_past_its_retention(worker, token, 
     assert exists(parent_id, child_id) == [False, False]
 
 
-def test_migration__a_key_purged_before_tombstones_existed_refuses_too(worker, token):
-    import importlib
-
-    from django.apps import apps
-
-    migration = importlib.import_module("queuety.migrations.0024_retention_archives")
+def test_reuse__a_key_whose_run_is_gone_without_a_tombstone_is_purged(worker, token):
+    # A key whose run was purged before tombstones existed (or deleted by hand): no
+    # migration marks it; the reuse check does.
     hashes = {"payload_hash": "0" * 64, "definition_hash": "0" * 64}
     DispatchKey.objects.create(key=f"legacy-{token}", run_id=2**62, **hashes)
-    DispatchKey.objects.create(key=f"job:legacy-{token}", run_id=2**62, **hashes)
-
-    migration.tombstone_purged_keys(apps, None)
-
-    legacy = DispatchKey.objects.get(key=f"legacy-{token}")
-    assert legacy.purged_at is not None and legacy.forget_at is None  # kept, as keys were
-    assert DispatchKey.objects.get(key=f"job:legacy-{token}").purged_at is None  # its enqueue
-    with pytest.raises(exceptions.RunPurged, match=rf"started run {2**62}, which was purged "
-                                                   "before"):
+    with pytest.raises(exceptions.RunPurged, match=rf"started run {2**62}, which no longer "
+                                                   "exists; nothing was dispatched"):
         queuety.workflow(f"ret_legacy_{token}").idempotency_key(f"legacy-{token}").then(
             workflows.step_a).dispatch({"token": token})
+    assert not WorkflowRun.objects.filter(idempotency_key=f"legacy-{token}").exists()
+
+
+def test_tombstone__purging_an_old_run_leaves_a_newer_runs_key_alone(worker, token, tmp_path):
+    # A unique job's key taken by a newer job after unique_for, and a plain key forgotten
+    # and taken again before the old run came back from the archive: both name the new run.
+    name = f"ret_reused_{token}"
+    job_key, plain_key = f"job:tests.reuse:{token}", f"ret-reused-{token}"
+    old_job = finished(worker, name, token, key=job_key)
+    old_plain = finished(worker, name, token, key=plain_key)
+    new_job, new_plain = finished(worker, name, token), finished(worker, name, token)
+    DispatchKey.objects.filter(key=job_key).update(run_id=new_job)
+    DispatchKey.objects.filter(key=plain_key).update(run_id=new_plain)
+    age(old_job, 10)
+    age(old_plain, 10)
+    with retained(tmp_path, {name: {"completed": "7d"}}):
+        assert retention.purge().counts == {(name, "completed"): 2}
+    assert exists(old_job, old_plain, new_job, new_plain) == [False, False, True, True]
+    job, plain = DispatchKey.objects.get(key=job_key), DispatchKey.objects.get(key=plain_key)
+    assert (job.run_id, job.purged_at) == (new_job, None)
+    assert (plain.run_id, plain.purged_at, plain.forget_at) == (new_plain, None, None)
+
+
+def test_one_pass_at_a_time__a_second_purge_is_refused_while_one_holds_the_lock(
+        worker, token, tmp_path):
+    name = f"ret_lock_{token}"
+    run_id = finished(worker, name, token)
+    age(run_id, 10)
+    held, release = threading.Event(), threading.Event()
+
+    def other_pass():  # what a running pass holds, on a connection of its own
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_advisory_lock(%s)", [retention.LOCK_ID])
+                held.set()
+                release.wait(30)
+                cursor.execute("SELECT pg_advisory_unlock(%s)", [retention.LOCK_ID])
+        finally:
+            connection.close()
+
+    holder = threading.Thread(target=other_pass)
+    holder.start()
+    try:
+        assert held.wait(30)
+        with retained(tmp_path, {name: "7d"}):
+            with pytest.raises(exceptions.PurgeRunning):
+                retention.purge()
+            assert sweeper.purge_finished() == 0  # the sweeper skips its phase
+            with pytest.raises(Exception, match="Another purge pass is running"):
+                cli("purge")
+            assert exists(run_id) == [True] and archived(tmp_path) == {}
+    finally:
+        release.set()
+        holder.join()
+    with retained(tmp_path, {name: "7d"}):
+        assert retention.purge().counts == {(name, "completed"): 1}
+
+
+def test_admin_start__a_purged_key_is_a_form_error(admin_client, token):
+    key = f"ret-admin-{token}"
+    DispatchKey.objects.create(key=key, run_id=2**61, payload_hash="0" * 64,
+                               definition_hash="0" * 64, purged_at=timezone.now(),
+                               purged_workflow="reg_letters")
+    page = admin_client.post("/admin/queuety/workflowrun/start/reg_letters/", {
+        "payload": json.dumps({"token": token}), "idempotency_key": key})
+    assert page.status_code == 400
+    assert "which retention purged on" in page.content.decode()
+    with override_settings(QUEUETY={**TEST_QUEUETY, "RUN_SCOPE": "tests.workflows.tenant_scope"}):
+        hidden = admin_client.post("/admin/queuety/workflowrun/start/reg_letters/", {
+            "payload": json.dumps({"token": token}), "idempotency_key": key})
+    assert hidden.status_code == 400 and "retention has purged" in hidden.content.decode()
+    assert str(2**61) not in hidden.content.decode()
+    assert not WorkflowRun.objects.filter(idempotency_key=key).exists()
+
+
+def test_trigger__a_key_whose_run_was_purged_starts_nothing_and_the_save_goes_through(
+        worker, token, tmp_path):
+    from queuety.triggers import declare
+    from tests.testapp.models import Article
+
+    workflow = f"ret_trig_{token}"
+    trigger = queuety.trigger(
+        Article, on="saved", name=f"ret-{token}", key=lambda a: f"ret-trig-{a.pk}",
+        when=lambda a: a.token == token,
+        start=queuety.workflow(workflow).then(workflows.step_a))
+    try:
+        article = Article.objects.create(token=token)
+        [run] = WorkflowRun.objects.filter(name=workflow)
+        wait_for(run.pk, worker=worker)
+        age(run.pk, 10)
+        with retained(tmp_path, {workflow: "7d"}):
+            assert retention.purge().total == 1
+        article.title = "saved again"
+        article.save()  # before: TriggerFailed (RunPurged) until the tombstone expired
+    finally:
+        declare.forget(trigger.name)
+    assert Article.objects.get(pk=article.pk).title == "saved again"
+    assert not WorkflowRun.objects.filter(name=workflow).exists()  # no second run
+    assert DispatchKey.objects.get(run_id=run.pk).purged_at is not None  # the tombstone
+
+
+def test_import__restores_cleanup_signals_and_sequences_and_reports_a_bad_run_by_line(
+        worker, token, tmp_path):
+    from queuety.models import Signal
+
+    name = f"ret_imp_{token}"
+    run_id, other = finished(worker, name, token, fail=True), finished(worker, name, token)
+    plan = {"cause": "failed", "queue": [], "next": 0}
+    WorkflowRun.objects.filter(pk=run_id).update(cleanup=plan)
+    signal = Signal.objects.create(run_id=run_id, name="go", payload={"n": 1},
+                                   dedupe_key=f"ret-dedupe-{token}")
+    for each in (run_id, other):
+        age(each, 10)
+    with retained(tmp_path, {name: "7d"}):
+        [written] = retention.purge().objects
+    documents = archived(tmp_path)[written]
+    assert [d["run"]["id"] for d in documents] == [run_id, other]
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text(json.dumps(documents[0]) + "\n"
+                      + json.dumps({**documents[1], "steps": "not a list"}) + "\n")
+    with connection.cursor() as cursor:  # a younger database: the sequence behind the ids
+        cursor.execute("SELECT setval(pg_get_serial_sequence('queuety_signal', 'id'), 1)")
+    out = StringIO()
+    with retained(tmp_path, {name: "7d"}), pytest.raises(Exception, match=r"1 run restored, "
+                                                         "0 skipped, 1 failed"):
+        call_command("queuety", "archive", "import", str(broken), stdout=out)
+    assert f"Restored run #{run_id}" in out.getvalue()
+    assert f"Failed line 2 (run #{other}): " in out.getvalue()
+    assert exists(run_id, other) == [True, False]
+    back = WorkflowRun.objects.get(pk=run_id)
+    assert back.cleanup == plan  # its compensations are not queued a second time
+    restored = Signal.objects.get(run_id=run_id)
+    assert (restored.pk, restored.dedupe_key) == (signal.pk, f"ret-dedupe-{token}")
+    fresh = Signal.objects.create(run_id=run_id, name="later")
+    assert fresh.pk > signal.pk
