@@ -43,6 +43,8 @@ class Migration(migrations.Migration):
                 ('group', models.CharField(max_length=255)),
                 ('attempt', models.PositiveIntegerField()),
                 ('acquired_at', models.DateTimeField()),
+                ('holder', models.CharField(help_text='The claimed_by name of the process holding it; its heartbeat refreshes beat_at.', max_length=255)),
+                ('beat_at', models.DateTimeField()),
                 ('step_run', models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.CASCADE, related_name='+', to='queuety.steprun')),
             ],
             options={
