@@ -195,3 +195,28 @@ def test_a_lease_lives_by_its_holders_beat_and_a_lost_attempt_gets_none(worker, 
     leases.beat("zombie/1", now - timedelta(seconds=60))
     lease, _ = leases.try_acquire(group, 1, None, later.pk, later.attempt, now, "live/2")
     assert lease is not None and not GroupLease.objects.filter(pk=zombie.pk).exists()
+
+
+def test_a_lost_attempt_writes_no_checkpoint_and_a_live_one_adopts_the_stored_one(worker,
+                                                                                  token):
+    from queuety import exceptions
+    from queuety.contrib.pydantic_ai.checkpoints import TOOL, Journal
+    from queuety.models import StepRun
+
+    run_id = queuety.workflow(f"agent_journal_{token[:8]}").then(workflows.step_a).dispatch(
+        {"token": token})
+    assert wait_for(run_id, worker=worker).status == "completed"
+    row = StepRun.objects.get(run_id=run_id, step_index=0)
+    journal = Journal(run_id, row.pk, 0, row.step_name, row.attempt)
+    # The row finished (as it would under a later attempt): this attempt records nothing.
+    with pytest.raises(exceptions.WorkerLost, match=f"step row {row.pk}"):
+        journal.record(TOOL, 1, "c1", "lookup", "f", "late", tokens=5)
+    assert not AgentCheckpoint.objects.filter(step_run_id=row.pk).exists()
+    assert WorkflowRun.objects.get(pk=run_id).cost_units == 1  # no tokens charged
+    # The attempt owns its row again; a stalled earlier one wrote checkpoint 1 first.
+    StepRun.objects.filter(pk=row.pk).update(status="processing")
+    assert journal.record(TOOL, 1, "c1", "lookup", "f", "first") is None
+    assert journal.record(TOOL, 1, "c1", "lookup", "f", "second", tokens=5) == "first"
+    assert list(AgentCheckpoint.objects.filter(step_run_id=row.pk).values_list(
+        "payload", flat=True)) == ["first"]
+    assert WorkflowRun.objects.get(pk=run_id).cost_units == 1  # the adopted one costs nothing

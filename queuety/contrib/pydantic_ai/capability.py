@@ -17,8 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic_ai.capabilities import AbstractCapability
-from pydantic_ai.capabilities.abstract import (
+from pydantic_ai.capabilities import (
+    AbstractCapability,
     ValidatedToolArgs,
     WrapModelRequestHandler,
     WrapToolExecuteHandler,
@@ -63,9 +63,11 @@ class Checkpointing(AbstractCapability[Any]):
                 tokens = response.usage.total_tokens
                 span.set(input_tokens=response.usage.input_tokens,
                          output_tokens=response.usage.output_tokens)
-        await self.journal.arecord(MODEL, seq, "", name, fingerprint,
-                                   checkpoints.dump_response(response), tokens)
-        return response
+        stored = await self.journal.arecord(MODEL, seq, "", name, fingerprint,
+                                            checkpoints.dump_response(response), tokens)
+        # An earlier attempt (lost, yet still running) recorded this request first: go on
+        # with its answer, as a replay would.
+        return response if stored is None else checkpoints.load_response(stored)
 
     async def wrap_tool_execute(self, ctx: RunContext[Any], *, call: ToolCallPart,
                                 tool_def: ToolDefinition, args: ValidatedToolArgs,
@@ -77,9 +79,10 @@ class Checkpointing(AbstractCapability[Any]):
             # The agent counts a tool call where it runs; a replayed one still is one.
             ctx.usage.tool_calls += 1
             return result
-        with tracing.work_span(f"queuety.agent.tool {call.tool_name}", tool=call.tool_name,
+        with tracing.work_span(f"queuety.agent.tool {call.tool_name}", remote=False,
+                               tool=call.tool_name,
                                checkpoint=seq, run_id=self.journal.run_id):
             result = await handler(args)
-        await self.journal.arecord(TOOL, seq, key, call.tool_name, fingerprint,
-                                   to_jsonable_python(result))
-        return result
+        stored = await self.journal.arecord(TOOL, seq, key, call.tool_name, fingerprint,
+                                            to_jsonable_python(result))
+        return result if stored is None else stored
