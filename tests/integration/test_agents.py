@@ -24,10 +24,9 @@ import pytest
 
 import queuety
 from queuety.models import AgentCheckpoint, Event, GroupLease, WorkflowRun
-from tests import agent_steps
+from tests import agent_steps, workflows
 from tests.integration.conftest import Worker, wait_for
 from tests.integration.test_lane import LaneWorker, max_overlap, wait_gone
-from tests import workflows
 from tests.workflows import marks
 
 pytestmark = pytest.mark.worker
