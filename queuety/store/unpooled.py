@@ -15,6 +15,10 @@ import copy
 
 from django.db import DEFAULT_DB_ALIAS, connections
 
+#: The threads of a worker process that use one (with the pool): the step heartbeat's and the
+#: worker registry's beat.
+OWN_CONNECTIONS = 2
+
 
 def use_own_connection() -> None:
     """From now on, the calling thread's default database connection is its own, unpooled;

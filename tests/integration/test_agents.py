@@ -219,3 +219,22 @@ def test_a_lost_attempt_writes_no_checkpoint_and_a_live_one_adopts_the_stored_on
     assert list(AgentCheckpoint.objects.filter(step_run_id=row.pk).values_list(
         "payload", flat=True)) == ["first"]
     assert WorkflowRun.objects.get(pk=run_id).cost_units == 1  # the adopted one costs nothing
+
+
+def test_a_tool_that_asked_for_a_retry_is_replayed_as_a_retry_not_run_again(worker, token):
+    flow = queuety.workflow(f"agent_picky_{token[:8]}").then(agent_steps.picky_agent_step,
+                                                             retry=RETRY)
+    run_id = flow.dispatch({"token": token})
+    run = wait_for(run_id, worker=worker)
+    assert run.status == "completed", list(Event.objects.filter(run_id=run_id).values_list(
+        "kind", "data"))
+    assert run.state["answer"] == f"careful {token}"
+    ledger = [line.split(" ", 1)[1] for line in marks(f"{token}-retry-ledger")]
+    # Attempt 1: request, picky (retry), request, fragile (fails). Attempt 2 replays the
+    # requests and picky's retry (the same retry prompt: request 2 matches its checkpoint),
+    # runs fragile again and the last request.
+    assert [entry.split()[0] for entry in ledger] == [
+        "request", "picky", "request", "fragile", "fragile", "request"], ledger
+    kinds = list(AgentCheckpoint.objects.filter(run_id=run_id).order_by("seq", "kind")
+                 .values_list("seq", "kind", "payload"))
+    assert (1, "retry", f"ask again with care, {token}") in kinds

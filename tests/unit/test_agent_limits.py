@@ -127,13 +127,17 @@ def test_a_request_fingerprint_ignores_times_and_tool_return_values():
 
     from queuety.contrib.pydantic_ai.checkpoints import request_fingerprint
 
-    def history(returned, prompt="ask"):
+    def history(returned, prompt="ask", outcome="success"):
         return [ModelRequest(parts=[UserPromptPart(prompt)]),
-                ModelRequest(parts=[ToolReturnPart("search", returned, tool_call_id="c1")])]
+                ModelRequest(parts=[ToolReturnPart("search", returned, tool_call_id="c1",
+                                                   outcome=outcome)])]
 
     assert request_fingerprint(history({"a": object()})) == request_fingerprint(
         history({"a": "json form"}))
     assert request_fingerprint(history(1)) != request_fingerprint(history(1, prompt="other"))
+    # A tool that asked for a retry is not one that returned.
+    assert request_fingerprint(history("try again")) != request_fingerprint(
+        history("try again", outcome="retried"))
 
 
 def test_queuety_imports_without_pydantic_ai_and_the_integration_says_what_to_install():

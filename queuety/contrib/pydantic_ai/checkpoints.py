@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from asgiref.sync import sync_to_async
-from django.db import connection, transaction
+from django.db import close_old_connections, connection, transaction
 from django.db.models import F
 from django.utils import timezone
 from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter, ModelResponse
@@ -28,7 +28,8 @@ from queuety import exceptions
 from queuety.core.status import StepStatus
 from queuety.models import AgentCheckpoint, StepRun, WorkflowRun
 
-MODEL, TOOL = AgentCheckpoint.KIND_MODEL, AgentCheckpoint.KIND_TOOL
+MODEL, TOOL, RETRY = (AgentCheckpoint.KIND_MODEL, AgentCheckpoint.KIND_TOOL,
+                      AgentCheckpoint.KIND_RETRY)
 #: A checkpoint keeps this much of a model's or tool's name (its column's length); a replay
 #: compares as much.
 NAME_LENGTH = 255
@@ -62,15 +63,17 @@ def load_messages(data: list[Any]) -> list[ModelMessage]:
 
 def request_fingerprint(messages: list[ModelMessage]) -> str:
     """What a model request asks, as far as a replay must ask the same: each part's kind and,
-    for tool calls and returns, the tool and call id, and the text of user prompts. Times and
-    tool return values (a replayed tool returns its JSON form) are left out."""
+    for tool calls and returns, the tool, call id and outcome (a return, or a retry), and the
+    text of user prompts. Times and tool return values (a replayed tool returns its JSON form)
+    are left out."""
     shape = []
     for message in messages:
         for part in message.parts:
             content = getattr(part, "content", None) if part.part_kind == "user-prompt" else None
             shape.append([part.part_kind, getattr(part, "tool_name", None),
                           getattr(part, "tool_call_id", None),
-                          content if isinstance(content, str) else None])
+                          content if isinstance(content, str) else None,
+                          getattr(part, "outcome", None)])
     return _digest(shape)
 
 
@@ -109,8 +112,8 @@ class Journal:
     max_cost_units: int | None = None
     workflow: str = ""
     records: dict[tuple[str, int, str], Recorded] = field(default_factory=dict)
-    replays: dict[str, int] = field(default_factory=lambda: {MODEL: 0, TOOL: 0})
-    calls: dict[str, int] = field(default_factory=lambda: {MODEL: 0, TOOL: 0})
+    replays: dict[str, int] = field(default_factory=lambda: {MODEL: 0, TOOL: 0, RETRY: 0})
+    calls: dict[str, int] = field(default_factory=lambda: {MODEL: 0, TOOL: 0, RETRY: 0})
 
     @classmethod
     def load(cls, run_id: int, step_run_id: int, step_index: int, step_name: str, attempt: int,
@@ -196,6 +199,7 @@ async def in_sync_thread(function: Callable[..., T], *args: Any, **kwargs: Any) 
     the worker's heartbeats wait for one.
     """
     def call() -> T:
+        close_old_connections()  # a connection PostgreSQL dropped (a restart) is replaced
         try:
             return function(*args, **kwargs)
         finally:
