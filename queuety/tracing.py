@@ -142,20 +142,22 @@ def _step_span(trace_context: str, workflow: str, version: str | None, step: str
         yield handle
 
 
-def work_span(name: str, **attributes: Any) -> AbstractContextManager[Span]:
+def work_span(name: str, *, remote: bool = True, **attributes: Any
+              ) -> AbstractContextManager[Span]:
     """A context that records a piece of a step's work (an agent's model request or tool
     call) as a span under the current one, the attempt's (a shared no-op when tracing is
-    off)."""
+    off): a CLIENT span for a call out of the process (``remote``), else INTERNAL."""
     if not enabled():
         return _OFF_CONTEXT
-    return _work_span(name, attributes)
+    return _work_span(name, remote, attributes)
 
 
 @contextmanager
-def _work_span(name: str, attributes: dict[str, Any]) -> Iterator[Span]:
+def _work_span(name: str, remote: bool, attributes: dict[str, Any]) -> Iterator[Span]:
     from opentelemetry import trace
 
-    with _get_tracer().start_as_current_span(name, kind=trace.SpanKind.CLIENT,
+    kind = trace.SpanKind.CLIENT if remote else trace.SpanKind.INTERNAL
+    with _get_tracer().start_as_current_span(name, kind=kind,
                                              record_exception=False,
                                              set_status_on_exception=False) as span:
         handle = Span(span)

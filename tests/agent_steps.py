@@ -9,7 +9,16 @@ import time
 from typing import Any
 
 from pydantic_ai import Agent, RunContext
-from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
+from pydantic_ai.exceptions import ModelRetry
+from pydantic_ai.messages import (
+    ModelMessage,
+    ModelRequest,
+    ModelResponse,
+    RetryPromptPart,
+    TextPart,
+    ToolCallPart,
+    ToolReturnPart,
+)
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 import queuety
@@ -136,3 +145,43 @@ def flaky_tool(ctx: RunContext[int], q: str) -> str:
 
 traced_agent_step = AgentStep(traced_agent, prompt="ledger traced", deps=attempt_deps,
                               output_key="reply", name="traced_agent_step")
+
+
+def picky_model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+    """Call ``picky`` (which asks for a retry), then ``fragile``, then answer; the ledger
+    counts each real request."""
+    token = _token(messages)
+    mark(f"{token}-retry-ledger", f"request {len(messages)}")
+    last = messages[-1].parts if isinstance(messages[-1], ModelRequest) else []
+    # The retry prompt: a RetryPromptPart, or (this version) a ToolReturnPart 'retried'.
+    if any(isinstance(part, RetryPromptPart) or getattr(part, "outcome", None) == "retried"
+           for part in last):
+        return ModelResponse(parts=[ToolCallPart("fragile", {"token": token},
+                                                 tool_call_id="f1")])
+    if any(isinstance(part, ToolReturnPart) and part.tool_name == "fragile" for part in last):
+        return ModelResponse(parts=[TextPart(f"careful {token}")])
+    return ModelResponse(parts=[ToolCallPart("picky", {"token": token}, tool_call_id="p1")])
+
+
+picky_agent = Agent(FunctionModel(picky_model, model_name="picky"), name="picky_agent",
+                    deps_type=int)
+
+
+@picky_agent.tool_plain
+def picky(token: str) -> str:
+    """Always asks the model to try again (ModelRetry)."""
+    mark(f"{token}-retry-ledger", "picky")
+    raise ModelRetry(f"ask again with care, {token}")
+
+
+@picky_agent.tool
+def fragile(ctx: RunContext[int], token: str) -> str:
+    """Fails on the step's first attempt: the second replays up to here."""
+    mark(f"{token}-retry-ledger", "fragile")
+    if ctx.deps == 1:
+        raise ConnectionError("the first attempt's fragile call fails")
+    return "fine"
+
+
+picky_agent_step = AgentStep(picky_agent, prompt=lambda state: f"ledger {state['token']}",
+                             deps=attempt_deps, output_key="answer", name="picky_agent_step")

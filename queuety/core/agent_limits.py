@@ -25,6 +25,8 @@ from queuety.core import resources
 
 #: The prefix of the concurrency group of a model's requests.
 GROUP_PREFIX = "agent:"
+#: The longest concurrency group name (``GroupLease.group``'s column).
+MAX_GROUP_LENGTH = 255
 
 _KEYS = ("concurrency", "rate_limit")
 _PERIODS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -97,6 +99,10 @@ def check_table(table: Any) -> dict[str, AgentLimit]:
             rate = None if entry.get("rate_limit") is None else parse_rate(entry["rate_limit"])
         except ValueError as error:
             raise ValueError(f"the rate_limit of {name!r} is wrong: {error}") from None
+        if len(GROUP_PREFIX + name) > MAX_GROUP_LENGTH:
+            raise ValueError(f"the model name {name[:60]!r}... is {len(name)} characters: "
+                             f"at most {MAX_GROUP_LENGTH - len(GROUP_PREFIX)} fit a "
+                             f"concurrency group's name; use a pattern such as 'openai:*'")
         resolved[name] = AgentLimit(GROUP_PREFIX + name, concurrency, rate)
     return resolved
 
@@ -108,4 +114,16 @@ def limit_for(table: dict[str, AgentLimit], model: str) -> AgentLimit:
     group = GROUP_PREFIX + model
     if found is None:
         return AgentLimit(group)
+    if len(group) > MAX_GROUP_LENGTH:
+        raise ValueError(
+            f"The model {model[:60]!r}... has a name of {len(model)} characters, too long "
+            f"for its requests' concurrency group (at most {MAX_GROUP_LENGTH - len(GROUP_PREFIX)}"
+            f"), and QUEUETY['AGENT_LIMITS'] limits it: give the model a shorter name.")
     return AgentLimit(group, found.concurrency, found.rate)
+
+
+def ledger_horizon(rate_periods: list[float], table: dict[str, AgentLimit]) -> float:
+    """How far back (seconds) the rate ledger must keep starts: the longest window of the
+    steps' rate limits (``rate_periods``) and of the models' (``table``), at least an hour."""
+    periods = [*rate_periods, *(limit.rate[1] for limit in table.values() if limit.rate)]
+    return max([resources.rate_window(period) for period in periods] + [3600.0])

@@ -85,7 +85,7 @@ class AgentCheckpoint(models.Model):
     tool calls of one response may run, and complete, in any order.
     """
 
-    KIND_MODEL, KIND_TOOL = "model", "tool"
+    KIND_MODEL, KIND_TOOL, KIND_RETRY = "model", "tool", "retry"
 
     run = models.ForeignKey(WorkflowRun, on_delete=models.CASCADE, related_name="+",
                             db_index=False)
@@ -93,14 +93,16 @@ class AgentCheckpoint(models.Model):
                                  db_index=False)
     step_index = models.PositiveIntegerField()
     seq = models.PositiveIntegerField()
-    kind = models.CharField(max_length=8, choices=[(KIND_MODEL, "model request"),
-                                                   (KIND_TOOL, "tool call")])
+    kind = models.CharField(max_length=8, choices=[
+        (KIND_MODEL, "model request"), (KIND_TOOL, "tool call"),
+        (KIND_RETRY, "tool call that asked the model to retry (ModelRetry)")])
     key = models.CharField(max_length=255, blank=True, default="")
     name = models.CharField(max_length=255, help_text="The model or the tool.")
     fingerprint = models.CharField(max_length=64, help_text=(
         "What was asked (the request's parts, the tool's name and arguments): a replay that "
         "asks something else is non-deterministic."))
-    payload = models.JSONField(help_text="The ModelResponse, or the tool's return value.")
+    payload = models.JSONField(help_text="The ModelResponse, the tool's return value, or the "
+                               "ModelRetry's message.")
     tokens = models.PositiveIntegerField(default=0)
     attempt = models.PositiveIntegerField()
     created_at = models.DateTimeField()

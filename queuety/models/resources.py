@@ -38,8 +38,9 @@ class GroupLease(models.Model):
     """A slot of a concurrency group held from inside a running step (an agent's model
     request, ``queuety.store.leases``), beside the slots whole steps hold.
 
-    It counts only while its step row is processing the attempt that took it: a worker that
-    died mid-request leaves a row that no longer counts (and is deleted by the next acquire).
+    It counts while the process that took it (``holder``) beats: a worker that died
+    mid-request leaves a row whose ``beat_at`` ages past ``WORKER_LOST_AFTER``, which no longer
+    counts (and is deleted by the next acquire).
     """
 
     group = models.CharField(max_length=255)
@@ -47,6 +48,9 @@ class GroupLease(models.Model):
                                  db_index=False)
     attempt = models.PositiveIntegerField()
     acquired_at = models.DateTimeField()
+    holder = models.CharField(max_length=255, help_text="The claimed_by name of the process "
+                              "holding it; its heartbeat refreshes beat_at.")
+    beat_at = models.DateTimeField()
 
     class Meta:
         indexes = [models.Index(fields=["group", "acquired_at"], name="queuety_lease_group"),

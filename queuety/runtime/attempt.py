@@ -385,8 +385,12 @@ def _run_body(step_name: str, held: Claim, path: str, state: dict[str, Any],
                                     call_item_handler(path, state, item[0], item[1], context))
         invoke = (partial(invoke_handler, path, state, context) if item is None else
                   partial(invoke_item_handler, path, state, item[0], item[1], context))
-        return running.run(step_name, held, invoke,
-                           is_async=is_async_handler(path, item=item is not None))
+        # The first call imports the handler's module, which may take a second (a module
+        # that pulls in a big library, its import lock making other threads wait): hand the
+        # pooled connection back first, as Lane.run would, so no thread holds one meanwhile.
+        connection.close()
+        is_async = is_async_handler(path, item=item is not None)
+        return running.run(step_name, held, invoke, is_async=is_async)
     finally:
         if context is not None and isinstance(context.sink, AttemptOutputs):
             context.sink.end()

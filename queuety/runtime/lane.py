@@ -80,8 +80,9 @@ def refusal(vendor: str, broker_url: str) -> str | None:
 #: psycopg_pool's own default size, for a pool set as ``True`` or without ``max_size``.
 POOL_DEFAULT_SIZE = 4
 #: Connections a worker's main process opens besides its pool's threads: the registry's
-#: beat, the sweeper's tick and the record of a lost attempt (with Django's pool they share
-#: it too).
+#: beat, the sweeper's tick and the record of a lost attempt (with Django's pool the last
+#: two share it; the registry's beat and the step heartbeat then have one each of their own,
+#: ``queuety.store.unpooled``, so the pool's max_size plus 2 in all).
 MAIN_PROCESS_CONNECTIONS = 3
 _POOL_EXAMPLE = ("DATABASES['default']['OPTIONS']['pool'] = {'min_size': 2, 'max_size': 20} "
                  "(and CONN_MAX_AGE = 0; pip install 'psycopg[pool]')")

@@ -20,7 +20,7 @@ from django.utils import timezone
 
 from queuety import exceptions, instruments, publish
 from queuety.conf import settings
-from queuety.core import flow
+from queuety.core import agent_limits, flow
 from queuety.core.status import FINISHED
 from queuety.models import Event, RunStatus, StepRun, StepStatus, Worker, WorkflowRun
 from queuety.runtime import bulk_recovery, paused, wakeups
@@ -224,8 +224,9 @@ def wake_throttled(now: datetime) -> int:
     whose message is overdue (``republish_due`` sends it again) and prune the rate ledger.
     Returns how many steps were woken."""
     groups.release_stale_woken(now - timedelta(seconds=settings.REDELIVER_AFTER))
-    longest = max((float(rate[1]) for rate in settings.RATE_LIMITS.values()), default=0.0)
-    groups.prune_starts(now - timedelta(seconds=max(longest, 3600.0)))
+    horizon = agent_limits.ledger_horizon(
+        [float(rate[1]) for rate in settings.RATE_LIMITS.values()], settings.AGENT_LIMITS)
+    groups.prune_starts(now - timedelta(seconds=horizon))
     return wakeups.wake_all(now)
 
 

@@ -27,6 +27,8 @@ from queuety.core import engine
 from queuety.core.progress import check_progress
 from queuety.models import StepRun, StepStatus
 from queuety.runtime.claim import Claim, worker_id
+from queuety.store import leases
+from queuety.store.unpooled import use_own_connection
 
 logger = logging.getLogger("queuety")
 
@@ -86,6 +88,7 @@ class Heartbeats:
         self._wake.set()
 
     def _beat(self) -> None:
+        use_own_connection()  # a beat never waits on the pool the steps may all hold
         me = worker_id()
         next_beat = time.monotonic() + settings.HEARTBEAT_INTERVAL
         while True:
@@ -109,6 +112,7 @@ class Heartbeats:
                     mine.filter(pk=step_run_id).update(heartbeat_at=now, progress=data)
                 if beat_now or time.monotonic() >= next_beat:
                     mine.filter(pk__in=live).update(heartbeat_at=now)
+                    leases.beat(me, now)  # the group slots its steps hold live on
                     next_beat = time.monotonic() + settings.HEARTBEAT_INTERVAL
             except Exception:  # noqa: BLE001 - beat again next time, on a new connection
                 logger.exception("Heartbeat of step runs %s failed", live)

@@ -22,6 +22,7 @@ from django.utils import timezone
 from queuety.conf import settings
 from queuety.runtime.claim import name_worker, worker_id, worker_name, worker_started
 from queuety.store import rows
+from queuety.store.unpooled import use_own_connection
 
 logger = logging.getLogger("queuety")
 
@@ -63,6 +64,7 @@ class MainProcessBeat:
             connection.close()
 
     def _run(self) -> None:
+        use_own_connection()  # a beat never waits on the pool the steps may all hold
         self._beat()
         while not self._stop.wait(settings.HEARTBEAT_INTERVAL):
             self._beat()

@@ -6,11 +6,15 @@ shares a provider's limit with every other run's requests while the step around 
 tools. :func:`try_acquire` takes such a slot (a :class:`~queuety.models.GroupLease` row) in
 one short transaction of its own, under the group's row lock, counting the live leases and,
 for a rate limit, the group's starts in its window (the same ledger, ``GroupStart``, that the
-step gates count). A lease counts only while its step row is processing the attempt that took
-it: a worker killed mid-request frees its slot once its attempt is taken for lost (the row
-is retried under a later attempt, or fails). A lease whose row does not show the attempt as
-processing yet counts for a grace of ``STALE_AFTER`` (its claim may not be visible to this
-connection yet).
+step gates count).
+
+A lease lives as long as the process holding it (``holder``, its ``claimed_by`` name): that
+process's heartbeat thread refreshes ``beat_at`` while it runs steps, and a lease whose beat
+is older than ``WORKER_LOST_AFTER`` is dead (its worker was killed mid-request) and deleted by
+the next acquirer. Not by its attempt: an attempt the sweeper took for lost may still be
+running in a live but stalled process, its request in flight, and its slot must count until
+that request ends. Such an attempt is refused a new slot (:class:`~queuety.exceptions.
+WorkerLost`): its row moved on to a later attempt or finished, so the attempt stops.
 """
 
 from __future__ import annotations
@@ -18,13 +22,14 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from django.db import transaction
-from django.db.models import F, Q
+from django.db.models import Q
 from django.utils import timezone
 
+from queuety import exceptions
 from queuety.conf import settings
 from queuety.core import resources
 from queuety.core.status import StepStatus
-from queuety.models import GroupLease, GroupStart, ResourceGroup
+from queuety.models import GroupLease, GroupStart, ResourceGroup, StepRun
 
 #: Seconds to wait before asking again for a slot of a full group (a released lease wakes no
 #: one: acquirers poll, so keep it short; jitter is added by the caller).
@@ -35,18 +40,38 @@ _FINISHED = (StepStatus.COMPLETED, StepStatus.FAILED, StepStatus.CANCELLED)
 
 
 def _dead(now: datetime) -> Q:
-    """Leases whose attempt is over: its row moved on to a later attempt or finished, or has
-    not been processing it for longer than a claim takes to be seen."""
-    grace = now - timedelta(seconds=settings.STALE_AFTER)
-    return (Q(step_run__attempt__gt=F("attempt")) | Q(step_run__status__in=_FINISHED)
-            | (~Q(step_run__status=StepStatus.PROCESSING) & Q(acquired_at__lt=grace)))
+    """Leases whose holding process stopped beating (killed mid-request)."""
+    return Q(beat_at__lt=now - timedelta(seconds=settings.WORKER_LOST_AFTER))
+
+
+def beat(holder: str, now: datetime) -> None:
+    """Keep the leases ``holder`` (a process's ``claimed_by`` name) holds alive; its
+    heartbeat thread calls this with each beat of its steps."""
+    GroupLease.objects.filter(holder=holder).update(beat_at=now)
+
+
+def _check_owner(step_run_id: int, attempt: int) -> None:
+    """Refuse a slot to an attempt its row no longer runs (the sweeper took it for lost)."""
+    if StepRun.objects.filter(Q(attempt__gt=attempt) | Q(status__in=_FINISHED),
+                              pk=step_run_id).exists():
+        raise exceptions.WorkerLost(
+            f"Attempt {attempt} of step row {step_run_id} was taken for lost (its row moved "
+            "on to a later attempt or finished) and may not take a slot of a concurrency "
+            "group: it stops here; the row's current attempt does the work.")
 
 
 def try_acquire(group: str, concurrency: int | None, rate: tuple[int, float] | None,
-                step_run_id: int, attempt: int, now: datetime) -> tuple[int | None, float]:
+                step_run_id: int, attempt: int, now: datetime, holder: str
+                ) -> tuple[int | None, float]:
     """Take a slot of ``group`` for attempt ``attempt`` of step row ``step_run_id``: return
     ``(lease id, 0)``, or ``(None, seconds)`` when the group is full (at ``concurrency``
-    leases) or its rate window is (``rate``): ask again after that many seconds."""
+    leases) or its rate window is (``rate``): ask again after that many seconds. ``holder``
+    is the calling process's ``claimed_by`` name (its heartbeat keeps the lease alive).
+
+    Raises:
+        WorkerLost: the attempt no longer owns its row; nothing was taken.
+    """
+    _check_owner(step_run_id, attempt)
     ResourceGroup.objects.get_or_create(name=group)
     with transaction.atomic():
         # The group's row serialises its acquirers: two cannot both see the last free slot.
@@ -70,7 +95,8 @@ def try_acquire(group: str, concurrency: int | None, rate: tuple[int, float] | N
                 return None, max(wait, POLL_SECONDS)
             GroupStart.objects.create(group=group, started_at=now)
         lease = GroupLease.objects.create(group=group, step_run_id=step_run_id,
-                                          attempt=attempt, acquired_at=now)
+                                          attempt=attempt, acquired_at=now, holder=holder,
+                                          beat_at=now)
     return lease.pk, 0.0
 
 

@@ -24,7 +24,7 @@ import pytest
 
 import queuety
 from queuety.models import AgentCheckpoint, Event, GroupLease, WorkflowRun
-from tests import agent_steps
+from tests import agent_steps, workflows
 from tests.integration.conftest import Worker, wait_for
 from tests.integration.test_lane import LaneWorker, max_overlap, wait_gone
 from tests.workflows import marks
@@ -135,13 +135,11 @@ def test_20_agent_runs_never_exceed_the_providers_limit_of_3(pool, request, toke
         lines = [line.split() for line in marks(f"{each}-limited")]
         starts = [float(fields[2]) for fields in lines if fields[1] == "start"]
         ends = [float(fields[2]) for fields in lines if fields[1] == "end"]
-        # One request per run; a second only when the sweeper took a stalled attempt for lost
-        # (WorkerLost, on a loaded machine) before its checkpoint: both count below.
-        assert len(starts) == len(ends) >= 1, lines
-        intervals.extend(zip(sorted(starts), sorted(ends)))
-    lost = Event.objects.filter(run_id__in=run_ids, kind="step_retried").exclude(
-        data__error__type="queuety.exceptions.WorkerLost")
-    assert not lost.exists(), list(lost.values_list("data", flat=True))
+        assert len(starts) == len(ends) == 1, lines
+        intervals.append((starts[0], ends[0]))
+    # No attempt was taken for lost (WorkerLost) or retried: each run made its one request.
+    retried = Event.objects.filter(run_id__in=run_ids, kind="step_retried")
+    assert not retried.exists(), list(retried.values_list("data", flat=True))
     # 20 threads (6 processes) would run 20 (6) requests at once; the group holds them to 3
     # (and fills it).
     assert max_overlap(intervals) == 3
@@ -161,3 +159,82 @@ def test_tokens_over_max_cost_units_fail_the_run_after_one_request(worker, token
     assert "max_cost_units" in run.error["message"]
     assert run.cost_units > 100
     assert len(marks(f"{token}-chatty")) == 1  # never retried: one request only
+
+
+def test_a_lease_lives_by_its_holders_beat_and_a_lost_attempt_gets_none(worker, token):
+    """A lost attempt still running in a live process keeps its slot (its holder beats) until
+    its request ends, and may not take another: its row moved on (here: finished)."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from queuety import exceptions
+    from queuety.models import StepRun
+    from queuety.store import leases
+
+    flow = queuety.workflow(f"agent_lease_{token[:8]}").then(workflows.step_a)
+    run_id = flow.dispatch({"token": token})
+    assert wait_for(run_id, worker=worker).status == "completed"
+    row = StepRun.objects.get(run_id=run_id, step_index=0)
+    group, now = f"lease-test-{token[:8]}", timezone.now()
+    # The zombie's lease: its row finished, but its holder beats, so it counts.
+    zombie = GroupLease.objects.create(group=group, step_run=row, attempt=row.attempt,
+                                       acquired_at=now, holder="zombie/1", beat_at=now)
+    with pytest.raises(exceptions.WorkerLost, match=f"step row {row.pk}"):
+        leases.try_acquire(group, 1, None, row.pk, row.attempt, now, "zombie/1")
+    assert list(GroupLease.objects.filter(group=group)) == [zombie]  # nothing taken
+    # A second row's acquirer (a fresh attempt of a later run) finds the group full...
+    second = queuety.workflow(f"agent_lease2_{token[:8]}").then(workflows.step_a)
+    second_id = second.dispatch({"token": token})
+    assert wait_for(second_id, worker=worker).status == "completed"
+    later = StepRun.objects.get(run_id=second_id, step_index=0)
+    StepRun.objects.filter(pk=later.pk).update(status="processing")
+    assert leases.try_acquire(group, 1, None, later.pk, later.attempt, now, "live/2")[0] is None
+    # ... until the holder stops beating for WORKER_LOST_AFTER: then the slot is freed.
+    leases.beat("zombie/1", now - timedelta(seconds=60))
+    lease, _ = leases.try_acquire(group, 1, None, later.pk, later.attempt, now, "live/2")
+    assert lease is not None and not GroupLease.objects.filter(pk=zombie.pk).exists()
+
+
+def test_a_lost_attempt_writes_no_checkpoint_and_a_live_one_adopts_the_stored_one(worker,
+                                                                                  token):
+    from queuety import exceptions
+    from queuety.contrib.pydantic_ai.checkpoints import TOOL, Journal
+    from queuety.models import StepRun
+
+    run_id = queuety.workflow(f"agent_journal_{token[:8]}").then(workflows.step_a).dispatch(
+        {"token": token})
+    assert wait_for(run_id, worker=worker).status == "completed"
+    row = StepRun.objects.get(run_id=run_id, step_index=0)
+    journal = Journal(run_id, row.pk, 0, row.step_name, row.attempt)
+    # The row finished (as it would under a later attempt): this attempt records nothing.
+    with pytest.raises(exceptions.WorkerLost, match=f"step row {row.pk}"):
+        journal.record(TOOL, 1, "c1", "lookup", "f", "late", tokens=5)
+    assert not AgentCheckpoint.objects.filter(step_run_id=row.pk).exists()
+    assert WorkflowRun.objects.get(pk=run_id).cost_units == 1  # no tokens charged
+    # The attempt owns its row again; a stalled earlier one wrote checkpoint 1 first.
+    StepRun.objects.filter(pk=row.pk).update(status="processing")
+    assert journal.record(TOOL, 1, "c1", "lookup", "f", "first") is None
+    assert journal.record(TOOL, 1, "c1", "lookup", "f", "second", tokens=5) == "first"
+    assert list(AgentCheckpoint.objects.filter(step_run_id=row.pk).values_list(
+        "payload", flat=True)) == ["first"]
+    assert WorkflowRun.objects.get(pk=run_id).cost_units == 1  # the adopted one costs nothing
+
+
+def test_a_tool_that_asked_for_a_retry_is_replayed_as_a_retry_not_run_again(worker, token):
+    flow = queuety.workflow(f"agent_picky_{token[:8]}").then(agent_steps.picky_agent_step,
+                                                             retry=RETRY)
+    run_id = flow.dispatch({"token": token})
+    run = wait_for(run_id, worker=worker)
+    assert run.status == "completed", list(Event.objects.filter(run_id=run_id).values_list(
+        "kind", "data"))
+    assert run.state["answer"] == f"careful {token}"
+    ledger = [line.split(" ", 1)[1] for line in marks(f"{token}-retry-ledger")]
+    # Attempt 1: request, picky (retry), request, fragile (fails). Attempt 2 replays the
+    # requests and picky's retry (the same retry prompt: request 2 matches its checkpoint),
+    # runs fragile again and the last request.
+    assert [entry.split()[0] for entry in ledger] == [
+        "request", "picky", "request", "fragile", "fragile", "request"], ledger
+    kinds = list(AgentCheckpoint.objects.filter(run_id=run_id).order_by("seq", "kind")
+                 .values_list("seq", "kind", "payload"))
+    assert (1, "retry", f"ask again with care, {token}") in kinds

@@ -89,8 +89,37 @@ def test_a_replay_that_asks_for_another_tool_fails_naming_run_step_and_checkpoin
     with pytest.raises(exceptions.AgentReplayMismatch, match="'search', now to 'fetch'"):
         journal.replay("tool", 2, "c2", "fetch", tool_fingerprint("fetch", {"q": 1}))
     assert journal.replay("model", 3, "", "openai:gpt-4o", "x") is None  # never recorded
-    assert exceptions.AgentReplayMismatch in exceptions.NEVER_RETRIED or issubclass(
-        exceptions.AgentReplayMismatch, exceptions.PermanentError)
+
+
+def test_a_long_model_name_replays_as_the_checkpoint_stored_it():
+    from queuety.contrib.pydantic_ai.checkpoints import NAME_LENGTH, Journal, Recorded
+
+    name = "custom:" + "m" * 400
+    journal = Journal(41, 7, 0, "research", 2)
+    journal.records[("model", 1, "")] = Recorded(name[:NAME_LENGTH], "f", {"parts": []})
+    assert journal.replay("model", 1, "", name, "f") == {"parts": []}
+
+
+def test_the_rate_ledger_keeps_starts_as_long_as_the_longest_window():
+    from queuety.core import agent_limits, resources
+
+    table = agent_limits.check_table({"openai:gpt-4o": {"rate_limit": "1000/d"},
+                                      "*": {"rate_limit": "60/m"}})
+    assert agent_limits.ledger_horizon([60.0], table) == resources.rate_window(86400.0)
+    assert agent_limits.ledger_horizon([7200.0], {}) == resources.rate_window(7200.0)
+    assert agent_limits.ledger_horizon([60.0], {}) == 3600.0  # at least an hour
+
+
+def test_a_model_name_too_long_for_a_group_is_refused_with_the_fix():
+    from queuety.core import agent_limits
+
+    long_name = "openai:" + "g" * 300
+    with pytest.raises(ValueError, match=r"is 307 characters: at most 249 .*'openai:\*'"):
+        agent_limits.check_table({long_name: {"concurrency": 1}})
+    table = agent_limits.check_table({"*": {"concurrency": 1}})
+    with pytest.raises(ValueError, match="too long.*give the model a shorter name"):
+        agent_limits.limit_for(table, long_name)
+    assert not agent_limits.limit_for({}, long_name).gated  # no limit, no group to name
 
 
 def test_a_request_fingerprint_ignores_times_and_tool_return_values():
@@ -98,13 +127,17 @@ def test_a_request_fingerprint_ignores_times_and_tool_return_values():
 
     from queuety.contrib.pydantic_ai.checkpoints import request_fingerprint
 
-    def history(returned, prompt="ask"):
+    def history(returned, prompt="ask", outcome="success"):
         return [ModelRequest(parts=[UserPromptPart(prompt)]),
-                ModelRequest(parts=[ToolReturnPart("search", returned, tool_call_id="c1")])]
+                ModelRequest(parts=[ToolReturnPart("search", returned, tool_call_id="c1",
+                                                   outcome=outcome)])]
 
     assert request_fingerprint(history({"a": object()})) == request_fingerprint(
         history({"a": "json form"}))
     assert request_fingerprint(history(1)) != request_fingerprint(history(1, prompt="other"))
+    # A tool that asked for a retry is not one that returned.
+    assert request_fingerprint(history("try again")) != request_fingerprint(
+        history("try again", outcome="retried"))
 
 
 def test_queuety_imports_without_pydantic_ai_and_the_integration_says_what_to_install():

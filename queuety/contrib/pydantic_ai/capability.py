@@ -17,12 +17,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic_ai.capabilities import AbstractCapability
-from pydantic_ai.capabilities.abstract import (
+from pydantic_ai.capabilities import (
+    AbstractCapability,
     ValidatedToolArgs,
     WrapModelRequestHandler,
     WrapToolExecuteHandler,
 )
+from pydantic_ai.exceptions import ModelRetry, ToolRetryError
 from pydantic_ai.messages import ModelResponse, ToolCallPart
 from pydantic_ai.models import ModelRequestContext
 from pydantic_ai.tools import RunContext, ToolDefinition
@@ -30,7 +31,7 @@ from pydantic_core import to_jsonable_python
 
 from queuety import tracing
 from queuety.contrib.pydantic_ai import checkpoints, limits
-from queuety.contrib.pydantic_ai.checkpoints import MODEL, TOOL, Journal
+from queuety.contrib.pydantic_ai.checkpoints import MODEL, RETRY, TOOL, Journal
 
 
 @dataclass(init=False)
@@ -63,23 +64,38 @@ class Checkpointing(AbstractCapability[Any]):
                 tokens = response.usage.total_tokens
                 span.set(input_tokens=response.usage.input_tokens,
                          output_tokens=response.usage.output_tokens)
-        await self.journal.arecord(MODEL, seq, "", name, fingerprint,
-                                   checkpoints.dump_response(response), tokens)
-        return response
+        stored = await self.journal.arecord(MODEL, seq, "", name, fingerprint,
+                                            checkpoints.dump_response(response), tokens)
+        # An earlier attempt (lost, yet still running) recorded this request first: go on
+        # with its answer, as a replay would.
+        return response if stored is None else checkpoints.load_response(stored)
 
     async def wrap_tool_execute(self, ctx: RunContext[Any], *, call: ToolCallPart,
                                 tool_def: ToolDefinition, args: ValidatedToolArgs,
                                 handler: WrapToolExecuteHandler) -> Any:
         seq, key = self.requests, call.tool_call_id
         fingerprint = checkpoints.tool_fingerprint(call.tool_name, args)
-        if (TOOL, seq, key) in self.journal.records:
-            result = self.journal.replay(TOOL, seq, key, call.tool_name, fingerprint)
-            # The agent counts a tool call where it runs; a replayed one still is one.
-            ctx.usage.tool_calls += 1
-            return result
-        with tracing.work_span(f"queuety.agent.tool {call.tool_name}", tool=call.tool_name,
-                               checkpoint=seq, run_id=self.journal.run_id):
-            result = await handler(args)
-        await self.journal.arecord(TOOL, seq, key, call.tool_name, fingerprint,
-                                   to_jsonable_python(result))
-        return result
+        for kind in (TOOL, RETRY):
+            if (kind, seq, key) in self.journal.records:
+                result = self.journal.replay(kind, seq, key, call.tool_name, fingerprint)
+                # The agent counts a tool call where it runs; a replayed one still is one.
+                ctx.usage.tool_calls += 1
+                if kind == RETRY:
+                    raise ModelRetry(result)  # the model is asked again, as the first time
+                return result
+        with tracing.work_span(f"queuety.agent.tool {call.tool_name}", remote=False,
+                               tool=call.tool_name, checkpoint=seq, run_id=self.journal.run_id):
+            try:
+                result = await handler(args)
+            except (ModelRetry, ToolRetryError) as error:
+                # Part of the conversation: the retry prompt the model gets is recorded too,
+                # so a replay asks the model the same, without running the tool again. (The
+                # tool manager wraps a tool's ModelRetry in a ToolRetryError.)
+                retry = error if isinstance(error, ModelRetry) else error.__cause__
+                if isinstance(retry, ModelRetry):
+                    await self.journal.arecord(RETRY, seq, key, call.tool_name, fingerprint,
+                                               retry.message)
+                raise
+        stored = await self.journal.arecord(TOOL, seq, key, call.tool_name, fingerprint,
+                                            to_jsonable_python(result))
+        return result if stored is None else stored

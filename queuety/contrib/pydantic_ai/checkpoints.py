@@ -18,16 +18,21 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from asgiref.sync import sync_to_async
-from django.db import connection, transaction
+from django.db import close_old_connections, connection, transaction
 from django.db.models import F
 from django.utils import timezone
 from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter, ModelResponse
 from pydantic_core import to_jsonable_python
 
 from queuety import exceptions
+from queuety.core.status import StepStatus
 from queuety.models import AgentCheckpoint, StepRun, WorkflowRun
 
-MODEL, TOOL = AgentCheckpoint.KIND_MODEL, AgentCheckpoint.KIND_TOOL
+MODEL, TOOL, RETRY = (AgentCheckpoint.KIND_MODEL, AgentCheckpoint.KIND_TOOL,
+                      AgentCheckpoint.KIND_RETRY)
+#: A checkpoint keeps this much of a model's or tool's name (its column's length); a replay
+#: compares as much.
+NAME_LENGTH = 255
 T = TypeVar("T")
 
 
@@ -58,15 +63,17 @@ def load_messages(data: list[Any]) -> list[ModelMessage]:
 
 def request_fingerprint(messages: list[ModelMessage]) -> str:
     """What a model request asks, as far as a replay must ask the same: each part's kind and,
-    for tool calls and returns, the tool and call id, and the text of user prompts. Times and
-    tool return values (a replayed tool returns its JSON form) are left out."""
+    for tool calls and returns, the tool, call id and outcome (a return, or a retry), and the
+    text of user prompts. Times and tool return values (a replayed tool returns its JSON form)
+    are left out."""
     shape = []
     for message in messages:
         for part in message.parts:
             content = getattr(part, "content", None) if part.part_kind == "user-prompt" else None
             shape.append([part.part_kind, getattr(part, "tool_name", None),
                           getattr(part, "tool_call_id", None),
-                          content if isinstance(content, str) else None])
+                          content if isinstance(content, str) else None,
+                          getattr(part, "outcome", None)])
     return _digest(shape)
 
 
@@ -105,8 +112,8 @@ class Journal:
     max_cost_units: int | None = None
     workflow: str = ""
     records: dict[tuple[str, int, str], Recorded] = field(default_factory=dict)
-    replays: dict[str, int] = field(default_factory=lambda: {MODEL: 0, TOOL: 0})
-    calls: dict[str, int] = field(default_factory=lambda: {MODEL: 0, TOOL: 0})
+    replays: dict[str, int] = field(default_factory=lambda: {MODEL: 0, TOOL: 0, RETRY: 0})
+    calls: dict[str, int] = field(default_factory=lambda: {MODEL: 0, TOOL: 0, RETRY: 0})
 
     @classmethod
     def load(cls, run_id: int, step_run_id: int, step_index: int, step_name: str, attempt: int,
@@ -130,7 +137,7 @@ class Journal:
         found = self.records.get((kind, seq, key))
         if found is None:
             return None
-        if found.name != name or found.fingerprint != fingerprint:
+        if found.name != name[:NAME_LENGTH] or found.fingerprint != fingerprint:
             asked = "request" if kind == MODEL else f"call {key!r}"
             raise exceptions.AgentReplayMismatch(
                 self.run_id, self.step_name, seq,
@@ -141,30 +148,40 @@ class Journal:
         return found.payload
 
     def record(self, kind: str, seq: int, key: str, name: str, fingerprint: str, payload: Any,
-               tokens: int = 0) -> int | None:
+               tokens: int = 0) -> Any:
         """Write one checkpoint (and charge ``tokens`` as cost units to the step row and the
-        run) in a transaction of its own; return the run's cost units after it (None when
-        nothing was charged).
+        run) in a transaction of its own, if this attempt still owns its row. Returns None
+        when ``payload`` was written, or the payload already stored for that checkpoint (a
+        stalled earlier attempt wrote it first): the agent goes on with the journal's answer.
 
         Raises:
             BudgetExceeded: the run's cost units now exceed its ``max_cost_units``.
+            WorkerLost: the attempt no longer owns its row (taken for lost); nothing written.
         """
         self.calls[kind] += 1
         row = {"run_id": self.run_id, "step_run_id": self.step_run_id,
                "step_index": self.step_index, "seq": seq, "kind": kind, "key": key,
-               "name": name[:255], "fingerprint": fingerprint, "payload": payload,
+               "name": name[:NAME_LENGTH], "fingerprint": fingerprint, "payload": payload,
                "tokens": tokens, "attempt": self.attempt, "created_at": timezone.now()}
         if connection.vendor == "postgresql" and not connection.in_atomic_block:
-            used = _record_postgres(row)
+            owns, saved, used = _record_postgres(row)
         else:
             with transaction.atomic():
-                used = _record_orm(row)
+                owns, saved, used = _record_orm(row)
+        if not owns:
+            raise exceptions.WorkerLost(
+                f"Attempt {self.attempt} of step {self.step_name!r} of run {self.run_id} (step "
+                f"row {self.step_run_id}) was taken for lost and may not record checkpoint "
+                f"{seq} of its agent: it stops here; the row's current attempt does the work.")
+        if not saved:
+            return AgentCheckpoint.objects.values_list("payload", flat=True).get(
+                step_run_id=self.step_run_id, kind=kind, seq=seq, key=key)
         if used is not None and self.max_cost_units is not None and used > self.max_cost_units:
             raise exceptions.BudgetExceeded("max_cost_units", self.max_cost_units, used,
                                             self.run_id, self.workflow)
-        return used
+        return None
 
-    async def arecord(self, *args: Any, **kwargs: Any) -> int | None:
+    async def arecord(self, *args: Any, **kwargs: Any) -> Any:
         """:meth:`record` from async code (the ORM call runs on the sync thread)."""
         return await in_sync_thread(self.record, *args, **kwargs)
 
@@ -182,6 +199,7 @@ async def in_sync_thread(function: Callable[..., T], *args: Any, **kwargs: Any) 
     the worker's heartbeats wait for one.
     """
     def call() -> T:
+        close_old_connections()  # a connection PostgreSQL dropped (a restart) is replaced
         try:
             return function(*args, **kwargs)
         finally:
@@ -198,9 +216,10 @@ _CASTS = {"run_id": "bigint", "step_run_id": "bigint", "step_index": "integer",
           "attempt": "integer", "created_at": "timestamptz"}
 
 
-def _record_postgres(row: dict[str, Any]) -> int | None:
+def _record_postgres(row: dict[str, Any]) -> tuple[bool, bool, int | None]:
     """One statement, its own transaction: the checkpoint, and the tokens charged to the step
-    row and the run.
+    row and the run, only while the attempt owns its row (processing that attempt). Returns
+    (owns its row, checkpoint written, the run's cost units after it or None).
 
     Its commit does not wait for the WAL flush (``synchronous_commit`` off for this
     transaction, as for the claim's): a worker killed after it loses nothing, since the server
@@ -211,31 +230,43 @@ def _record_postgres(row: dict[str, Any]) -> int | None:
     columns = list(_CASTS)
     values = ", ".join(f"%s::{_CASTS[column]}" for column in columns)
     params = [json.dumps(row[c]) if c == "payload" else row[c] for c in columns]
+    step_table, run_table = StepRun._meta.db_table, WorkflowRun._meta.db_table
     with connection.cursor() as cursor:
         cursor.execute(
             "WITH config AS MATERIALIZED ("
             "SELECT set_config('synchronous_commit', 'off', true) AS value), "
+            f"owner AS MATERIALIZED (SELECT 1 FROM {step_table} "
+            "WHERE id = %s AND attempt = %s AND status = %s), "
             f"saved AS (INSERT INTO {AgentCheckpoint._meta.db_table} ({', '.join(columns)}) "
-            f"SELECT {values} FROM config "
-            # A lost attempt that runs on (its worker stalled, not dead) may record the same
-            # checkpoint as its retry: the first one written stays.
-            "ON CONFLICT DO NOTHING), "
-            f"step AS (UPDATE {StepRun._meta.db_table} SET cost_units = cost_units + %s "
-            "WHERE id = %s AND %s > 0) "
-            f"UPDATE {WorkflowRun._meta.db_table} SET cost_units = cost_units + %s "
-            "WHERE id = %s AND %s > 0 RETURNING cost_units",
-            [*params, row["tokens"], row["step_run_id"], row["tokens"], row["tokens"],
+            f"SELECT {values} FROM config, owner "
+            # A live attempt may find the checkpoint written by a stalled earlier one (taken
+            # for lost, still running): the first one written stays, and is adopted.
+            "ON CONFLICT DO NOTHING RETURNING 1), "
+            f"step AS (UPDATE {step_table} SET cost_units = cost_units + %s "
+            "WHERE id = %s AND %s > 0 AND EXISTS (SELECT 1 FROM saved)), "
+            f"spent AS (UPDATE {run_table} SET cost_units = cost_units + %s "
+            "WHERE id = %s AND %s > 0 AND EXISTS (SELECT 1 FROM saved) RETURNING cost_units) "
+            "SELECT EXISTS (SELECT 1 FROM owner), EXISTS (SELECT 1 FROM saved), "
+            "(SELECT cost_units FROM spent)",
+            [row["step_run_id"], row["attempt"], StepStatus.PROCESSING, *params,
+             row["tokens"], row["step_run_id"], row["tokens"], row["tokens"],
              row["run_id"], row["tokens"]])
-        found = cursor.fetchone()
-    return None if found is None else int(found[0])
+        owns, saved, used = cursor.fetchone()
+    return bool(owns), bool(saved), None if used is None else int(used)
 
 
-def _record_orm(row: dict[str, Any]) -> int | None:
-    AgentCheckpoint.objects.bulk_create([AgentCheckpoint(**row)], ignore_conflicts=True)
+def _record_orm(row: dict[str, Any]) -> tuple[bool, bool, int | None]:
+    if not StepRun.objects.filter(pk=row["step_run_id"], attempt=row["attempt"],
+                                  status=StepStatus.PROCESSING).exists():
+        return False, False, None
+    if AgentCheckpoint.objects.filter(step_run_id=row["step_run_id"], kind=row["kind"],
+                                      seq=row["seq"], key=row["key"]).exists():
+        return True, False, None
+    AgentCheckpoint.objects.create(**row)
     tokens = row["tokens"]
     if not tokens:
-        return None
+        return True, True, None
     StepRun.objects.filter(pk=row["step_run_id"]).update(cost_units=F("cost_units") + tokens)
     WorkflowRun.objects.filter(pk=row["run_id"]).update(cost_units=F("cost_units") + tokens)
     used: int = WorkflowRun.objects.values_list("cost_units", flat=True).get(pk=row["run_id"])
-    return used
+    return True, True, used

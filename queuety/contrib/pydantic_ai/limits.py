@@ -21,6 +21,7 @@ from pydantic_ai.models import Model
 from queuety.conf import settings
 from queuety.contrib.pydantic_ai import checkpoints
 from queuety.core import agent_limits
+from queuety.runtime.claim import worker_id
 from queuety.store import leases
 
 #: The longest pause between two asks of a waiting request for a slot (seconds).
@@ -40,7 +41,7 @@ def limit_of(model: Model) -> agent_limits.AgentLimit:
 def _acquire(limit: agent_limits.AgentLimit, step_run_id: int,
              attempt: int) -> tuple[int | None, float]:
     return leases.try_acquire(limit.group, limit.concurrency, limit.rate, step_run_id, attempt,
-                              timezone.now())
+                              timezone.now(), worker_id())
 
 
 @asynccontextmanager

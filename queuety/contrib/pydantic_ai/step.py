@@ -81,10 +81,8 @@ class AgentStep(Step):
         """
         context = self.context
         given, build = type(self).prompt, type(self).deps
-        prompt = given(state) if callable(given) else given
-        deps = None if build is None else build(context)
-        if inspect.isawaitable(deps):
-            deps = await deps
+        prompt = await _call(given, state) if callable(given) else given
+        deps = None if build is None else await _call(build, context)
         turns = _turns(state.get(self.history_key), self.history_key)
         history = [message for turn in turns
                    for message in checkpoints.load_messages(turn["messages"])]
@@ -165,3 +163,13 @@ def _add_usage(before: Any, usage: Any) -> dict[str, int]:
             if isinstance(before.get(key), int):
                 totals[key] += before[key]
     return totals
+
+
+async def _call(function: Callable[[Any], Any], argument: Any) -> Any:
+    """Call a ``prompt`` or ``deps`` callable from the event loop: an ``async def`` here, a
+    plain function on the ORM's sync thread (it may query the database, which Django refuses
+    on an event loop); a coroutine it returns is awaited."""
+    if inspect.iscoroutinefunction(function):
+        return await function(argument)
+    value = await checkpoints.in_sync_thread(function, argument)
+    return await value if inspect.isawaitable(value) else value
