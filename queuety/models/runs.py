@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.contrib.postgres.indexes import GinIndex
 from django.db import models
 from django.db.models import F, Q
 from django.db.models.fields.json import KeyTextTransform, KeyTransform
@@ -29,13 +28,18 @@ class WorkflowDefinition(models.Model):
         return f"{self.name} ({self.definition_hash[:12]})"
 
 
-class TagsIndex(GinIndex):
+class TagsIndex(models.Index):
     """The GIN index (``jsonb_path_ops``) of the runs' ``tags`` on PostgreSQL, which serves
     containment (``tags @> '{"customer": "42"}'``); a plain index elsewhere (SQLite has no
-    GIN, and no filter of its needs one)."""
+    GIN, and no filter of its needs one).
+
+    A plain ``Index`` that writes ``USING gin`` itself rather than
+    ``django.contrib.postgres``'s ``GinIndex``: Django 6.0 requires ``django.contrib.postgres``
+    in ``INSTALLED_APPS`` for that one (``postgres.E005``), and a site installing Queuety
+    should not have to add it."""
 
     def __init__(self, *, name: str) -> None:
-        super().__init__(fields=["tags"], opclasses=["jsonb_path_ops"], name=name)
+        super().__init__(fields=["tags"], name=name)
 
     def deconstruct(self) -> tuple[str, tuple[()], dict[str, str]]:
         return "queuety.models.TagsIndex", (), {"name": self.name}
@@ -43,9 +47,9 @@ class TagsIndex(GinIndex):
     def create_sql(self, model: Any, schema_editor: Any, using: str = "",
                    **kwargs: Any) -> Any:
         if schema_editor.connection.vendor != "postgresql":
-            return models.Index(fields=["tags"], name=self.name).create_sql(
-                model, schema_editor, using, **kwargs)
-        return super().create_sql(model, schema_editor, using, **kwargs)
+            return super().create_sql(model, schema_editor, using, **kwargs)
+        gin = models.Index(fields=["tags"], opclasses=["jsonb_path_ops"], name=self.name)
+        return gin.create_sql(model, schema_editor, using=" USING gin", **kwargs)
 
 
 class WorkflowRun(models.Model):
