@@ -33,8 +33,8 @@ from queuety import export as exports
 from queuety.conf import retention as retention_rules
 from queuety.core.retention import RetentionRules
 from queuety.core.status import LIVE_OR_HELD, UNFINISHED
-from queuety.jobs import unique as unique_jobs
 from queuety.models import (
+    UNIQUE_KEY_PREFIX,
     Artifact,
     DispatchKey,
     Event,
@@ -302,7 +302,7 @@ def _tombstone(rules: RetentionRules, runs: list[dict[str, Any]], now: datetime)
         if not key:
             continue
         own = Q(key=key, run_id=run["pk"])
-        if key.startswith(unique_jobs.PREFIX):
+        if key.startswith(UNIQUE_KEY_PREFIX):
             jobs |= own
         else:
             keep = rules.keep(run["name"], run["status"])

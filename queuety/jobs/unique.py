@@ -20,10 +20,10 @@ from django.db.models import Exists, OuterRef, Q
 
 from queuety.core.definition import canonical_json
 from queuety.jobs import framework
-from queuety.models import DispatchKey, WorkflowRun
+from queuety.models import UNIQUE_KEY_PREFIX, DispatchKey, WorkflowRun
 
 #: What every job's dispatch key starts with; then the task's module path and the key.
-PREFIX = "job:"
+PREFIX = UNIQUE_KEY_PREFIX
 #: The longest dispatch key (the column's length); a longer one is stored as its hash.
 KEY_LENGTH = 255
 

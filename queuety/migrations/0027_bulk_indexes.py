@@ -21,7 +21,7 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name="bulkoperation",
             name="stalls",
-            field=models.IntegerField(default=0, help_text="Leases taken over since the "
+            field=models.IntegerField(default=0, db_default=0, help_text="Leases taken over since the "
                                                            "cursor last moved."),
         ),
         AddIndexOnline(

@@ -17,6 +17,9 @@ from queuety.models.jobs import (
     JOB_PREFIX as JOB_PREFIX,
 )
 from queuety.models.jobs import (
+    UNIQUE_KEY_PREFIX as UNIQUE_KEY_PREFIX,
+)
+from queuety.models.jobs import (
     Job as Job,
 )
 from queuety.models.jobs import (

@@ -49,8 +49,8 @@ class BulkOperation(models.Model):
     error = models.TextField(blank=True, default="")
     lease_token = models.CharField(max_length=64, blank=True, default="")
     heartbeat_at = models.DateTimeField(null=True, blank=True)
-    stalls = models.IntegerField(default=0, help_text="Leases taken over since the cursor "
-                                                      "last moved.")
+    stalls = models.IntegerField(default=0, db_default=0,
+                                 help_text="Leases taken over since the cursor last moved.")
 
     class Meta:
         indexes = [models.Index(fields=["status"], name="queuety_bulk_live",

@@ -11,6 +11,9 @@ from queuety.models.runs import WorkflowRun
 #: What a job's workflow name starts with (``queuety.jobs.specs.PREFIX``, which sits above the
 #: models; a unit test keeps them equal).
 JOB_PREFIX = "task:"
+#: What a unique job's dispatch key starts with (``queuety.jobs.unique``); here, below the
+#: tasks framework, so that retention reads it on a site without that framework.
+UNIQUE_KEY_PREFIX = "job:"
 
 
 class JobManager(models.Manager["Job"]):

@@ -103,16 +103,19 @@ def test_idempotency__32_processes_racing_on_one_key_start_one_run(worker, token
     assert published == 1 and messages >= 1
 
 
-def test_idempotency__keys_outlive_a_purged_run(worker, token):
+def test_idempotency__a_key_whose_run_was_deleted_answers_run_purged(worker, token):
     key = f"purged:{token}"
     builder = queuety.workflow("purgeable").idempotency_key(key).then(workflows.step_a)
     run_id = builder.dispatch({"token": token})
     wait_for(run_id, worker=worker)
 
-    WorkflowRun.objects.filter(pk=run_id).delete()  # what a retention purge does
+    WorkflowRun.objects.filter(pk=run_id).delete()  # a purge from before tombstones
 
-    assert builder.dispatch({"token": token}) == run_id
-    assert builder.dispatch({"token": "different"}) == run_id  # nothing to record it on
+    # The key is kept and never hands out a dangling id: reusing it, with the same payload
+    # or another, is a RunPurged naming the key and the run (docs/reference/errors.md).
+    for payload in ({"token": token}, {"token": "different"}):
+        with pytest.raises(queuety.RunPurged, match=f"{key}.*run {run_id}"):
+            builder.dispatch(payload)
     assert not WorkflowRun.objects.filter(pk=run_id).exists()
     with pytest.raises(queuety.RunNotFound):
         queuety.workflow_status(run_id)
