@@ -190,7 +190,7 @@ def test_a_try_whose_commit_landed_but_whose_answer_was_lost__is_not_applied_twi
         def execute(self, sql, params=None):
             result = self.cursor.execute(sql, params)
             if sql is statements.COMPLETE_POSTGRES and not lost:
-                owned, advanced, next_id, _awaited = self.cursor.fetchone()
+                owned, advanced, next_id, *_ = self.cursor.fetchone()  # then awaited, its status
                 lost.append((owned, advanced, StepRun.objects.values_list(
                     "status", "claimed_by").get(pk=next_id)))
                 raise OperationalError("server closed the connection unexpectedly")
