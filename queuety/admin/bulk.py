@@ -15,6 +15,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import reverse
 
 from queuety import bulk_actions, exceptions
+from queuety.admin.display import ReadOnly
 from queuety.admin.filters import VersionFilter
 from queuety.models import BulkOperation
 
@@ -99,7 +100,7 @@ def translated(params: Mapping[str, Any]) -> dict[str, Any]:
 
 
 @admin.register(BulkOperation)
-class BulkOperationAdmin(_BulkAdmin):
+class BulkOperationAdmin(ReadOnly, _BulkAdmin):
     """Bulk operations, newest first: action, status, progress, who and the filter."""
 
     list_display = ("pk", "action", "status", "dry_run", "progress", "actor", "created_at",
@@ -125,14 +126,6 @@ class BulkOperationAdmin(_BulkAdmin):
         mine = bulk_actions.operations_of(request.user).values("pk")
         return super().get_queryset(request).filter(pk__in=mine)
 
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
     def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return request.user.has_perm("queuety.view_workflowrun")

@@ -105,3 +105,17 @@ def progress_percent(progress: dict[str, Any] | None) -> int | None:
     if isinstance(percent, int | float):
         return max(0, min(100, round(percent)))
     return None
+
+
+class ReadOnly:
+    """A model admin mixin for pages that show records and never let the admin's forms add,
+    change or delete one (what they offer is their own actions, over the service layer)."""
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False

@@ -9,12 +9,12 @@ from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin
 from django.core.exceptions import PermissionDenied
-from django.db.models import Model
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.urls import reverse
 
 from queuety import queries
+from queuety.admin.display import ReadOnly
 from queuety.models import ResourceGroup
 
 if TYPE_CHECKING:  # ModelAdmin is generic in django-stubs only: not subscriptable at run time
@@ -24,18 +24,10 @@ else:
 
 
 @admin.register(ResourceGroup)
-class ResourceGroupAdmin(_ModelAdmin):
+class ResourceGroupAdmin(ReadOnly, _ModelAdmin):
     """Read-only: the page lists live groups, counted from step rows, not this model's rows
     (which only remember when a rate-limited group's next wake-up is due)."""
 
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
-        return False
 
     def changelist_view(self, request: HttpRequest,
                         extra_context: dict[str, Any] | None = None) -> HttpResponse:

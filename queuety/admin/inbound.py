@@ -16,7 +16,7 @@ from django.http import HttpRequest
 from django.utils.html import format_html
 
 from queuety import scope
-from queuety.admin.display import pretty_json
+from queuety.admin.display import ReadOnly, pretty_json
 from queuety.models import InboundDelivery
 
 if TYPE_CHECKING:  # generic in django-stubs only: not subscriptable at run time
@@ -26,7 +26,7 @@ else:
 
 
 @admin.register(InboundDelivery)
-class InboundDeliveryAdmin(_InboundAdmin):
+class InboundDeliveryAdmin(ReadOnly, _InboundAdmin):
     """Deliveries received, newest first: hook, provider's id, outcome and the run."""
 
     list_display = ("pk", "hook", "event_id", "outcome", "run_id", "received_at")
@@ -55,11 +55,3 @@ class InboundDeliveryAdmin(_InboundAdmin):
         return scope.through_runs(request.user, super().get_queryset(request), "run_id",
                                   unowned=True)
 
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False

@@ -18,6 +18,7 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 
 from queuety import exceptions, queues
+from queuety.admin.display import ReadOnly
 from queuety.models import QueuePause
 
 if TYPE_CHECKING:  # ModelAdmin is generic in django-stubs only: not subscriptable at run time
@@ -27,7 +28,7 @@ else:
 
 
 @admin.register(QueuePause)
-class QueueAdmin(_ModelAdmin):
+class QueueAdmin(ReadOnly, _ModelAdmin):
     """One page, not a model's changelist: queues are counted from step rows; this model's
     rows are only the pauses."""
 
@@ -37,14 +38,6 @@ class QueueAdmin(_ModelAdmin):
     def has_module_permission(self, request: HttpRequest) -> bool:
         return self.has_view_permission(request)
 
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
-        return False
 
     def changelist_view(self, request: HttpRequest,
                         extra_context: dict[str, Any] | None = None) -> HttpResponse:
